@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh Debian/Ubuntu machine with Python 3.11+:
+#   make demo   -- the main job, on the embedded defaults
+#   make test   -- the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test redis venv bench clean
+
+# redis-server comes from Debian's package (see docs/embedded-broker.md for why).
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  echo "installing redis-server (Debian package)"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: redis venv
+	$(BIN)/powerfleet demo
+
+test: redis venv
+	$(BIN)/python -m pytest -q tests
+
+bench: redis venv
+	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/sim.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
