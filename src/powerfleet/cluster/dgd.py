@@ -1,0 +1,393 @@
+"""The subset of a DynamoGraphDeployment (DGD) that powerfleet reads.
+
+Two spec forms are accepted (docs/cluster.md has the details):
+
+* ``spec.components``: a list of components keyed by ``name`` (the current form). The pod
+  template is a Kubernetes PodTemplateSpec; the main container is the one named ``main``,
+  or the first container when none is.
+* ``spec.services``: the older map of services keyed by name, with ``componentType``,
+  ``resources.{limits,requests}.gpu``, ``extraPodMetadata`` and ``extraPodSpec.mainContainer``.
+
+Each parsed component remembers the exact field paths its values came from, so errors and
+immutability violations can name them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from powerfleet.cluster.errors import DGDFormatError
+
+DGD_GROUP = "nvidia.com"
+DGD_VERSION = "v1alpha1"
+DGD_PLURAL = "dynamographdeployments"
+DGD_KIND = "DynamoGraphDeployment"
+DGD_API_VERSION = f"{DGD_GROUP}/{DGD_VERSION}"
+
+# Labels the Dynamo operator puts on the pods it renders for a DGD.
+LABEL_DGD_NAME = "nvidia.com/dynamo-graph-deployment-name"
+LABEL_COMPONENT = "nvidia.com/dynamo-component"
+
+POWER_ANNOTATION = "dynamo.nvidia.com/gpu-power-limit"
+GPU_RESOURCE = "nvidia.com/gpu"
+MAIN_CONTAINER = "main"
+
+
+class ComponentType(StrEnum):
+    FRONTEND = "frontend"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    WORKER = "worker"
+
+
+class RolloutPhase(StrEnum):
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class FieldPaths(BaseModel):
+    """Where a component's power-relevant values live in the DGD (for messages)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    component: str
+    type: str
+    replicas: str
+    annotations: str
+    gpu_limits: str
+    gpu_requests: str
+    node_count: str
+
+    def annotation(self, key: str = POWER_ANNOTATION) -> str:
+        return f"{self.annotations}[{key}]"
+
+
+class Component(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    type: ComponentType
+    replicas: int
+    gpus_per_pod: int  # effective main-container GPU count: limits, else requests, else 0
+    gpu_source: Literal["limits", "requests"] | None
+    node_count: int | None  # as declared; None when multinode.nodeCount is absent
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    paths: FieldPaths
+
+    @property
+    def effective_node_count(self) -> int:
+        return 1 if self.node_count is None else self.node_count
+
+    @property
+    def gpu_path(self) -> str:
+        return self.paths.gpu_requests if self.gpu_source == "requests" else self.paths.gpu_limits
+
+    @property
+    def power_annotation(self) -> str | None:
+        return self.annotations.get(POWER_ANNOTATION)
+
+
+class ComponentStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    rollout: RolloutPhase | None = None
+    message: str = ""
+
+
+class DGDStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    observed_generation: int | None = None
+    state: str | None = None
+    rollout: RolloutPhase | None = None  # status.rollingUpdate.phase (deployment-wide)
+    rollout_message: str = ""
+    components: dict[str, ComponentStatus] = {}
+
+
+class DGD(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int | None = None
+    resource_version: str = ""
+    form: Literal["components", "services"]
+    components: tuple[Component, ...]
+    status: DGDStatus = DGDStatus()
+
+    def component(self, name: str) -> Component | None:
+        for c in self.components:
+            if c.name == name:
+                return c
+        return None
+
+    @property
+    def pod_selector(self) -> str:
+        """The label selector for every pod of this deployment (one LIST, partitioned locally)."""
+        return f"{LABEL_DGD_NAME}={self.name}"
+
+    @classmethod
+    def from_api(cls, obj: Mapping[str, Any]) -> DGD:
+        return parse_dgd(obj)
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def _mapping(value: Any, path: str, component: str = "") -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DGDFormatError(path, f"expected an object, got {type(value).__name__}", component=component)
+    return value
+
+
+def _string_map(value: Any, path: str, component: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in _mapping(value, path, component).items():
+        if not isinstance(v, str):
+            raise DGDFormatError(f"{path}[{k}]", f"expected a string, got {type(v).__name__}", component=component)
+        out[str(k)] = v
+    return out
+
+
+_INT_RE = re.compile(r"[0-9]{1,9}")
+
+
+def _count(value: Any, path: str, component: str, *, what: str) -> int:
+    """A non-negative integer given as a JSON integer or a decimal string (quantity without suffix)."""
+    if isinstance(value, bool):
+        raise DGDFormatError(path, f"{value!r} is not a non-negative integer {what}", component=component)
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+        return int(value.strip())
+    raise DGDFormatError(path, f"{value!r} is not a non-negative integer {what}", component=component)
+
+
+def _gpu_from(resources: Mapping[str, Any], key: str, base: str, component: str) -> tuple[int | None, int | None]:
+    limits = _mapping(resources.get("limits"), f"{base}.limits", component)
+    requests = _mapping(resources.get("requests"), f"{base}.requests", component)
+    lim = limits.get(key)
+    req = requests.get(key)
+    return (
+        None if lim is None else _count(lim, f"{base}.limits[{key}]", component, what="of GPUs"),
+        None if req is None else _count(req, f"{base}.requests[{key}]", component, what="of GPUs"),
+    )
+
+
+def _component_type(raw: Any, path: str, component: str) -> ComponentType:
+    try:
+        return ComponentType(raw)
+    except ValueError:
+        allowed = ", ".join(t.value for t in ComponentType)
+        raise DGDFormatError(path, f"unknown component type {raw!r} (expected one of: {allowed})", component=component) from None
+
+
+def _node_count(spec: Mapping[str, Any], base: str, component: str) -> int | None:
+    multinode = _mapping(spec.get("multinode"), f"{base}.multinode", component)
+    raw = multinode.get("nodeCount")
+    if raw is None:
+        return None
+    n = _count(raw, f"{base}.multinode.nodeCount", component, what="nodeCount")
+    return n
+
+
+def _parse_list_component(raw: Any, index: int) -> Component:
+    item = _mapping(raw, f"spec.components[{index}]")
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise DGDFormatError(f"spec.components[{index}].name", "every component needs a non-empty string name")
+    base = f"spec.components[name={name}]"
+    type_key = "type" if "type" in item or "componentType" not in item else "componentType"
+    ctype = _component_type(item.get(type_key), f"{base}.{type_key}", name)
+    replicas = _count(item.get("replicas", 1), f"{base}.replicas", name, what="of replicas")
+    template = _mapping(item.get("podTemplate"), f"{base}.podTemplate", name)
+    meta = _mapping(template.get("metadata"), f"{base}.podTemplate.metadata", name)
+    pod_spec = _mapping(template.get("spec"), f"{base}.podTemplate.spec", name)
+    containers = pod_spec.get("containers") or []
+    if not isinstance(containers, list):
+        raise DGDFormatError(f"{base}.podTemplate.spec.containers", "expected a list", component=name)
+    main: Mapping[str, Any] = {}
+    main_name = MAIN_CONTAINER
+    named = [c for c in containers if isinstance(c, Mapping) and c.get("name") == MAIN_CONTAINER]
+    if named:
+        main = named[0]
+    elif containers:
+        main = _mapping(containers[0], f"{base}.podTemplate.spec.containers[0]", name)
+        main_name = str(main.get("name", "0"))
+    cbase = f"{base}.podTemplate.spec.containers[name={main_name}].resources"
+    lim, req = _gpu_from(_mapping(main.get("resources"), cbase, name), GPU_RESOURCE, cbase, name)
+    gpus, source = _effective_gpus(lim, req)
+    paths = FieldPaths(
+        component=base,
+        type=f"{base}.{type_key}",
+        replicas=f"{base}.replicas",
+        annotations=f"{base}.podTemplate.metadata.annotations",
+        gpu_limits=f"{cbase}.limits[{GPU_RESOURCE}]",
+        gpu_requests=f"{cbase}.requests[{GPU_RESOURCE}]",
+        node_count=f"{base}.multinode.nodeCount",
+    )
+    return Component(
+        name=name,
+        type=ctype,
+        replicas=replicas,
+        gpus_per_pod=gpus,
+        gpu_source=source,
+        node_count=_node_count(item, base, name),
+        annotations=_string_map(meta.get("annotations"), paths.annotations, name),
+        labels=_string_map(meta.get("labels"), f"{base}.podTemplate.metadata.labels", name),
+        paths=paths,
+    )
+
+
+def _effective_gpus(lim: int | None, req: int | None) -> tuple[int, Literal["limits", "requests"] | None]:
+    if lim is not None:
+        return lim, "limits"
+    if req is not None:
+        return req, "requests"
+    return 0, None
+
+
+def _parse_service(name: str, raw: Any) -> Component:
+    base = f"spec.services[{name}]"
+    item = _mapping(raw, base, name)
+    ctype = _component_type(item.get("componentType"), f"{base}.componentType", name)
+    replicas = _count(item.get("replicas", 1), f"{base}.replicas", name, what="of replicas")
+    meta = _mapping(item.get("extraPodMetadata"), f"{base}.extraPodMetadata", name)
+    # Dynamo's own resources block (gpu: "N") wins over the main container's resources,
+    # because the operator renders it onto the main container.
+    own = _mapping(item.get("resources"), f"{base}.resources", name)
+    own_lim, own_req = _gpu_from(own, "gpu", f"{base}.resources", name)
+    cbase = f"{base}.extraPodSpec.mainContainer.resources"
+    extra = _mapping(item.get("extraPodSpec"), f"{base}.extraPodSpec", name)
+    main = _mapping(extra.get("mainContainer"), f"{base}.extraPodSpec.mainContainer", name)
+    c_lim, c_req = _gpu_from(_mapping(main.get("resources"), cbase, name), GPU_RESOURCE, cbase, name)
+    if own_lim is not None or own_req is not None:
+        gpus, source = _effective_gpus(own_lim, own_req)
+        lim_path, req_path = f"{base}.resources.limits.gpu", f"{base}.resources.requests.gpu"
+    else:
+        gpus, source = _effective_gpus(c_lim, c_req)
+        lim_path, req_path = f"{cbase}.limits[{GPU_RESOURCE}]", f"{cbase}.requests[{GPU_RESOURCE}]"
+    paths = FieldPaths(
+        component=base,
+        type=f"{base}.componentType",
+        replicas=f"{base}.replicas",
+        annotations=f"{base}.extraPodMetadata.annotations",
+        gpu_limits=lim_path,
+        gpu_requests=req_path,
+        node_count=f"{base}.multinode.nodeCount",
+    )
+    return Component(
+        name=name,
+        type=ctype,
+        replicas=replicas,
+        gpus_per_pod=gpus,
+        gpu_source=source,
+        node_count=_node_count(item, base, name),
+        annotations=_string_map(meta.get("annotations"), paths.annotations, name),
+        labels=_string_map(meta.get("labels"), f"{base}.extraPodMetadata.labels", name),
+        paths=paths,
+    )
+
+
+def _opt_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INT_RE.fullmatch(value):
+        return int(value)
+    return None
+
+
+def _phase(value: Any) -> RolloutPhase | None:
+    try:
+        return RolloutPhase(value)
+    except ValueError:
+        return None
+
+
+def parse_status(raw: Any) -> DGDStatus:
+    """Lenient: the status is written by controllers; anything unreadable counts as unknown."""
+    if not isinstance(raw, Mapping):
+        return DGDStatus()
+    rolling = raw.get("rollingUpdate") if isinstance(raw.get("rollingUpdate"), Mapping) else {}
+    comps_raw = raw.get("components", raw.get("services"))
+    comps: dict[str, ComponentStatus] = {}
+    entries: list[tuple[str, Any]] = []
+    if isinstance(comps_raw, Mapping):
+        entries = [(str(k), v) for k, v in comps_raw.items()]
+    elif isinstance(comps_raw, list):
+        entries = [(str(v.get("name")), v) for v in comps_raw if isinstance(v, Mapping) and v.get("name")]
+    for cname, v in entries:
+        if not isinstance(v, Mapping):
+            continue
+        rollout = v.get("rollout")
+        phase = _phase(rollout.get("phase")) if isinstance(rollout, Mapping) else _phase(v.get("rolloutPhase"))
+        message = rollout.get("message", "") if isinstance(rollout, Mapping) else ""
+        comps[cname] = ComponentStatus(
+            replicas=_opt_int(v.get("replicas")),
+            ready_replicas=_opt_int(v.get("readyReplicas")),
+            updated_replicas=_opt_int(v.get("updatedReplicas")),
+            rollout=phase,
+            message=str(message or ""),
+        )
+    return DGDStatus(
+        observed_generation=_opt_int(raw.get("observedGeneration")),
+        state=raw.get("state") if isinstance(raw.get("state"), str) else None,
+        rollout=_phase(rolling.get("phase")),
+        rollout_message=str(rolling.get("message") or ""),
+        components=comps,
+    )
+
+
+def parse_dgd(obj: Mapping[str, Any]) -> DGD:
+    """Parse a DGD as the API returns it (a JSON object). Raises DGDFormatError."""
+    if not isinstance(obj, Mapping):
+        raise DGDFormatError("<root>", "a DGD must be a JSON/YAML object")
+    meta = _mapping(obj.get("metadata"), "metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise DGDFormatError("metadata.name", "missing")
+    spec = _mapping(obj.get("spec"), "spec")
+    components: list[Component]
+    if "components" in spec:
+        raw_list = spec["components"]
+        if not isinstance(raw_list, list):
+            raise DGDFormatError("spec.components", "expected a list of components keyed by name")
+        components = [_parse_list_component(item, i) for i, item in enumerate(raw_list)]
+        form: Literal["components", "services"] = "components"
+    elif "services" in spec:
+        services = _mapping(spec["services"], "spec.services")
+        components = [_parse_service(str(k), v) for k, v in services.items()]
+        form = "services"
+    else:
+        raise DGDFormatError("spec.components", "missing (neither spec.components nor spec.services is set)")
+    seen: set[str] = set()
+    for c in components:
+        if c.name in seen:
+            raise DGDFormatError(c.paths.component, "duplicate component name", component=c.name)
+        seen.add(c.name)
+    return DGD(
+        name=name,
+        namespace=str(meta.get("namespace") or "default"),
+        uid=str(meta.get("uid") or ""),
+        generation=_opt_int(meta.get("generation")),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        form=form,
+        components=tuple(components),
+        status=parse_status(obj.get("status")),
+    )

@@ -1,0 +1,168 @@
+"""Power inputs may not change on a running deployment.
+
+For every component that carries the cap annotation (on either side), matched by *name*
+(never by position), these may not change:
+
+* the cap annotation string, compared verbatim (" 350 " -> "350" is a change);
+* the effective main-container GPU count (limits, else requests; moving the same count from
+  limits to requests is not a change);
+* ``multinode.nodeCount`` as declared (adding or removing the field is a change, even to 1).
+
+Two entry points share one comparison:
+
+* ``validate_dgd_update(old, new)``: admission-style, for components present in both.
+* ``AdmittedPowerInputs`` + ``check_power_inputs_unchanged(admitted, current)``: what the
+  planner calls at each evaluation. Any violation means the deployment fails closed until an
+  operator re-admits it (``admit_power_inputs(current)`` makes a fresh record).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from powerfleet.cluster.dgd import DGD, Component
+from powerfleet.cluster.errors import DGDInputError
+from powerfleet.cluster.power import PowerConfig, resolve_power_config
+
+ABSENT = "<absent>"
+
+
+class Violation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    old: str
+    new: str
+    component: str = ""
+
+    def line(self) -> str:
+        return f"{self.path}: {self.old} -> {self.new}"
+
+
+class ComponentPowerFields(BaseModel):
+    """The immutable power inputs of one component, with the paths they were read from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    annotation: str | None
+    annotation_path: str
+    gpus_per_pod: int
+    gpu_path: str
+    node_count: int | None
+    node_count_path: str
+    component_path: str
+
+    @classmethod
+    def of(cls, c: Component) -> ComponentPowerFields:
+        return cls(
+            name=c.name,
+            annotation=c.power_annotation,
+            annotation_path=c.paths.annotation(),
+            gpus_per_pod=c.gpus_per_pod,
+            gpu_path=c.gpu_path,
+            node_count=c.node_count,
+            node_count_path=c.paths.node_count,
+            component_path=c.paths.component,
+        )
+
+
+def _show(value: str | int | None) -> str:
+    if value is None:
+        return ABSENT
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def compare_component(old: ComponentPowerFields, new: ComponentPowerFields) -> list[Violation]:
+    """Violations between two versions of one (annotated) component."""
+    out: list[Violation] = []
+    if old.annotation != new.annotation:
+        out.append(Violation(path=new.annotation_path, old=_show(old.annotation), new=_show(new.annotation), component=new.name))
+    if old.gpus_per_pod != new.gpus_per_pod:
+        out.append(Violation(path=new.gpu_path, old=_show(old.gpus_per_pod), new=_show(new.gpus_per_pod), component=new.name))
+    if old.node_count != new.node_count:
+        out.append(Violation(path=new.node_count_path, old=_show(old.node_count), new=_show(new.node_count), component=new.name))
+    return out
+
+
+def _annotated(fields: ComponentPowerFields) -> bool:
+    return fields.annotation is not None
+
+
+def validate_dgd_update(old: DGD, new: DGD) -> list[Violation]:
+    """Admission check for an update: violations for annotated components present in both."""
+    out: list[Violation] = []
+    new_by_name = {c.name: ComponentPowerFields.of(c) for c in new.components}
+    for c in old.components:
+        o = ComponentPowerFields.of(c)
+        n = new_by_name.get(c.name)
+        if n is None or not (_annotated(o) or _annotated(n)):
+            continue
+        out.extend(compare_component(o, n))
+    return out
+
+
+class AdmittedPowerInputs(BaseModel):
+    """What the planner admitted for one deployment; persist it (JSON) and compare each evaluation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    power: PowerConfig
+    components: dict[str, ComponentPowerFields]  # every annotated or power-role component
+
+
+def admit_power_inputs(dgd: DGD) -> AdmittedPowerInputs:
+    """Admit (or re-admit) a deployment's power inputs. Raises PowerInputError if invalid."""
+    power = resolve_power_config(dgd)
+    role_names = {rp.component for rp in power.roles.values()}
+    fields = {
+        c.name: ComponentPowerFields.of(c)
+        for c in dgd.components
+        if c.name in role_names or c.power_annotation is not None
+    }
+    return AdmittedPowerInputs(
+        namespace=dgd.namespace, name=dgd.name, uid=dgd.uid, generation=dgd.generation, power=power, components=fields
+    )
+
+
+def check_power_inputs_unchanged(admitted: AdmittedPowerInputs, current: DGD) -> list[Violation]:
+    """Violations between the admitted inputs and the deployment as it is now.
+
+    Empty list: carry on with the admitted caps. Non-empty: fail closed for this deployment
+    until it is re-admitted. Also reports a recreated deployment (uid changed), a vanished
+    admitted component, a new annotated component, and power inputs that no longer resolve.
+    """
+    out: list[Violation] = []
+    if admitted.uid and current.uid and admitted.uid != current.uid:
+        out.append(Violation(path="metadata.uid", old=repr(admitted.uid), new=repr(current.uid)))
+    current_by_name = {c.name: c for c in current.components}
+    for name, old in admitted.components.items():
+        comp = current_by_name.get(name)
+        if comp is None:
+            out.append(Violation(path=old.component_path, old="present", new=ABSENT, component=name))
+            continue
+        out.extend(compare_component(old, ComponentPowerFields.of(comp)))
+    for comp in current.components:
+        if comp.name not in admitted.components and comp.power_annotation is not None:
+            out.append(
+                Violation(path=comp.paths.annotation(), old=ABSENT, new=repr(comp.power_annotation), component=comp.name)
+            )
+    if not out:
+        try:
+            roles = resolve_power_config(current).roles
+        except DGDInputError as exc:
+            return [Violation(path=exc.path, old="valid", new=exc.message, component=exc.component)]
+        for role, rp in roles.items():
+            before = admitted.power.roles.get(role)
+            if before is None or before.component != rp.component:
+                out.append(Violation(
+                    path=current_by_name[rp.component].paths.type,
+                    old=repr(before.component) if before else ABSENT,
+                    new=repr(rp.component),
+                    component=rp.component,
+                ))
+    return out

@@ -1,0 +1,67 @@
+"""Plain views of the Kubernetes objects powerfleet reads (independent of any client library)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PodInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    node_name: str | None = None
+    phase: str | None = None  # Pending | Running | Succeeded | Failed | Unknown
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    terminating: bool = False  # metadata.deletionTimestamp is set
+    resource_version: str = ""
+
+    @property
+    def is_running_or_starting(self) -> bool:
+        return self.phase not in ("Succeeded", "Failed")
+
+
+class Lease(BaseModel):
+    """coordination.k8s.io/v1 Lease. ``resource_version`` is required for update/delete checks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    holder_identity: str | None = None
+    lease_duration_seconds: int | None = None
+    acquire_time: datetime | None = None
+    renew_time: datetime | None = None
+    lease_transitions: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    resource_version: str = ""
+    uid: str = ""
+
+
+class ObjectRef(BaseModel):
+    """What an Event is about."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    name: str
+    namespace: str
+    api_version: str = ""
+    uid: str = ""
+
+
+class EventInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    involved: ObjectRef
+    reason: str
+    message: str
+    type: str = "Normal"
+    count: int = 1
