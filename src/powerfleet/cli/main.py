@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-from powerfleet.cli import retune_cmd, sim_cmd, validate_cmd
+from powerfleet.cli import processes, retune_cmd, sim_cmd, taskapi, up, validate_cmd
+from powerfleet.cli.context import CliState
 from powerfleet.cli.errors import CliError
 
 app = typer.Typer(
@@ -13,6 +16,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Option(None, "--config", envvar="POWERFLEET_CONFIG",
+                                         help="YAML config file (POWERFLEET_* variables override it)."),
+) -> None:
+    ctx.obj = CliState(config_path=config)
+
+
+app.command()(processes.worker)
+app.command()(processes.agent)
+app.command()(processes.beat)
+app.command()(processes.flower)
+app.command()(up.up)
+app.command()(up.demo)
+app.command()(taskapi.trigger)
+app.command()(taskapi.status)
 app.add_typer(sim_cmd.app, name="sim")
 app.add_typer(retune_cmd.app, name="retune")
 app.add_typer(validate_cmd.app, name="validate")

@@ -1,1 +1,27 @@
-"""powerfleet.config"""
+"""One FleetConfig for every process, loaded from YAML plus POWERFLEET_* environment overrides."""
+
+from powerfleet.config.fleet import (
+    BeatConfig,
+    BrokerConfig,
+    ConfigError,
+    FleetConfig,
+    FlowerConfig,
+    MetricsConfig,
+    RetuneConfig,
+    TimeLimit,
+    TimeLimits,
+    load_config,
+)
+
+__all__ = [
+    "BeatConfig",
+    "BrokerConfig",
+    "ConfigError",
+    "FleetConfig",
+    "FlowerConfig",
+    "MetricsConfig",
+    "RetuneConfig",
+    "TimeLimit",
+    "TimeLimits",
+    "load_config",
+]

@@ -1,0 +1,30 @@
+"""TickLog: the record in Redis of the last tick of each family, read by `powerfleet status`."""
+
+from __future__ import annotations
+
+import redis
+
+_LAST = "powerfleet:ticks:last"
+_ORIGINS = "powerfleet:ticks:origins:{family}"
+_KEEP = 200
+
+
+class TickLog:
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+
+    def record(self, family: str, at: float, origin: str | None) -> None:
+        """Remember that a tick of ``family`` ran at ``at``, and which process sent it."""
+        key = _ORIGINS.format(family=family)
+        with self._r.pipeline() as p:
+            p.hset(_LAST, family, repr(at))
+            p.lpush(key, origin or "unknown")
+            p.ltrim(key, 0, _KEEP - 1)
+            p.execute()
+
+    def last_ticks(self) -> dict[str, float]:
+        raw = self._r.hgetall(_LAST)
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    def origins(self, family: str) -> list[str]:
+        return [o.decode() for o in self._r.lrange(_ORIGINS.format(family=family), 0, -1)]

@@ -1,0 +1,124 @@
+"""A private redis-server on a free loopback port, for `up`, `demo` and the tests.
+
+Why a real redis-server and not a Python imitation: Celery's Redis transport relies on
+BRPOP, pub/sub, Lua (chord counting in 5.7) and key expiry; anything less hides bugs.
+The binary comes from Debian's ``redis-server`` package, which `make` installs
+(see docs/embedded-broker.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+
+class BrokerUnavailable(Exception):
+    """redis-server is missing or would not start; the message says what to do."""
+
+
+def find_redis_server() -> str:
+    path = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
+    if path is None:
+        raise BrokerUnavailable(
+            "redis-server not found on PATH: run `make redis` (installs Debian's redis-server) "
+            "or set broker.url / POWERFLEET_BROKER__URL to an existing Redis"
+        )
+    return path
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """Start/stop a redis-server bound to 127.0.0.1 with its own temporary directory.
+
+    ``restart()`` keeps the port, so clients configured with ``url`` reconnect to it.
+    """
+
+    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0) -> None:
+        self.port = port or free_loopback_port()
+        self.start_timeout_s = start_timeout_s
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "EmbeddedRedis":
+        binary = find_redis_server()
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="powerfleet-redis-")
+        log = Path(self._dir.name) / "redis.log"
+        # noeviction: evicted kombu bindings or RedBeat keys silently break the fleet.
+        argv = [
+            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self._dir.name,
+            "--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
+            "--maxmemory-policy", "noeviction", "--logfile", str(log),
+        ]
+        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, start_new_session=True)
+        self._wait_ready(log)
+        return self
+
+    def _wait_ready(self, log: Path) -> None:
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if self._proc is not None and self._proc.poll() is not None:
+                    tail = log.read_text(errors="replace")[-400:] if log.exists() else ""
+                    raise BrokerUnavailable(f"redis-server exited with code {self._proc.returncode}: {tail.strip()}")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    time.sleep(0.02)  # polling a child process's readiness, bounded by the deadline
+            self.stop()
+            raise BrokerUnavailable(f"redis-server did not answer PING on port {self.port} within {self.start_timeout_s}s")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None and proc.stderr is not None:
+            proc.stderr.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,3 @@
+from powerfleet.cli.main import main
+
+main()

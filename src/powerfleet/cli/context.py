@@ -1,0 +1,80 @@
+"""What every command needs: the config (exit 2 on a bad one) and an app on a reachable broker."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+
+from powerfleet.cli.errors import EXIT_FAILURE, fail
+from powerfleet.config import ConfigError, FleetConfig, load_config
+
+if TYPE_CHECKING:
+    from powerfleet.workers.app import FleetCelery
+
+
+@dataclass
+class CliState:
+    config_path: str | None = None
+
+
+def fleet_config(ctx: typer.Context) -> FleetConfig:
+    state: CliState = ctx.find_root().obj or CliState()
+    try:
+        return load_config(state.config_path)
+    except ConfigError as exc:
+        fail(f"config: {exc}")
+
+
+def redact(url: str) -> str:
+    """A broker URL fit for a log line: the password is never printed."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+def require_broker(config: FleetConfig) -> str:
+    url = config.broker.url
+    if url is None:
+        fail("no broker configured: set broker.url (or POWERFLEET_BROKER__URL), "
+             "or run `powerfleet up` to start one with an embedded Redis")
+    return url
+
+
+def check_broker_reachable(url: str, timeout_s: float = 3.0) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        reason = str(exc).split("\n")[0]
+        fail(f"broker unreachable at {redact(url)}: {reason}", EXIT_FAILURE)
+    except redis.ResponseError as exc:
+        fail(f"broker at {redact(url)} refused the connection: {exc}", EXIT_FAILURE)
+    finally:
+        client.close()
+
+
+def fleet_app(config: FleetConfig, check: bool = True) -> "FleetCelery":
+    url = require_broker(config)
+    if check:
+        check_broker_reachable(url)
+    from powerfleet.workers.app import create_app
+
+    return create_app(config, url)
+
+
+def export_config_path(ctx: typer.Context) -> None:
+    """Child processes (celery's own CLI, Flower) read the same file through POWERFLEET_CONFIG."""
+    state: CliState = ctx.find_root().obj or CliState()
+    if state.config_path:
+        os.environ["POWERFLEET_CONFIG"] = os.path.abspath(state.config_path)

@@ -1,0 +1,113 @@
+"""`powerfleet worker | agent | beat | flower`: one Celery process each, in the foreground."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from typing import Optional
+
+import typer
+
+from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
+from powerfleet.cli.errors import fail
+
+
+def _prepare_metrics(port: int, forks: bool) -> None:
+    # Must run before prometheus_client is first imported (see powerfleet.metrics).
+    if port and forks and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="powerfleet-metrics-")
+
+
+def _run_worker(ctx: typer.Context, queues: str, name: str, concurrency: int, loglevel: str) -> None:
+    config = fleet_config(ctx)
+    export_config_path(ctx)
+    _prepare_metrics(config.metrics.port, forks=True)
+    app = fleet_app(config)
+    from powerfleet.metrics.registry import serve_metrics
+    from powerfleet.metrics.signals import install_outcome_metrics
+
+    install_outcome_metrics()
+    serve_metrics(config.metrics.port, config.metrics.address)
+    app.worker_main(["worker", "-Q", queues, "-n", name, "-c", str(concurrency), "-P", "prefork",
+                     "-E", "--loglevel", loglevel, "--without-mingle", "--without-gossip"])
+
+
+def worker(
+    ctx: typer.Context,
+    queues: str = typer.Option("control,sweep", "--queues", "-Q", help="Comma-separated queues to consume."),
+    name: Optional[str] = typer.Option(None, "--name", "-n", help="Worker node name (default fleet@<host>)."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Prefork processes."),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run a worker consuming the given queues (control, sweep, node.<name>)."""
+    qs = [q.strip() for q in queues.split(",") if q.strip()]
+    if not qs:
+        fail("--queues: give at least one queue name")
+    _run_worker(ctx, ",".join(qs), name or f"fleet@{socket.gethostname()}", concurrency, loglevel)
+
+
+def agent(
+    ctx: typer.Context,
+    node: str = typer.Option(..., "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run the node agent: a worker pinned to its own queue node.<NODE>, one process."""
+    from powerfleet.config.fleet import _NODE_NAME
+
+    if not _NODE_NAME.match(node):
+        fail(f"--node: {node!r} is not a valid Kubernetes node name")
+    # A stable name (not the pod name) so direct messages survive pod replacement.
+    _run_worker(ctx, f"node.{node}", f"agent@{node}", 1, loglevel)
+
+
+def beat(
+    ctx: typer.Context,
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run beat. A Redis lock (RedBeat) keeps a second beat on standby until the first stops."""
+    config = fleet_config(ctx)
+    export_config_path(ctx)
+    app = fleet_app(config)
+    from powerfleet.metrics.registry import serve_metrics
+    from powerfleet.metrics.signals import install_tick_metrics
+    from powerfleet.workers.app import TICK_FAMILIES
+
+    install_tick_metrics(TICK_FAMILIES)
+    serve_metrics(config.metrics.port, config.metrics.address)
+    app.start(["beat", "--loglevel", loglevel, "--scheduler", "redbeat.RedBeatScheduler"])
+
+
+def flower(
+    ctx: typer.Context,
+    address: Optional[str] = typer.Option(None, "--address", help="Bind address (default from config: 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port (default from config: 5555)."),
+) -> None:
+    """Run Flower. Off loopback it refuses to start without basic-auth credentials.
+
+    Credentials come from flower.basic_auth in the config or POWERFLEET_FLOWER__BASIC_AUTH,
+    never from the command line (where `ps` would show them).
+    """
+    config = fleet_config(ctx)
+    export_config_path(ctx)
+    from powerfleet.config import FlowerConfig
+
+    fc = FlowerConfig(address=address or config.flower.address, port=port or config.flower.port,
+                      basic_auth=config.flower.basic_auth)
+    fleet_app(config)  # validates the broker before Flower's own retry loop hides the problem
+    argv = ["-A", "powerfleet.workers.entry", "flower", f"--address={fc.address}", f"--port={fc.port}"]
+    os.environ.update(flower_environment(fc))
+    from celery.bin.celery import celery as celery_cli
+
+    celery_cli.main(args=argv, prog_name="powerfleet flower")
+
+
+def flower_environment(fc: "FlowerConfig") -> dict[str, str]:  # type: ignore[name-defined]  # noqa: F821
+    """Flower's settings as FLOWER_* variables (credentials stay out of argv)."""
+    if fc.basic_auth:
+        return {"FLOWER_BASIC_AUTH": ",".join(fc.basic_auth)}
+    if not fc.is_loopback:
+        fail(f"flower: refusing to bind {fc.address} without basic auth; set flower.basic_auth "
+             "(or POWERFLEET_FLOWER__BASIC_AUTH='[user:password]') or bind 127.0.0.1")
+    # Loopback only: the task API is reachable from this machine alone.
+    return {"FLOWER_UNAUTHENTICATED_API": "true"}

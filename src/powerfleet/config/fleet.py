@@ -1,0 +1,238 @@
+"""FleetConfig: the single config object every powerfleet process is built from.
+
+Sources, later wins: built-in defaults < YAML file (``--config`` or ``POWERFLEET_CONFIG``) <
+``POWERFLEET_*`` environment variables. Nested keys use a double underscore in the variable
+name: ``POWERFLEET_BEAT__RECONCILE_INTERVAL_S=5`` sets ``beat.reconcile_interval_s``. Values
+from the environment are parsed as YAML scalars/flow collections, so ``[a, b]`` is a list.
+
+Every validation failure becomes one ConfigError naming the source and the dotted key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "POWERFLEET_"
+ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
+# Kubernetes node names are DNS subdomains; queue names are built from them.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased as one line for the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BrokerConfig(_Strict):
+    # None: start a private redis-server on loopback (see powerfleet.broker.embedded).
+    url: str | None = None
+    result_backend: str | None = None  # defaults to the broker URL
+    # Must exceed the longest acks_late task, or Redis redelivers it while it still runs.
+    visibility_timeout_s: int = Field(3600, ge=60, le=7 * 86400)
+    result_expires_s: int = Field(7 * 86400, ge=3600)
+
+    @field_validator("url", "result_backend")
+    @classmethod
+    def _redis_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+
+class BeatConfig(_Strict):
+    reconcile_interval_s: float = Field(15.0, gt=0, le=86400)
+    budget_interval_s: float = Field(30.0, gt=0, le=86400)
+    retune_interval_s: float = Field(10.0, gt=0, le=86400)
+    # The RedBeat lock: a standby beat takes over at most this long after the leader dies.
+    lock_timeout_s: int = Field(60, ge=5, le=3600)
+    max_loop_interval_s: int = Field(5, ge=1, le=300)
+
+    @model_validator(mode="after")
+    def _lock_outlives_loop(self) -> "BeatConfig":
+        if self.lock_timeout_s <= self.max_loop_interval_s:
+            raise ValueError("lock_timeout_s must be greater than max_loop_interval_s")
+        return self
+
+
+class TimeLimit(_Strict):
+    soft_s: float = Field(gt=0)
+    hard_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> "TimeLimit":
+        if self.soft_s >= self.hard_s:
+            raise ValueError("soft_s must be less than hard_s")
+        return self
+
+
+class TimeLimits(_Strict):
+    """Soft/hard limits per task family; prefork workers enforce both."""
+
+    control: TimeLimit = TimeLimit(soft_s=60, hard_s=90)
+    sweep: TimeLimit = TimeLimit(soft_s=600, hard_s=660)
+    node: TimeLimit = TimeLimit(soft_s=20, hard_s=30)
+
+
+class FlowerConfig(_Strict):
+    address: str = "127.0.0.1"
+    port: int = Field(5555, ge=1, le=65535)
+    # "user:password" entries. Required when address is not loopback.
+    basic_auth: list[str] = Field(default_factory=list)
+
+    @field_validator("basic_auth")
+    @classmethod
+    def _user_colon_password(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            user, sep, password = entry.partition(":")
+            if not sep or not user or not password:
+                raise ValueError("each entry must be 'user:password'")
+        return v
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.address == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.address).is_loopback
+        except ValueError:
+            return False
+
+
+class MetricsConfig(_Strict):
+    port: int = Field(0, ge=0, le=65535)  # 0 disables /metrics
+    address: str = "127.0.0.1"
+
+
+class RetuneConfig(_Strict):
+    window_interval_s: int = Field(300, ge=10, le=86400)
+    window_phase_s: int = Field(0, ge=0)
+    # Deployments with retune enabled (the cluster layer adds the DGD-driven list later).
+    deployments: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _phase_within_interval(self) -> "RetuneConfig":
+        if self.window_phase_s >= self.window_interval_s:
+            raise ValueError("window_phase_s must be less than window_interval_s")
+        return self
+
+
+class FleetConfig(_Strict):
+    broker: BrokerConfig = BrokerConfig()
+    beat: BeatConfig = BeatConfig()
+    limits: TimeLimits = TimeLimits()
+    flower: FlowerConfig = FlowerConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    retune: RetuneConfig = RetuneConfig()
+    # GPU nodes; each gets a queue node.<name> consumed by its agent.
+    nodes: list[str] = Field(default_factory=list)
+    prefetch_multiplier: int = Field(1, ge=1, le=64)
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _NODE_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid Kubernetes node name")
+        if len(set(v)) != len(v):
+            raise ValueError("node names must be unique")
+        return v
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG_FILE:
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__")]
+        if not all(path):
+            raise ConfigError(f"environment {key}: empty key segment")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"environment {key}: {'.'.join(path)} conflicts with another variable")
+            node = nxt
+        node[path[-1]] = value
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: config file is not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}:{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> FleetConfig:
+    """Build the FleetConfig. Raises ConfigError with the source and dotted key on any problem."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_CONFIG_FILE):
+        path = environ[ENV_CONFIG_FILE]
+    file_data = _read_yaml(Path(path)) if path is not None else {}
+    env_data = _env_overrides(environ)
+    try:
+        return FleetConfig.model_validate(_deep_merge(file_data, env_data))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        key = _dotted(loc)
+        source = str(path) if path is not None else "defaults"
+        if _in_tree(env_data, loc):
+            source = ENV_PREFIX + "__".join(str(p).upper() for p in loc)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        raise ConfigError(f"{source}: {key}: {msg}{more}") from None
+
+
+def _in_tree(tree: Mapping[str, Any], loc: tuple[Any, ...]) -> bool:
+    node: Any = tree
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return False
+    return True

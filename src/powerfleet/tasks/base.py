@@ -1,0 +1,54 @@
+"""The one way a powerfleet task is declared: a name, an argument model, JSON in and out."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from celery import shared_task
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class TaskArgs(BaseModel):
+    """Base for task argument models: unknown keys are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskInputError(ValueError):
+    """The task's JSON arguments were invalid; raised before any work is done."""
+
+
+def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any]) -> M:
+    if args:
+        raise TaskInputError(f"{task_name}: takes keyword arguments only (a JSON object), got {len(args)} positional")
+    try:
+        return model.model_validate(kwargs)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+        msg = "unknown argument" if err["type"] == "extra_forbidden" else err["msg"]
+        raise TaskInputError(f"{task_name}: {where}: {msg}") from None
+
+
+def fleet_task(name: str, args_model: type[M], *, acks_late: bool, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a task taking ``args_model`` as keyword arguments and returning JSON.
+
+    ``acks_late`` is required so each task states whether losing it matters: work that
+    must not be lost is acknowledged after it returns (and must be idempotent).
+    Input errors are not retried: the same arguments would fail the same way.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        @functools.wraps(fn)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            params = decode_args(name, args_model, args, kwargs)
+            result = fn(self, params)
+            return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+
+        run.args_model = args_model  # type: ignore[attr-defined]
+        return shared_task(bind=True, name=name, acks_late=acks_late, **options)(run)
+
+    return wrap

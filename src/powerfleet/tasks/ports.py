@@ -1,0 +1,22 @@
+"""Ports the tasks build from their app: Redis for fleet state, the clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from powerfleet.clock import SystemClock
+
+_clients: dict[str, redis.Redis] = {}
+clock = SystemClock()
+
+
+def fleet_redis(app: Any) -> redis.Redis:
+    """One Redis client per process for fleet state (ticks, dedupe keys), on the broker's Redis."""
+    url = app.conf.broker_url
+    client = _clients.get(url)
+    if client is None:
+        client = redis.Redis.from_url(url, socket_timeout=10, health_check_interval=10)
+        _clients[url] = client
+    return client

@@ -1,0 +1,138 @@
+"""The Celery app factory: one FleetConfig in, one configured Celery app out.
+
+Everything that differs between powerfleet processes (which queues a worker consumes,
+whether it runs beat) is a command-line choice; everything else comes from here so that
+every process agrees on serialisation, routing, acks and limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from powerfleet.config import FleetConfig
+from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
+
+# Modules that define tasks; imported by create_app so every process (worker, beat,
+# CLI, Flower) knows the same task names.
+TASK_MODULES = (
+    "powerfleet.tasks.fleet",
+    "powerfleet.tasks.agent",
+    "powerfleet.tasks.budget",
+    "powerfleet.tasks.retune",
+)
+
+
+class FleetCelery(Celery):
+    """A Celery app that carries the FleetConfig it was built from."""
+
+    fleet_config: FleetConfig
+    broker_url_resolved: str
+
+
+def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
+    vt = config.broker.visibility_timeout_s
+    backend = config.broker.result_backend or broker_url
+    transport = {"visibility_timeout": vt, "socket_timeout": 10, "health_check_interval": 10}
+    queues = [Queue(CONTROL_QUEUE, Exchange(CONTROL_QUEUE), routing_key=CONTROL_QUEUE),
+              Queue(SWEEP_QUEUE, Exchange(SWEEP_QUEUE), routing_key=SWEEP_QUEUE)]
+    queues += [Queue(node_queue(n), Exchange(node_queue(n)), routing_key=node_queue(n)) for n in config.nodes]
+    return {
+        "broker_url": broker_url,
+        "result_backend": backend,
+        # JSON only: a pickled message is refused by the worker before anything runs.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "task_queues": queues,
+        "task_default_queue": CONTROL_QUEUE,
+        "task_routes": (route_task,),
+        "task_create_missing_queues": True,
+        # Set in all three places: the shortest visibility timeout on a broker wins (celery#7651).
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {"visibility_timeout": vt},
+        "visibility_timeout": vt,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "result_expires": config.broker.result_expires_s,
+        "result_extended": True,
+        "task_track_started": True,
+        # A worker process that dies mid-task counts as a retry (bounded), not a silent ack.
+        "task_retry_on_worker_lost": True,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_prefetch_multiplier": config.prefetch_multiplier,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "task_annotations": (_TimeLimitAnnotation(config),),
+        "timezone": "UTC",
+        "enable_utc": True,
+        # Beat: RedBeat keeps the schedule in Redis and holds a lock, so a second beat waits.
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "redbeat_redis_url": broker_url,
+        "redbeat_key_prefix": "powerfleet:redbeat",
+        "redbeat_lock_timeout": config.beat.lock_timeout_s,
+        "beat_max_loop_interval": config.beat.max_loop_interval_s,
+        "beat_schedule": beat_schedule(config),
+    }
+
+
+class _TimeLimitAnnotation:
+    """Celery task annotation giving each powerfleet task its family's soft/hard limits."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self._limits = {"control": config.limits.control, "sweep": config.limits.sweep,
+                        "node": config.limits.node}
+
+    def annotate(self, task: Any) -> dict[str, float] | None:
+        name = getattr(task, "name", "")
+        if not name.startswith("powerfleet."):
+            return None
+        lim = self._limits[family_of(name)]
+        return {"soft_time_limit": lim.soft_s, "time_limit": lim.hard_s}
+
+
+# Tick family -> (task name, interval attribute on BeatConfig).
+TICK_FAMILIES: dict[str, str] = {
+    "reconcile": "powerfleet.fleet.reconcile",
+    "budget": "powerfleet.budget.tick",
+    "retune": "powerfleet.retune.tick",
+}
+
+
+def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
+    intervals = {
+        "reconcile": config.beat.reconcile_interval_s,
+        "budget": config.beat.budget_interval_s,
+        "retune": config.beat.retune_interval_s,
+    }
+    return {
+        f"powerfleet-{family}-tick": {
+            "task": task,
+            "schedule": intervals[family],
+            # A tick that waited longer than its interval is superseded by the next one.
+            "options": {"expires": intervals[family]},
+        }
+        for family, task in TICK_FAMILIES.items()
+    }
+
+
+def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "powerfleet") -> FleetCelery:
+    url = broker_url or config.broker.url
+    if url is None:
+        raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
+    app = FleetCelery(main, set_as_current=True)
+    app.config_from_object(celery_settings(config, url))
+    app.fleet_config = config
+    app.broker_url_resolved = url
+    import importlib
+
+    for module in TASK_MODULES:
+        importlib.import_module(module)
+    app.conf.include = list(TASK_MODULES)
+    app.finalize(auto=True)
+    return app

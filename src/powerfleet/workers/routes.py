@@ -1,0 +1,45 @@
+"""Queues and the routing table: every task family goes to its queue.
+
+- ``powerfleet.agent.*``      -> ``node.<node>`` (the ``node`` keyword argument)
+- ``powerfleet.sweep.*``      -> ``sweep`` (sweep shards, probe, harvest)
+- any other ``powerfleet.*``  -> ``control``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CONTROL_QUEUE = "control"
+SWEEP_QUEUE = "sweep"
+NODE_QUEUE_PREFIX = "node."
+
+
+class RoutingError(ValueError):
+    pass
+
+
+def node_queue(node: str) -> str:
+    return f"{NODE_QUEUE_PREFIX}{node}"
+
+
+def family_of(task_name: str) -> str:
+    """'node', 'sweep' or 'control': also selects the task's time limits."""
+    if task_name.startswith("powerfleet.agent."):
+        return "node"
+    if task_name.startswith("powerfleet.sweep."):
+        return "sweep"
+    return "control"
+
+
+def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any) -> dict[str, str] | None:
+    if not name.startswith("powerfleet."):
+        return None
+    family = family_of(name)
+    if family == "node":
+        node = kwargs.get("node") if isinstance(kwargs, dict) else None
+        if not isinstance(node, str) or not node:
+            raise RoutingError(f"{name} needs a 'node' keyword argument naming the GPU node")
+        return {"queue": node_queue(node)}
+    if family == "sweep":
+        return {"queue": SWEEP_QUEUE}
+    return {"queue": CONTROL_QUEUE}
