@@ -1,0 +1,113 @@
+"""The decision rule: rank candidates, compare the best with the probe, apply or keep.
+
+* Only candidates that scored (``ok``) with a finite score rank; they are ranked best
+  first in the objective's direction, ties kept in grid order (stable sort).
+* The best is applied only when it beats the probe (the current settings, replayed with
+  the same random numbers) by more than ``min_improvement_pct`` percent of |probe score|.
+  Equal scores keep the current settings. A probe that could not be scored keeps too:
+  there is nothing to compare against.
+* The decision records every candidate (ranked), the probe and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, Objective, parse_objective
+
+
+class Candidate(BaseModel):
+    """One scored grid point (``params``: all eight router parameters)."""
+
+    model_config = ConfigDict(frozen=True)
+    params: dict[str, Any]
+    score: float | None = None
+    ok: bool = True
+    reason: str | None = None
+    shard: int | None = None
+
+    def rankable(self) -> bool:
+        return self.ok and self.score is not None and math.isfinite(self.score)
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    action: Literal["apply", "keep"]
+    params: dict[str, Any]
+    improvement_pct: float | None
+    reason: str
+    objective: str
+    direction: str
+    min_improvement_pct: float
+    best: Candidate | None
+    probe: Candidate
+    ranked: list[Candidate]
+    unranked: list[Candidate]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def decide(
+    candidates: list[Candidate],
+    probe: Candidate,
+    objective: Objective | str,
+    min_improvement_pct: float = 0.0,
+) -> Decision:
+    obj = parse_objective(objective) if isinstance(objective, str) else objective
+    if not (math.isfinite(min_improvement_pct) and min_improvement_pct >= 0):
+        raise ValueError(f"min_improvement_pct must be a finite number >= 0, got {min_improvement_pct}")
+    direction = DIRECTION[obj]
+    sign = 1.0 if direction == MAXIMIZE else -1.0
+    order = sorted(
+        (c for c in candidates if c.rankable()),
+        key=lambda c: -sign * float(c.score),  # type: ignore[arg-type]
+    )
+    unranked = [c for c in candidates if not c.rankable()]
+    common = dict(
+        objective=obj.value,
+        direction=direction,
+        min_improvement_pct=min_improvement_pct,
+        probe=probe,
+        ranked=order,
+        unranked=unranked,
+    )
+    if not probe.rankable():
+        why = probe.reason or "score is not finite"
+        return Decision(
+            action="keep", params=probe.params, improvement_pct=None, best=order[0] if order else None,
+            reason=f"keep: the probe (current settings) could not be scored: {why}", **common,
+        )
+    if not order:
+        return Decision(
+            action="keep", params=probe.params, improvement_pct=None, best=None,
+            reason="keep: no candidate could be scored", **common,
+        )
+    best = order[0]
+    ps = float(probe.score)  # type: ignore[arg-type]
+    bs = float(best.score)  # type: ignore[arg-type]
+    gain = sign * (bs - ps)
+    pct = gain / abs(ps) * 100.0 if ps != 0 else None
+    threshold = min_improvement_pct / 100.0 * abs(ps)
+    desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} ({direction})"
+    if pct is not None:
+        desc += f", {pct:+.3f} %"
+    if gain > threshold and gain > 0:
+        return Decision(
+            action="apply", params=best.params, improvement_pct=pct, best=best,
+            reason=f"apply: {desc} beats the probe by more than {_fmt(min_improvement_pct)} %", **common,
+        )
+    if gain == 0:
+        why = "ties the probe; keeping the current settings"
+    elif gain < 0:
+        why = "is worse than the probe"
+    else:
+        why = f"does not beat the probe by more than {_fmt(min_improvement_pct)} %"
+    return Decision(
+        action="keep", params=probe.params, improvement_pct=pct, best=best,
+        reason=f"keep: {desc} {why}", **common,
+    )

@@ -1,0 +1,177 @@
+"""Replay a trace over N workers under one router policy.
+
+Determinism and common random numbers (CRN): everything is a function of the inputs and
+``seed``. Two independent streams are derived from the seed:
+
+* the *arrival* stream (``numpy`` PCG64 seeded with ``[seed, 0]``) draws one jitter per
+  request, in trace order, before any routing happens; it does not depend on the policy,
+  so every candidate of a sweep sees exactly the same arrival times;
+* the *router* stream (``random.Random`` seeded with ``seed * 2 + 1``) is consumed only by
+  softmax sampling at temperature > 0.
+
+No wall clock is read anywhere in the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerfleet.sim.engine import EngineConfig, simulate
+from powerfleet.sim.policy import SLA, RouterPolicy
+from powerfleet.sim.profile import CapCurve, TimingProfile, default_profile, validate_cap_fraction
+from powerfleet.sim.summary import ReplaySummary, summarize
+from powerfleet.sim.trace import TraceRequest, select_window
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """A trace slice prepared for replay: sorted, rebased to ms from the slice start."""
+
+    arrival_ms: list[float]
+    isl: list[int]
+    osl: list[int]
+    hashes: list[tuple[int, ...]]
+    window_ms: float
+
+
+def prepare(
+    requests: Sequence[TraceRequest],
+    *,
+    seed: int = 0,
+    speedup: float = 1.0,
+    jitter_ms: float = 0.0,
+    window: tuple[float | None, float | None] | None = None,
+) -> Arrivals:
+    """Cut the window, rebase, apply speedup and the policy-independent jitter (CRN)."""
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise ValueError(f"speedup must be a positive number, got {speedup}")
+    if not (math.isfinite(jitter_ms) and jitter_ms >= 0):
+        raise ValueError(f"jitter_ms must be >= 0, got {jitter_ms}")
+    reqs = list(requests)
+    t_trace0 = min((r.timestamp_ms for r in reqs), default=0.0)
+    start_s, end_s = window if window is not None else (None, None)
+    if window is not None:
+        reqs = select_window(reqs, start_s, end_s)
+    origin = t_trace0 + (start_s or 0.0) * 1000.0
+    if reqs and start_s is None:
+        origin = min(r.timestamp_ms for r in reqs)
+    rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFF, 0]))
+    jit = rng.random(len(reqs)) * jitter_ms if jitter_ms > 0 else None
+    rows = []
+    for k, r in enumerate(reqs):
+        t = (r.timestamp_ms - origin) / speedup
+        if jit is not None:
+            t += float(jit[k])
+        rows.append((t, k, r))
+    rows.sort(key=lambda x: (x[0], x[1]))
+    if window is not None and end_s is not None:
+        window_ms = (end_s - (start_s or 0.0)) * 1000.0 / speedup
+    elif rows:
+        window_ms = (max(r.timestamp_ms for r in reqs) - origin) / speedup
+    else:
+        window_ms = 0.0
+    return Arrivals(
+        arrival_ms=[x[0] for x in rows],
+        isl=[x[2].input_length for x in rows],
+        osl=[x[2].output_length for x in rows],
+        hashes=[x[2].hash_ids for x in rows],
+        window_ms=window_ms,
+    )
+
+
+def replay_arrivals(
+    arr: Arrivals,
+    workers: int,
+    policy: RouterPolicy | None = None,
+    seed: int = 0,
+    *,
+    sla: SLA | None = None,
+    profile: TimingProfile | None = None,
+    engine: EngineConfig | None = None,
+    cap_fraction: float = 1.0,
+    cap_curve: CapCurve | None = None,
+) -> ReplaySummary:
+    """Replay prepared arrivals (the sweep prepares once and replays many policies)."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    policy = policy or RouterPolicy()
+    profile = profile or default_profile()
+    curve = cap_curve or CapCurve()
+    validate_cap_fraction(cap_fraction, curve)
+    res = simulate(
+        arr.arrival_ms,
+        arr.isl,
+        arr.osl,
+        arr.hashes,
+        workers,
+        policy,
+        profile,
+        engine or EngineConfig(),
+        router_seed=seed * 2 + 1,
+        prefill_speed=curve.prefill_throughput(cap_fraction),
+        decode_speed=curve.decode_throughput(cap_fraction),
+    )
+    return summarize(
+        res,
+        arr.osl,
+        workers=workers,
+        gpus_per_worker=profile.gpus_per_replica,
+        window_ms=arr.window_ms,
+        sla=sla,
+        policy=policy,
+        seed=seed,
+        profile=profile.name,
+        cap_fraction=cap_fraction,
+    )
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    workers: int,
+    policy: RouterPolicy | None = None,
+    seed: int = 0,
+    *,
+    sla: SLA | None = None,
+    speedup: float = 1.0,
+    window: tuple[float | None, float | None] | None = None,
+    jitter_ms: float = 0.0,
+    profile: TimingProfile | None = None,
+    engine: EngineConfig | None = None,
+    cap_fraction: float = 1.0,
+    cap_curve: CapCurve | None = None,
+) -> ReplaySummary:
+    """Replay trace requests over ``workers`` replicas under ``policy``; deterministic per seed."""
+    arr = prepare(requests, seed=seed, speedup=speedup, jitter_ms=jitter_ms, window=window)
+    return replay_arrivals(
+        arr, workers, policy, seed, sla=sla, profile=profile, engine=engine,
+        cap_fraction=cap_fraction, cap_curve=cap_curve,
+    )
+
+
+def parse_window(text: str | None) -> tuple[float | None, float | None] | None:
+    """``START_S:END_S`` (either side may be empty) -> (start, end) seconds."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise ValueError(f"window must be START_S:END_S, got {text!r}")
+    out: list[float | None] = []
+    for p in parts:
+        p = p.strip()
+        if not p:
+            out.append(None)
+            continue
+        try:
+            v = float(p)
+        except ValueError:
+            raise ValueError(f"window must be START_S:END_S in seconds, got {text!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"window bounds must be finite and >= 0, got {text!r}")
+        out.append(v)
+    if out[0] is not None and out[1] is not None and out[1] <= out[0]:
+        raise ValueError(f"window end must be after its start, got {text!r}")
+    return out[0], out[1]
