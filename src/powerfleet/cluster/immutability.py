@@ -28,15 +28,17 @@ ABSENT = "<absent>"
 
 
 class Violation(BaseModel):
+    """One changed power input. ``old``/``new`` are the raw values (None: the field is absent)."""
+
     model_config = ConfigDict(frozen=True)
 
     path: str
-    old: str
-    new: str
+    old: str | int | None
+    new: str | int | None
     component: str = ""
 
     def line(self) -> str:
-        return f"{self.path}: {self.old} -> {self.new}"
+        return f"{self.path}: {_show(self.old)} -> {_show(self.new)}"
 
 
 class ComponentPowerFields(BaseModel):
@@ -68,6 +70,7 @@ class ComponentPowerFields(BaseModel):
 
 
 def _show(value: str | int | None) -> str:
+    """Strings quoted (so " 350 " and "350" differ visibly), integers bare, None as <absent>."""
     if value is None:
         return ABSENT
     return repr(value) if isinstance(value, str) else str(value)
@@ -77,11 +80,11 @@ def compare_component(old: ComponentPowerFields, new: ComponentPowerFields) -> l
     """Violations between two versions of one (annotated) component."""
     out: list[Violation] = []
     if old.annotation != new.annotation:
-        out.append(Violation(path=new.annotation_path, old=_show(old.annotation), new=_show(new.annotation), component=new.name))
+        out.append(Violation(path=new.annotation_path, old=old.annotation, new=new.annotation, component=new.name))
     if old.gpus_per_pod != new.gpus_per_pod:
-        out.append(Violation(path=new.gpu_path, old=_show(old.gpus_per_pod), new=_show(new.gpus_per_pod), component=new.name))
+        out.append(Violation(path=new.gpu_path, old=old.gpus_per_pod, new=new.gpus_per_pod, component=new.name))
     if old.node_count != new.node_count:
-        out.append(Violation(path=new.node_count_path, old=_show(old.node_count), new=_show(new.node_count), component=new.name))
+        out.append(Violation(path=new.node_count_path, old=old.node_count, new=new.node_count, component=new.name))
     return out
 
 
@@ -138,31 +141,31 @@ def check_power_inputs_unchanged(admitted: AdmittedPowerInputs, current: DGD) ->
     """
     out: list[Violation] = []
     if admitted.uid and current.uid and admitted.uid != current.uid:
-        out.append(Violation(path="metadata.uid", old=repr(admitted.uid), new=repr(current.uid)))
+        out.append(Violation(path="metadata.uid", old=admitted.uid, new=current.uid))
     current_by_name = {c.name: c for c in current.components}
     for name, old in admitted.components.items():
         comp = current_by_name.get(name)
         if comp is None:
-            out.append(Violation(path=old.component_path, old="present", new=ABSENT, component=name))
+            out.append(Violation(path=old.component_path, old=name, new=None, component=name))
             continue
         out.extend(compare_component(old, ComponentPowerFields.of(comp)))
     for comp in current.components:
         if comp.name not in admitted.components and comp.power_annotation is not None:
             out.append(
-                Violation(path=comp.paths.annotation(), old=ABSENT, new=repr(comp.power_annotation), component=comp.name)
+                Violation(path=comp.paths.annotation(), old=None, new=comp.power_annotation, component=comp.name)
             )
     if not out:
         try:
             roles = resolve_power_config(current).roles
         except DGDInputError as exc:
-            return [Violation(path=exc.path, old="valid", new=exc.message, component=exc.component)]
+            return [Violation(path=exc.path, old="valid", new=f"invalid: {exc.message}", component=exc.component)]
         for role, rp in roles.items():
             before = admitted.power.roles.get(role)
             if before is None or before.component != rp.component:
                 out.append(Violation(
                     path=current_by_name[rp.component].paths.type,
-                    old=repr(before.component) if before else ABSENT,
-                    new=repr(rp.component),
+                    old=before.component if before else None,
+                    new=rp.component,
                     component=rp.component,
                 ))
     return out

@@ -89,7 +89,7 @@ class ClusterReader(Protocol):
 
 @runtime_checkable
 class ClusterWriter(ClusterReader, Protocol):
-    def patch_dgd_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> DGD: ...
+    def patch_dgd_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def patch_dgd_replicas(
         self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None

@@ -1,0 +1,323 @@
+"""The cluster ports on the official ``kubernetes`` client.
+
+Every method does exactly one kind of API call (the name says which); HTTP 404 becomes
+``NotFound``, 409 becomes ``Conflict`` (``LeaseConflict`` for Leases), anything else (including
+transport errors) ``ClusterError``. Invalid DGDs raise ``DGDInputError`` *before* any write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from powerfleet.clock import Clock, SystemClock
+from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSION, parse_dgd
+from powerfleet.cluster.errors import DGDInputError
+from powerfleet.cluster.objects import EventInfo, Lease, ObjectRef, PodInfo
+from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
+
+LIST_TIMEOUT_SECONDS = 20  # server-side timeout for LISTs
+REQUEST_TIMEOUT_SECONDS = 25.0  # client-side timeout for every call
+
+
+@contextmanager
+def _api_errors(what: str, conflict: type[Conflict] = Conflict) -> Iterator[None]:
+    try:
+        yield
+    except ApiException as exc:
+        detail = f"{what}: HTTP {exc.status} {exc.reason}"
+        if exc.status == 404:
+            raise NotFound(detail, status=404) from exc
+        if exc.status == 409:
+            raise conflict(detail, status=409) from exc
+        raise ClusterError(detail, status=exc.status) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ClusterError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def pod_info(pod: client.V1Pod) -> PodInfo:
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    return PodInfo(
+        name=meta.name,
+        namespace=meta.namespace or "",
+        uid=meta.uid or "",
+        node_name=spec.node_name if spec else None,
+        phase=status.phase if status else None,
+        labels=dict(meta.labels or {}),
+        annotations=dict(meta.annotations or {}),
+        terminating=meta.deletion_timestamp is not None,
+        resource_version=meta.resource_version or "",
+    )
+
+
+def lease_info(lease: client.V1Lease) -> Lease:
+    meta, spec = lease.metadata, lease.spec
+    return Lease(
+        name=meta.name,
+        namespace=meta.namespace or "",
+        holder_identity=spec.holder_identity if spec else None,
+        lease_duration_seconds=spec.lease_duration_seconds if spec else None,
+        acquire_time=spec.acquire_time if spec else None,
+        renew_time=spec.renew_time if spec else None,
+        lease_transitions=spec.lease_transitions if spec else None,
+        labels=dict(meta.labels or {}),
+        annotations=dict(meta.annotations or {}),
+        resource_version=meta.resource_version or "",
+        uid=meta.uid or "",
+    )
+
+
+def _lease_body(lease: Lease) -> client.V1Lease:
+    return client.V1Lease(
+        metadata=client.V1ObjectMeta(
+            name=lease.name,
+            namespace=lease.namespace,
+            labels=lease.labels or None,
+            annotations=lease.annotations or None,
+            resource_version=lease.resource_version or None,
+        ),
+        spec=client.V1LeaseSpec(
+            holder_identity=lease.holder_identity,
+            lease_duration_seconds=lease.lease_duration_seconds,
+            acquire_time=lease.acquire_time,
+            renew_time=lease.renew_time,
+            lease_transitions=lease.lease_transitions,
+        ),
+    )
+
+
+def event_info(ev: client.CoreV1Event) -> EventInfo:
+    io = ev.involved_object
+    return EventInfo(
+        name=ev.metadata.name,
+        namespace=ev.metadata.namespace or "",
+        involved=ObjectRef(
+            kind=io.kind or "", name=io.name or "", namespace=io.namespace or "",
+            api_version=io.api_version or "", uid=io.uid or "",
+        ),
+        reason=ev.reason or "",
+        message=ev.message or "",
+        type=ev.type or "Normal",
+        count=ev.count or 1,
+    )
+
+
+class KubeCluster:
+    """``ClusterWriter`` (and so ``ClusterReader``) on the official client.
+
+    Hand a read-only consumer this object typed as ``ClusterReader``; the type checker keeps it
+    from writing.
+    """
+
+    def __init__(self, api_client: client.ApiClient, *, clock: Clock | None = None, component: str = "powerfleet") -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.clock = clock or SystemClock()
+        self.component = component
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, context: str | None = None, **kwargs: Any) -> KubeCluster:
+        return cls(config.new_client_from_config(config_file=str(path), context=context), **kwargs)
+
+    @classmethod
+    def in_cluster(cls, **kwargs: Any) -> KubeCluster:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return cls(client.ApiClient(cfg), **kwargs)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    # -- DGDs --
+
+    def get_dgd_object(self, namespace: str, name: str) -> dict[str, Any]:
+        with _api_errors(f"get DGD {namespace}/{name}"):
+            return self.custom.get_namespaced_custom_object(
+                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+
+    def get_dgd(self, namespace: str, name: str) -> DGD:
+        return parse_dgd(self.get_dgd_object(namespace, name))
+
+    def list_dgds(self, namespace: str | None = None) -> list[DGD | InvalidDGD]:
+        with _api_errors(f"list DGDs in {namespace or 'all namespaces'}"):
+            if namespace is None:
+                listed = self.custom.list_cluster_custom_object(
+                    DGD_GROUP, DGD_VERSION, DGD_PLURAL,
+                    timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            else:
+                listed = self.custom.list_namespaced_custom_object(
+                    DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL,
+                    timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+        out: list[DGD | InvalidDGD] = []
+        for item in listed.get("items", []):
+            try:
+                out.append(parse_dgd(item))
+            except DGDInputError as exc:
+                meta = item.get("metadata") or {}
+                out.append(InvalidDGD(
+                    namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+                    uid=str(meta.get("uid", "")), path=exc.path, message=exc.message, component=exc.component,
+                ))
+        return out
+
+    def patch_dgd_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch the status subresource; returns the stored object."""
+        with _api_errors(f"patch DGD status {namespace}/{name}"):
+            return self.custom.patch_namespaced_custom_object_status(
+                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, {"status": dict(status)},
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+
+    def patch_dgd_replicas(
+        self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None
+    ) -> DGD:
+        """Set component replicas with an optimistic-concurrency UPDATE (stale -> Conflict).
+
+        ``spec.components`` is a list, which a merge patch would replace whole, so this reads the
+        object, changes only the named replicas and writes it back with its resourceVersion (or the
+        one given, to fence against what the caller last read).
+        """
+        obj = self.get_dgd_object(namespace, name)
+        current = parse_dgd(obj)  # refuses a malformed DGD before writing anything
+        for comp, n in replicas.items():
+            if current.component(comp) is None:
+                raise NotFound(f"DGD {namespace}/{name} has no component {comp!r}")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"replicas for {comp!r} must be a non-negative integer, got {n!r}")
+        if current.form == "components":
+            for item in obj["spec"]["components"]:
+                if item.get("name") in replicas:
+                    item["replicas"] = replicas[item["name"]]
+        else:
+            for comp, n in replicas.items():
+                obj["spec"]["services"][comp]["replicas"] = n
+        if resource_version is not None:
+            obj["metadata"]["resourceVersion"] = resource_version
+        with _api_errors(f"update DGD replicas {namespace}/{name}"):
+            stored = self.custom.replace_namespaced_custom_object(
+                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, obj, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        return parse_dgd(stored)
+
+    # -- pods --
+
+    def list_pods(
+        self, namespace: str | None = None, *, label_selector: str | None = None, node_name: str | None = None
+    ) -> list[PodInfo]:
+        field_selector = f"spec.nodeName={node_name}" if node_name else None
+        kwargs: dict[str, Any] = {
+            "label_selector": label_selector, "field_selector": field_selector,
+            "timeout_seconds": LIST_TIMEOUT_SECONDS, "_request_timeout": REQUEST_TIMEOUT_SECONDS,
+        }
+        with _api_errors(f"list pods ({label_selector or ''} {field_selector or ''})".strip()):
+            if namespace is None:
+                listed = self.core.list_pod_for_all_namespaces(**kwargs)
+            else:
+                listed = self.core.list_namespaced_pod(namespace, **kwargs)
+        return [pod_info(p) for p in listed.items]
+
+    def watch_pods(
+        self,
+        namespace: str | None = None,
+        *,
+        node_name: str | None = None,
+        label_selector: str | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int = 30,
+    ) -> Iterator[PodEvent]:
+        """Stream pod changes until ``timeout_seconds`` (server side) or until the caller stops."""
+        kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds}
+        if node_name:
+            kwargs["field_selector"] = f"spec.nodeName={node_name}"
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        w = watch.Watch()
+        try:
+            with _api_errors("watch pods"):
+                if namespace is None:
+                    stream = w.stream(self.core.list_pod_for_all_namespaces, **kwargs)
+                else:
+                    stream = w.stream(self.core.list_namespaced_pod, namespace, **kwargs)
+                for event in stream:
+                    pod = event["object"]
+                    info = pod_info(pod)
+                    yield PodEvent(type=event["type"], pod=info, resource_version=info.resource_version)
+        finally:
+            w.stop()
+
+    # -- leases --
+
+    def get_lease(self, namespace: str, name: str) -> Lease:
+        with _api_errors(f"get lease {namespace}/{name}", LeaseConflict):
+            return lease_info(self.coordination.read_namespaced_lease(name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def create_lease(self, lease: Lease) -> Lease:
+        """Create; an existing Lease of that name -> LeaseConflict."""
+        body = _lease_body(lease.model_copy(update={"resource_version": ""}))
+        with _api_errors(f"create lease {lease.namespace}/{lease.name}", LeaseConflict):
+            return lease_info(self.coordination.create_namespaced_lease(
+                lease.namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def update_lease(self, lease: Lease) -> Lease:
+        """Replace, fenced on ``lease.resource_version``; a stale version -> LeaseConflict."""
+        if not lease.resource_version:
+            raise ValueError("update_lease needs the resource_version the caller read (no unconditional writes)")
+        with _api_errors(f"update lease {lease.namespace}/{lease.name}", LeaseConflict):
+            return lease_info(self.coordination.replace_namespaced_lease(
+                lease.name, lease.namespace, _lease_body(lease), _request_timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def delete_lease(self, namespace: str, name: str, *, resource_version: str | None = None) -> None:
+        """Delete, fenced on ``resource_version`` when given; a stale version -> LeaseConflict."""
+        opts = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(resource_version=resource_version) if resource_version else None
+        )
+        with _api_errors(f"delete lease {namespace}/{name}", LeaseConflict):
+            self.coordination.delete_namespaced_lease(name, namespace, body=opts, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+
+    # -- events --
+
+    def record_event(
+        self, involved: ObjectRef, reason: str, message: str, *, type: Literal["Normal", "Warning"] = "Normal"
+    ) -> EventInfo:
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{involved.name}.{uuid.uuid4().hex[:16]}", namespace=involved.namespace),
+            involved_object=client.V1ObjectReference(
+                kind=involved.kind, name=involved.name, namespace=involved.namespace,
+                api_version=involved.api_version or None, uid=involved.uid or None,
+            ),
+            reason=reason,
+            message=message,
+            type=type,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
+            source=client.V1EventSource(component=self.component),
+            reporting_component=self.component,
+        )
+        with _api_errors(f"record event {reason} on {involved.kind}/{involved.name}"):
+            return event_info(self.core.create_namespaced_event(
+                involved.namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+
+    def list_events(self, namespace: str, *, involved_name: str | None = None) -> list[EventInfo]:
+        selector = f"involvedObject.name={involved_name}" if involved_name else None
+        with _api_errors(f"list events in {namespace}"):
+            listed = self.core.list_namespaced_event(
+                namespace, field_selector=selector, timeout_seconds=LIST_TIMEOUT_SECONDS,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        return [event_info(e) for e in listed.items]
