@@ -518,7 +518,9 @@ class ApiServer:
         self._stopping.clear()
         self._httpd = _HTTPServer((self.host, self._port), _Handler)
         self._httpd.api = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="loopback-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="loopback-apiserver", daemon=True
+        )
         self._thread.start()
         return self
 
