@@ -1,0 +1,66 @@
+"""Simulator speed benchmark (not a test).
+
+1. Replays conversation_trace.jsonl.gz (12,031 requests, 3,537 s) over 8 workers on one
+   core and prints simulated seconds per wall second and requests per wall second
+   (goal: >= 1,000 simulated s per wall s).
+2. Runs the default 108-point sweep on a 20-minute window of it over 2 processes and
+   prints the sweep wall time as a fraction of the window length (goal: < 2 %).
+
+Usage: python bench/sim.py [--trace PATH] [--window START_S:END_S] [--processes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.retune.sweep import run_sweep
+from powerfleet.sim.policy import RouterPolicy
+from powerfleet.sim.replay import parse_window, replay
+from powerfleet.sim.trace import read_trace
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=str(TRACES / "conversation_trace.jsonl.gz"))
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--window", default="1800:3000", help="20-minute sweep window (s)")
+    ap.add_argument("--processes", type=int, default=2)
+    args = ap.parse_args()
+
+    t = time.perf_counter()
+    trace = read_trace(args.trace)
+    t_read = time.perf_counter() - t
+    print(f"read {len(trace.requests)} requests in {t_read:.2f} s ({len(trace.issues)} issues)")
+
+    t = time.perf_counter()
+    s = replay(trace.requests, args.workers, RouterPolicy(), seed=0)
+    wall = time.perf_counter() - t
+    print(
+        f"replay: {s.requests} requests, {s.duration_s:.0f} simulated s, {args.workers} workers, "
+        f"wall {wall:.2f} s -> {s.duration_s / wall:.0f} simulated s per wall s, "
+        f"{s.requests / wall:.0f} requests per wall s"
+    )
+
+    win = parse_window(args.window)
+    assert win is not None and win[0] is not None and win[1] is not None
+    length = win[1] - win[0]
+    t = time.perf_counter()
+    res = run_sweep(
+        trace.requests, args.workers, "ttft", RouterPolicy(), DEFAULT_GRID,
+        max_shards=3, window=win, seed=0, processes=args.processes,
+    )
+    sweep_wall = time.perf_counter() - t
+    print(
+        f"sweep: {res.grid_points} points + probe on window {args.window} ({length:.0f} s), "
+        f"{args.processes} processes, wall {sweep_wall:.2f} s = {100 * sweep_wall / length:.2f} % "
+        f"of the window; decision {res.decision.action}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Engine model, router and replay invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.sim.engine import EngineConfig, simulate
+from powerfleet.sim.policy import SLA, RouterPolicy, parse_policy, parse_sla
+from powerfleet.sim.profile import CapCurve, default_profile, load_profile
+from powerfleet.sim.replay import parse_window, prepare, replay, replay_arrivals
+from powerfleet.sim.trace import TraceRequest
+
+P = default_profile()
+
+
+def req(t: float, isl: int, osl: int, hashes: tuple[int, ...] | None = None) -> TraceRequest:
+    if hashes is None:
+        hashes = tuple(range(int(t) * 1000, int(t) * 1000 + -(-isl // 512)))
+    return TraceRequest(float(t), isl, osl, hashes)
+
+
+def test_single_request_matches_the_closed_form() -> None:
+    arr = prepare([req(0, 1000, 11)])
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, 1, RouterPolicy(), P, EngineConfig(), 1)
+    ttft = P.prefill_ms(1000)
+    decode = sum(P.decode_ms(1, 1001 + i) for i in range(10))
+    assert res.first_token_ms[0] == pytest.approx(ttft, rel=1e-12)
+    assert res.finish_ms[0] == pytest.approx(ttft + decode, rel=1e-12)
+
+
+def test_arrival_cuts_a_decode_run_at_the_next_step_boundary() -> None:
+    a_ttft = P.prefill_ms(512)
+    steps = [P.decode_ms(1, 513 + i) for i in range(100)]
+    t_b = a_ttft + sum(steps[:5]) + 0.5 * steps[5]  # mid step 6
+    reqs = [req(0, 512, 101, (1,)), req(t_b, 512, 2, (2,))]
+    arr = prepare(reqs)
+    arr = dataclasses.replace(arr, arrival_ms=[0.0, t_b])
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, 1, RouterPolicy(), P, EngineConfig(), 1)
+    boundary = a_ttft + sum(steps[:6])
+    mixed = P.prefill_ms(512) + P.decode_ms(1, 519)
+    assert res.first_token_ms[1] == pytest.approx(boundary + mixed, rel=1e-9)
+    # B then decodes one token alongside A
+    assert res.finish_ms[1] == pytest.approx(boundary + mixed + P.decode_ms(2, 520 + 513), rel=1e-9)
+    assert res.finish_ms[0] > res.finish_ms[1]
+
+
+def test_prefix_cache_hit_skips_prefill_of_cached_blocks() -> None:
+    reqs = [req(0, 2048, 1, (1, 2, 3, 4)), req(10_000, 2048, 1, (1, 2, 3, 5))]
+    s = replay(reqs, 1)
+    assert s.cache_hit_rate == pytest.approx(3 / 8)
+    arr = prepare(reqs)
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, 1, RouterPolicy(), P, EngineConfig(), 1)
+    assert res.first_token_ms[1] - 10_000 == pytest.approx(P.prefill_ms(512))
+
+
+def test_lru_evicts_least_recently_used_unreferenced_blocks() -> None:
+    small = dataclasses.replace(P, kv_capacity_tokens=4 * 512)
+    reqs = [req(t * 5_000, 1000, 1, h) for t, h in enumerate([(1, 2), (3, 4), (5, 6), (3, 4), (1, 2)])]
+    arr = prepare(reqs)
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, 1, RouterPolicy(), small, EngineConfig(), 1)
+    # (5,6) evicts (1,2); (3,4) hits and becomes most recent; (1,2) then evicts (5,6)
+    assert res.hit_blocks == [0, 0, 0, 2, 0]
+
+
+def test_cache_aware_routing_follows_the_prefix_and_blind_routing_balances() -> None:
+    reqs = [req(0, 4096, 1, tuple(range(8))), req(2000, 4096, 1, tuple(range(7)) + (99,))]
+    aware = replay(reqs, 2, RouterPolicy(overlap_score_credit=1.0))
+    blind = replay(reqs, 2, RouterPolicy(overlap_score_credit=0.0))
+    assert aware.requests_per_worker == [2, 0] and aware.cache_hit_rate == pytest.approx(7 / 16)
+    assert blind.cache_hit_rate == pytest.approx(7 / 16) or blind.requests_per_worker == [1, 1]
+
+
+def test_temperature_zero_ties_go_to_the_lowest_worker() -> None:
+    s = replay([req(0, 100, 1)], 4)
+    assert s.requests_per_worker == [1, 0, 0, 0]
+
+
+def test_softmax_sampling_is_seeded(tiny_requests) -> None:
+    pol = RouterPolicy(temperature=1.0)
+    a = replay(tiny_requests, 3, pol, seed=5)
+    b = replay(tiny_requests, 3, pol, seed=5)
+    assert a == b
+    others = {tuple(replay(tiny_requests, 3, pol, seed=s).requests_per_worker) for s in range(6)}
+    assert len(others) > 1
+
+
+def test_same_seed_same_inputs_gives_byte_identical_json(tiny_requests) -> None:
+    sla = SLA(ttft_ms=2000, itl_ms=50)
+    pol = RouterPolicy(temperature=0.5, overlap_score_credit=0.6)
+    dumps = [
+        json.dumps(replay(tiny_requests, 3, pol, seed=9, sla=sla, jitter_ms=700).to_json_dict(), sort_keys=True)
+        for _ in range(2)
+    ]
+    assert dumps[0] == dumps[1]
+
+
+def test_common_random_numbers_do_not_depend_on_the_policy(tiny_requests) -> None:
+    a1 = prepare(tiny_requests, seed=3, jitter_ms=900)
+    a2 = prepare(tiny_requests, seed=3, jitter_ms=900)
+    assert a1 == a2 and a1.arrival_ms != prepare(tiny_requests, seed=4, jitter_ms=900).arrival_ms
+    hot = RouterPolicy(temperature=1.0)
+    cold = RouterPolicy(overlap_score_credit=0.2)
+    alone = replay_arrivals(a1, 3, cold, 3)
+    replay_arrivals(a1, 3, hot, 3)  # consumes router draws; must not leak into the next replay
+    assert replay_arrivals(a1, 3, cold, 3) == alone
+    assert a1 == a2
+
+
+def test_requests_too_big_for_a_worker_are_dropped_with_a_reason() -> None:
+    small = dataclasses.replace(P, kv_capacity_tokens=8 * 512)
+    reqs = [req(0, 512, 3), req(1, 512 * 20, 3), req(2, 700, 3)]
+    s = replay(reqs, 2, profile=small)
+    assert (s.requests, s.completed, s.dropped) == (3, 2, 1)
+    assert s.dropped_reasons == {"exceeds_kv_capacity": 1}
+
+
+def test_power_cap_hook_slows_prefill_more_than_decode() -> None:
+    c = CapCurve()
+    assert c.prefill_throughput(1.0) == c.decode_throughput(1.0) == 1.0
+    assert 1 / c.prefill_throughput(0.7) == pytest.approx(1.30, abs=0.03)  # Splitwise: 70 % cap -> x1.30
+    assert c.decode_throughput(0.7) == 1.0
+    assert 1 / c.prefill_throughput(600 / 700) == pytest.approx(1.11, abs=0.01)
+    assert 1 / c.decode_throughput(300 / 700) == pytest.approx(1.07, abs=0.01)
+    assert c.decode_throughput(0.3) < 0.4  # cliff near the 200 W floor
+    reqs = [req(0, 4000, 50)]
+    full, capped = replay(reqs, 1), replay(reqs, 1, cap_fraction=0.5)
+    assert capped.ttft_ms.mean > full.ttft_ms.mean * 1.3
+    with pytest.raises(ValueError, match="cap fraction"):
+        replay(reqs, 1, cap_fraction=1.5)
+
+
+def test_profile_tables_load_and_interpolate(tmp_path: Path) -> None:
+    spec = {
+        "name": "t", "source": "test", "gpus_per_replica": 2, "kv_capacity_tokens": 100000,
+        "prefill": {"tokens": [0, 1000, 2000], "ms": [10, 110, 230]},
+        "decode": {"batch": [1, 9], "kv_tokens": [0, 10000], "ms": [[10, 20], [12, 32]]},
+    }
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(spec))
+    prof = load_profile(p)
+    assert prof.prefill_ms(500) == pytest.approx(60)
+    assert prof.prefill_ms(3000) == pytest.approx(350)  # extrapolates the last segment
+    assert prof.decode_ms(5, 5000) == pytest.approx((15 + 22) / 2)
+    s = replay([req(0, 1500, 20)], 2, profile=prof)
+    assert s.gpus == 4 and s.profile == "t"
+    spec["prefill"]["tokens"] = [0, 5, 1]
+    p.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        load_profile(p)
+
+
+def test_policy_and_sla_parsing_errors_say_what_was_wrong() -> None:
+    assert parse_policy('{"temperature": 0.5}').temperature == 0.5
+    with pytest.raises(ValueError, match="overlap_score_credit"):
+        parse_policy('{"overlap_score_credit": 1.5}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        parse_policy("{")
+    with pytest.raises(ValueError, match="bogus"):
+        parse_policy('{"bogus": 1}')
+    with pytest.raises(ValueError, match="both"):
+        parse_sla('{"ttft_ms": 100}')
+    assert parse_sla('{"e2e_ms": 100}').e2e_ms == 100
+    assert parse_window("10:") == (10.0, None)
+    for bad in ("5", "a:b", "9:3", "-1:4"):
+        with pytest.raises(ValueError):
+            parse_window(bad)
+
+
+@st.composite
+def traces(draw):
+    n = draw(st.integers(1, 25))
+    out = []
+    t = 0.0
+    for _ in range(n):
+        t += draw(st.sampled_from([0.0, 10.0, 300.0, 2000.0]))
+        prefix = draw(st.integers(0, 3))
+        own = draw(st.integers(0, 4))
+        hashes = tuple(range(prefix)) + tuple(draw(st.integers(100, 10**6)) for _ in range(own))
+        isl = max(0, len(hashes) * 512 - draw(st.integers(0, 511))) if hashes else 0
+        out.append(TraceRequest(t, isl, draw(st.integers(0, 60)), hashes))
+    return out
+
+
+policies = st.builds(
+    RouterPolicy,
+    overlap_score_credit=st.sampled_from([0.0, 0.5, 1.0]),
+    overlap_score_credit_decay=st.sampled_from([0.0, 1.0]),
+    prefill_load_scale=st.sampled_from([0.0, 1.0, 4.0]),
+    temperature=st.sampled_from([0.0, 0.7]),
+    decode_active_request_weight=st.sampled_from([0.0, 8.0]),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5),
+       blocks=st.sampled_from([6, 12, 10**6]), max_seqs=st.sampled_from([1, 2, 256]))
+def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs) -> None:
+    prof = dataclasses.replace(P, kv_capacity_tokens=blocks * 512)
+    arr = prepare(reqs, seed=seed, jitter_ms=50)
+    eng = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=1024)
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, prof, eng, seed)
+    for i in range(len(reqs)):
+        if i in res.dropped:
+            assert math.isnan(res.finish_ms[i])
+            continue
+        a, f, e = res.arrival_ms[i], res.first_token_ms[i], res.finish_ms[i]
+        assert a <= f <= e, (a, f, e)
+    s = replay_arrivals(arr, workers, pol, seed, profile=prof, engine=eng)
+    assert s.completed + s.dropped == s.requests == len(reqs)
+    assert sum(s.requests_per_worker) == s.requests - s.dropped
+    if s.completed:
+        assert s.ttft_ms.mean <= s.e2e_ms.mean
+        assert s.ttft_ms.p99 <= s.e2e_ms.p99 + 1e-9
