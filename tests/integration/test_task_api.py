@@ -1,0 +1,97 @@
+"""The task API: `powerfleet trigger` and Flower's HTTP API each run a task and return its JSON result."""
+
+import json
+
+import httpx
+import pytest
+
+from powerfleet.broker.embedded import free_loopback_port
+from powerfleet.workers.launcher import Launcher
+from tests.integration.conftest import run_cli, wait_worker
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def control_worker(launcher: Launcher, app):
+    child = launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "ctl@test")
+    wait_worker(app, "ctl@test")
+    return child
+
+
+def test_trigger_runs_a_task_and_prints_its_json_result(control_worker, fleet_env) -> None:
+    out = run_cli("trigger", "powerfleet.fleet.echo", "--args", '{"payload": {"x": [1, 2]}}', env=fleet_env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["payload"] == {"x": [1, 2]}
+    assert result["worker"] == "ctl@test"
+    assert result["queue"] == "control"
+
+
+def test_trigger_no_wait_prints_the_task_id(control_worker, fleet_env, app) -> None:
+    out = run_cli("trigger", "powerfleet.fleet.echo", "--args", '{"payload": 7}', "--no-wait", env=fleet_env)
+    assert out.returncode == 0, out.stderr
+    sent = json.loads(out.stdout)
+    assert app.AsyncResult(sent["task_id"]).get(timeout=30)["payload"] == 7
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["powerfleet.fleet.nope"], 2, "unknown task 'powerfleet.fleet.nope'"),
+        (["powerfleet.fleet.echo", "--args", "{not json"], 2, "--args: not valid JSON"),
+        (["powerfleet.fleet.echo", "--args", "3"], 2, "--args: must be a JSON object"),
+        (["powerfleet.agent.reconcile", "--args", "{}"], 2, "needs a 'node' keyword argument"),
+        (["powerfleet.fleet.echo", "--args", '{"bogus": 1}'], 1, "powerfleet.fleet.echo: bogus: unknown argument"),
+    ],
+)
+def test_trigger_bad_input_gives_one_line_and_no_traceback(control_worker, fleet_env, args, code, message) -> None:
+    out = run_cli("trigger", *args, env=fleet_env)
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_unreachable_broker_gives_one_line(fleet_env) -> None:
+    env = dict(fleet_env, POWERFLEET_BROKER__URL=f"redis://:s3cret@127.0.0.1:{free_loopback_port()}/0")
+    for cmd in (["trigger", "powerfleet.fleet.echo"], ["status"]):
+        out = run_cli(*cmd, env=env)
+        assert out.returncode == 1
+        assert "broker unreachable at redis://:***@127.0.0.1" in out.stderr
+        assert "s3cret" not in out.stderr  # no secrets in logs
+        assert "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher) -> None:
+    port = free_loopback_port()
+    launcher.env.update({"POWERFLEET_FLOWER__PORT": str(port), "POWERFLEET_FLOWER__BASIC_AUTH": "[ops:pw-123]"})
+    flower = launcher.spawn("flower", "flower")
+    base = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=base, timeout=10) as client:
+        wait_for(lambda: client.get("/healthcheck").status_code == 200, "flower to serve /healthcheck")
+        assert client.post("/api/task/send-task/powerfleet.fleet.echo", json={}).status_code == 401
+        auth = ("ops", "pw-123")
+        sent = client.post("/api/task/send-task/powerfleet.fleet.echo", auth=auth,
+                           json={"kwargs": {"payload": "via flower"}})
+        assert sent.status_code == 200, sent.text
+        task_id = sent.json()["task-id"]
+        done = wait_for(lambda: (r := client.get(f"/api/task/result/{task_id}", auth=auth).json())
+                        and r["state"] == "SUCCESS" and r, "the task sent through Flower to succeed")
+        assert done["result"]["payload"] == "via flower"
+    assert "pw-123" not in flower.log.read_text()
+
+
+def test_flower_refuses_a_public_address_without_credentials(fleet_env) -> None:
+    out = run_cli("flower", "--address", "0.0.0.0", env=fleet_env)
+    assert out.returncode == 2
+    assert "refusing to bind 0.0.0.0 without basic auth" in out.stderr
+
+
+def test_status_reports_workers_queues_and_ticks(control_worker, fleet_env) -> None:
+    out = run_cli("status", "--json", env=fleet_env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert "control" in data["workers"]["ctl@test"]
+    assert set(data["queues"]) >= {"control", "sweep", "node.a", "node.b"}
+    assert set(data["ticks"]) == {"reconcile", "budget", "retune"}
