@@ -1,0 +1,87 @@
+"""FleetConfig loading: defaults, file, environment; every failure is one ConfigError with the key."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.config import ConfigError, load_config
+
+
+def test_defaults_match_the_documented_intervals() -> None:
+    cfg = load_config(environ={})
+    assert (cfg.beat.reconcile_interval_s, cfg.beat.budget_interval_s, cfg.beat.retune_interval_s) == (15, 30, 10)
+    assert cfg.broker.url is None  # embedded broker
+    assert cfg.metrics.port == 0
+
+
+def test_environment_overrides_the_file(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("beat:\n  reconcile_interval_s: 7\n  budget_interval_s: 8\nnodes: [a]\n")
+    cfg = load_config(f, environ={"POWERFLEET_BEAT__BUDGET_INTERVAL_S": "9", "POWERFLEET_NODES": "[x, y]"})
+    assert cfg.beat.reconcile_interval_s == 7
+    assert cfg.beat.budget_interval_s == 9
+    assert cfg.nodes == ["x", "y"]
+
+
+def test_config_file_named_by_environment(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("prefetch_multiplier: 3\n")
+    assert load_config(environ={"POWERFLEET_CONFIG": str(f)}).prefetch_multiplier == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POWERFLEET_BROKER__URL": "amqp://x"}, "POWERFLEET_BROKER__URL: broker.url: Value error, must be a redis://"),
+        ({"POWERFLEET_FLOWER__BASIC_AUTH": "[nocolon]"}, "flower.basic_auth: Value error, each entry must be"),
+        ({"POWERFLEET_NODES": "[a, a]"}, "nodes: Value error, node names must be unique"),
+        ({"POWERFLEET_RETUNE__WINDOW_PHASE_S": "400"}, "retune: Value error, window_phase_s must be less"),
+        ({"POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5", "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "5"}, "lock_timeout_s must be greater"),
+        ({"POWERFLEET_NOPE": "1"}, "nope: unknown key"),
+    ],
+)
+def test_bad_values_name_their_key(env, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ=env)
+    assert message in str(err.value)
+
+
+yaml_ish = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=300))
+def test_arbitrary_file_text_gives_a_config_or_a_config_error(tmp_path_factory, text) -> None:
+    f = tmp_path_factory.mktemp("fuzz") / "c.yaml"
+    f.write_text(text)
+    try:
+        load_config(f, environ={})
+    except ConfigError as exc:
+        assert str(f) in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree=st.dictionaries(st.sampled_from(["beat", "broker", "flower", "nodes", "limits", "retune", "x"]),
+                            yaml_ish, max_size=4))
+def test_arbitrary_structures_give_a_config_or_a_config_error(tmp_path_factory, tree) -> None:
+    import yaml
+
+    f = tmp_path_factory.mktemp("fuzz") / "c.yaml"
+    f.write_text(yaml.safe_dump(tree))
+    try:
+        load_config(f, environ={})
+    except ConfigError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_", min_size=1, max_size=30), value=st.text(max_size=40))
+def test_arbitrary_environment_gives_a_config_or_a_config_error(key, value) -> None:
+    try:
+        load_config(environ={f"POWERFLEET_{key}": value})
+    except ConfigError:
+        pass
