@@ -199,3 +199,13 @@ def test_transport_failure_is_a_cluster_error(tmp_path):
     kube.api_client.configuration.retries = 0
     with pytest.raises(ClusterError):
         kube.list_pods(node_name="gpu-0")
+
+
+def test_watch_from_a_compacted_version_is_a_410_cluster_error(api, kube):
+    for i in range(3):
+        api.apply(pod_obj(f"p{i}"))
+    api.store.log.clear()  # as if the event log had been compacted
+    api.apply(pod_obj("late"))
+    with pytest.raises(ClusterError) as info:
+        list(kube.watch_pods("default", resource_version="1", timeout_seconds=5))
+    assert info.value.status == 410

@@ -240,15 +240,29 @@ def _parse_list_component(raw: Any, index: int) -> Component:
         gpu_requests=f"{cbase}.requests[{GPU_RESOURCE}]",
         node_count=f"{base}.multinode.nodeCount",
     )
+    return _component(item, name, ctype, replicas, gpus, source, meta, f"{base}.podTemplate.metadata.labels", paths)
+
+
+def _component(
+    item: Mapping[str, Any],
+    name: str,
+    ctype: ComponentType,
+    replicas: int,
+    gpus: int,
+    source: Literal["limits", "requests"] | None,
+    meta: Mapping[str, Any],
+    labels_path: str,
+    paths: FieldPaths,
+) -> Component:
     return Component(
         name=name,
         type=ctype,
         replicas=replicas,
         gpus_per_pod=gpus,
         gpu_source=source,
-        node_count=_node_count(item, base, name),
+        node_count=_node_count(item, paths.component, name),
         annotations=_string_map(meta.get("annotations"), paths.annotations, name),
-        labels=_string_map(meta.get("labels"), f"{base}.podTemplate.metadata.labels", name),
+        labels=_string_map(meta.get("labels"), labels_path, name),
         paths=paths,
     )
 
@@ -290,17 +304,7 @@ def _parse_service(name: str, raw: Any) -> Component:
         gpu_requests=req_path,
         node_count=f"{base}.multinode.nodeCount",
     )
-    return Component(
-        name=name,
-        type=ctype,
-        replicas=replicas,
-        gpus_per_pod=gpus,
-        gpu_source=source,
-        node_count=_node_count(item, base, name),
-        annotations=_string_map(meta.get("annotations"), paths.annotations, name),
-        labels=_string_map(meta.get("labels"), f"{base}.extraPodMetadata.labels", name),
-        paths=paths,
-    )
+    return _component(item, name, ctype, replicas, gpus, source, meta, f"{base}.extraPodMetadata.labels", paths)
 
 
 def _opt_int(value: Any) -> int | None:

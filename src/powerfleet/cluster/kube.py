@@ -237,7 +237,12 @@ class KubeCluster:
         resource_version: str | None = None,
         timeout_seconds: int = 30,
     ) -> Iterator[PodEvent]:
-        """Stream pod changes until ``timeout_seconds`` (server side) or until the caller stops."""
+        """Stream pod changes until ``timeout_seconds`` (server side) or until the caller stops.
+
+        Without ``resource_version`` the stream starts with ADDED for every matching pod. A version
+        the server no longer has raises ``ClusterError`` with ``status == 410``: re-list, then watch
+        from the list's version.
+        """
         kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds}
         if node_name:
             kwargs["field_selector"] = f"spec.nodeName={node_name}"

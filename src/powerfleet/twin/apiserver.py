@@ -285,13 +285,16 @@ class Store:
     def bucket(self, rt: ResourceType) -> dict[tuple[str, str], Obj]:
         return self.objects.setdefault(rt.key, {})
 
+    def _existing(self, rt: ResourceType, key: tuple[str, str]) -> Obj:
+        obj = self.bucket(rt).get(key)
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{rt.plural}.{rt.group or "core"} "{key[1]}" not found',
+                           {"name": key[1], "group": rt.group, "kind": rt.plural})
+        return obj
+
     def get(self, rt: ResourceType, ns: str, name: str) -> Obj:
         with self.cond:
-            obj = self.bucket(rt).get((ns, name))
-            if obj is None:
-                raise ApiError(404, "NotFound", f'{rt.plural}.{rt.group or "core"} "{name}" not found',
-                               {"name": name, "group": rt.group, "kind": rt.plural})
-            return copy.deepcopy(obj)
+            return copy.deepcopy(self._existing(rt, (ns if rt.namespaced else "", name)))
 
     def list(self, rt: ResourceType, ns: str | None, label: Callable[..., bool], field: Callable[..., bool]) -> tuple[list[Obj], int]:
         with self.cond:
@@ -341,10 +344,7 @@ class Store:
         """UPDATE semantics; ``raw`` (apply) replaces everything including status."""
         with self.cond:
             key = (ns if rt.namespaced else "", name)
-            old = self.bucket(rt).get(key)
-            if old is None:
-                raise ApiError(404, "NotFound", f'{rt.plural}.{rt.group or "core"} "{name}" not found',
-                               {"name": name, "group": rt.group, "kind": rt.plural})
+            old = self._existing(rt, key)
             new = copy.deepcopy(new)
             meta = new.setdefault("metadata", {})
             if meta.get("name") not in (None, name):
@@ -389,10 +389,7 @@ class Store:
     def delete(self, rt: ResourceType, ns: str, name: str, preconditions: Mapping[str, Any] | None = None) -> Obj:
         with self.cond:
             key = (ns if rt.namespaced else "", name)
-            old = self.bucket(rt).get(key)
-            if old is None:
-                raise ApiError(404, "NotFound", f'{rt.plural}.{rt.group or "core"} "{name}" not found',
-                               {"name": name, "group": rt.group, "kind": rt.plural})
+            old = self._existing(rt, key)
             pre = preconditions or {}
             if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict",
@@ -501,7 +498,6 @@ class ApiServer:
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._persist_lock = threading.Lock()
         if self.persist_path is not None and self.persist_path.exists():
             self._load(self.persist_path)
         if self.persist_path is not None:
@@ -618,7 +614,9 @@ class ApiServer:
 
     def _persist(self) -> None:
         assert self.persist_path is not None
-        with self._persist_lock:
+        # Under the store's lock (re-entrant): changes are persisted in order, and stop() cannot
+        # take the locks in the opposite order.
+        with self.store.cond:
             data = json.dumps(self.store.snapshot(), indent=1, sort_keys=True)
             tmp = self.persist_path.with_name(self.persist_path.name + ".tmp")
             tmp.write_text(data)
