@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy
+from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy, error_location, first_error
 
 
 class KnobRange(BaseModel):
@@ -89,9 +89,8 @@ class SweepGrid(BaseModel):
             try:
                 pts.append(RouterPolicy.model_validate(d))
             except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(x) for x in err.get("loc", ()))
-                raise ValueError(f"grid {loc}: {err.get('msg')} (value {d.get(loc)})") from None
+                loc, msg = error_location(exc)
+                raise ValueError(f"grid {loc}: {msg} (value {d.get(loc)})") from None
         return pts
 
 
@@ -106,9 +105,7 @@ def parse_grid(obj: dict[str, Any]) -> SweepGrid:
     try:
         return SweepGrid.model_validate(obj)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "grid"
-        raise ValueError(f"grid {loc}: {err.get('msg')}") from None
+        raise ValueError(f"grid {first_error(exc, 'grid')}") from None
 
 
 def load_grid(source: str | Path | None) -> SweepGrid:

@@ -14,21 +14,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from powerfleet.retune.decision import Candidate, Decision, decide
 from powerfleet.retune.grid import SweepGrid, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
 from powerfleet.sim.policy import SLA, RouterPolicy
 from powerfleet.sim.profile import TimingProfile
 from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals
+from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
 
 SWEEP_SCHEMA = "powerfleet.retune.sweep/v1"
 
 
-class SweepResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class SweepResult(VersionedJson):
     schema_: str = SWEEP_SCHEMA
     objective: str
     direction: str
@@ -42,8 +40,7 @@ class SweepResult(BaseModel):
     decision: Decision
 
     def to_json_dict(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json")
-        d["schema"] = d.pop("schema_")
+        d = super().to_json_dict()
         dec = d["decision"]
         # the contract's decision object: action, params, improvement_pct, reason (+ context)
         d["decision"] = {

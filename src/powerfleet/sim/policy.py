@@ -68,10 +68,16 @@ class SLA(BaseModel):
         return ttft_ms <= self.ttft_ms and (itl_ms is None or itl_ms <= self.itl_ms)
 
 
-def _first_error(exc: ValidationError) -> str:
+def error_location(exc: ValidationError, default: str = "value") -> tuple[str, str]:
+    """(dotted field path, message) of the first error pydantic found."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ())) or "value"
-    msg = str(err.get("msg", "invalid"))
+    loc = ".".join(str(p) for p in err.get("loc", ())) or default
+    return loc, str(err.get("msg", "invalid"))
+
+
+def first_error(exc: ValidationError, default: str = "value") -> str:
+    """``field: message`` of the first error, for one-line error reports."""
+    loc, msg = error_location(exc, default)
     return f"{loc}: {msg}"
 
 
@@ -97,7 +103,7 @@ def parse_policy(text_or_obj: str | dict[str, Any] | None, base: RouterPolicy | 
     try:
         return RouterPolicy.model_validate(merged)
     except ValidationError as exc:
-        raise ValueError(f"policy {_first_error(exc)}") from None
+        raise ValueError(f"policy {first_error(exc)}") from None
 
 
 def parse_sla(text_or_obj: str | dict[str, Any] | None) -> SLA | None:
@@ -107,4 +113,4 @@ def parse_sla(text_or_obj: str | dict[str, Any] | None) -> SLA | None:
     try:
         return SLA.model_validate(obj)
     except ValidationError as exc:
-        raise ValueError(f"SLA {_first_error(exc)}") from None
+        raise ValueError(f"SLA {first_error(exc)}") from None

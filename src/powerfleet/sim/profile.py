@@ -32,6 +32,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from powerfleet.sim.policy import first_error
+
 
 class _PrefillTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -165,9 +167,7 @@ def load_profile(path: str | Path) -> TimingProfile:
     try:
         spec = ProfileFile.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "profile"
-        raise ValueError(f"profile {str(p)!r}: {loc}: {err.get('msg')}") from None
+        raise ValueError(f"profile {str(p)!r}: {first_error(exc, 'profile')}") from None
     return profile_from_spec(spec)
 
 

@@ -54,10 +54,20 @@ def percentile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * frac
 
 
-class ReplaySummary(BaseModel):
-    """What one replay measured. Times in ms, durations in s, throughputs in output tokens/s."""
+class VersionedJson(BaseModel):
+    """A public JSON contract: ``schema_`` is written out as ``schema`` (name/version)."""
 
     model_config = ConfigDict(frozen=True)
+    schema_: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d = self.model_dump(mode="json")
+        d["schema"] = d.pop("schema_")
+        return d
+
+
+class ReplaySummary(VersionedJson):
+    """What one replay measured. Times in ms, durations in s, throughputs in output tokens/s."""
 
     schema_: str = REPLAY_SCHEMA
     requests: int
@@ -86,11 +96,6 @@ class ReplaySummary(BaseModel):
     seed: int
     profile: str
     cap_fraction: float
-
-    def to_json_dict(self) -> dict[str, Any]:
-        d = self.model_dump(mode="json")
-        d["schema"] = d.pop("schema_")
-        return d
 
 
 def summarize(
