@@ -135,7 +135,8 @@ class FleetConfig(_Strict):
     retune: RetuneConfig = RetuneConfig()
     # GPU nodes; each gets a queue node.<name> consumed by its agent.
     nodes: list[str] = Field(default_factory=list)
-    prefetch_multiplier: int = Field(1, ge=1, le=64)
+    # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).
+    prefetch_multiplier: int = Field(4, ge=1, le=64)
 
     @field_validator("nodes")
     @classmethod

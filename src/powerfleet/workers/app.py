@@ -60,13 +60,17 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "broker_connection_max_retries": None,
         "result_expires": config.broker.result_expires_s,
         "result_extended": True,
-        "task_track_started": True,
+        # No STARTED write per task: it is an extra backend round trip on every task
+        # (bench/dispatch.py); long tasks that want it set track_started themselves.
+        "task_track_started": False,
         # A worker process that dies mid-task counts as a retry (bounded), not a silent ack.
         "task_retry_on_worker_lost": True,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_prefetch_multiplier": config.prefetch_multiplier,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events cost a publish per state change. Flower switches them on over the
+        # control channel while it runs (its enable_events option), so they are off otherwise.
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "task_annotations": (_TimeLimitAnnotation(config),),
         "timezone": "UTC",
