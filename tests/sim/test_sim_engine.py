@@ -200,11 +200,13 @@ policies = st.builds(
 
 @settings(max_examples=80, deadline=None)
 @given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5),
-       blocks=st.sampled_from([6, 12, 10**6]), max_seqs=st.sampled_from([1, 2, 256]))
-def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs) -> None:
+       blocks=st.sampled_from([6, 12, 10**6]), max_seqs=st.sampled_from([1, 2, 256]),
+       tier=st.sampled_from([0, 3]))
+def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs, tier) -> None:
     prof = dataclasses.replace(P, kv_capacity_tokens=blocks * 512)
     arr = prepare(reqs, seed=seed, jitter_ms=50)
-    eng = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=1024)
+    eng = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=1024, host_cache_blocks=tier,
+                       disk_cache_blocks=tier, shared_cache_blocks=2 * tier)
     res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, prof, eng, seed)
     for i in range(len(reqs)):
         if i in res.dropped:
@@ -218,3 +220,40 @@ def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs) 
     if s.completed:
         assert s.ttft_ms.mean <= s.e2e_ms.mean
         assert s.ttft_ms.p99 <= s.e2e_ms.p99 + 1e-9
+
+
+def test_host_tier_keeps_evicted_blocks_and_loads_them_instead_of_prefilling() -> None:
+    small = dataclasses.replace(P, kv_capacity_tokens=4 * 512)
+    eng = EngineConfig(host_cache_blocks=10, host_load_ms_per_block=2.0)
+    reqs = [req(t * 5_000, 1000, 1, h) for t, h in enumerate([(1, 2), (3, 4), (5, 6), (1, 2)])]
+    arr = prepare(reqs)
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, 1, RouterPolicy(), small, eng, 1)
+    assert res.hit_blocks == [0, 0, 0, 0] and res.loaded_blocks == [0, 0, 0, 2]
+    assert res.first_token_ms[3] - 15_000 == pytest.approx(P.prefill_ms(1) + 2 * 2.0)
+    s = replay(reqs, 1, profile=small, engine=eng)
+    assert s.offload_hit_rate == pytest.approx(2 / 8) and s.cache_hit_rate == 0
+    off = replay(reqs, 1, profile=small)
+    assert off.offload_hit_rate == 0 and off.ttft_ms.mean > s.ttft_ms.mean
+
+
+def test_offload_weights_matter_only_when_a_tier_exists(tiny_requests) -> None:
+    small = dataclasses.replace(P, kv_capacity_tokens=20 * 512)
+    eng = EngineConfig(host_cache_blocks=50, disk_cache_blocks=50, shared_cache_blocks=100)
+    lo = RouterPolicy(host_cache_hit_weight=0.0, disk_cache_hit_weight=0.0)
+    hi = RouterPolicy(host_cache_hit_weight=1.0, disk_cache_hit_weight=1.0, shared_cache_multiplier=1.0)
+    assert replay(tiny_requests, 3, lo, profile=small).ttft_ms == replay(tiny_requests, 3, hi, profile=small).ttft_ms
+    a = replay(tiny_requests, 3, lo, profile=small, engine=eng)
+    b = replay(tiny_requests, 3, hi, profile=small, engine=eng)
+    assert a.offload_hit_rate > 0 and b.offload_hit_rate > 0
+    assert a.completed == b.completed
+    assert (a.requests_per_worker, a.ttft_ms) != (b.requests_per_worker, b.ttft_ms)
+
+
+def test_engine_settings_parse_with_named_errors() -> None:
+    from powerfleet.sim.engine import parse_engine
+
+    assert parse_engine('{"host_cache_blocks": 5}').host_cache_blocks == 5
+    with pytest.raises(ValueError, match="engine max_num_seqs"):
+        parse_engine('{"max_num_seqs": 0}')
+    with pytest.raises(ValueError, match="engine is not valid JSON"):
+        parse_engine("{")

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from powerfleet.cli.errors import print_json
-from powerfleet.cli.sim_cmd import bad, load_profile_opt, load_requests, parse_common
+from powerfleet.cli.sim_cmd import ENGINE_HELP, bad, load_profile_opt, load_requests, parse_common, parse_engine_opt
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
 
@@ -51,6 +51,7 @@ def sweep_cmd(
     sla: str | None = typer.Option(None, "--sla", help='Goodput SLA, e.g. {"ttft_ms": 2000, "itl_ms": 50}.'),
     processes: int | None = typer.Option(None, "--processes", min=1, help="Local worker processes (default: CPU count)."),
     profile: Path | None = typer.Option(None, "--profile", help="Timing profile JSON (tables); default: built-in."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
     strict: bool = typer.Option(False, "--strict", help="A malformed line or corrupt gzip member is fatal."),
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.sweep/v1 JSON result."),
 ) -> None:
@@ -72,13 +73,14 @@ def sweep_cmd(
     except ValueError as exc:
         bad(str(exc))
     prof = load_profile_opt(profile)
+    eng = parse_engine_opt(engine)
     reqs = load_requests(trace, strict)
     prog, update = _progress_bar()
     try:
         result = run_sweep(
             reqs, workers, obj, cur, g, max_shards=shards, min_improvement_pct=min_improvement,
             window=win, seed=seed, sla=sl, processes=processes or min(os.cpu_count() or 1, shards + 1),
-            profile=prof, progress=update,
+            profile=prof, engine=eng, progress=update,
         )
     except ValueError as exc:
         bad(str(exc))

@@ -51,6 +51,21 @@ def parse_common(policy: str | None, sla: str | None, window: str | None) -> tup
     return pol, sl, win
 
 
+def parse_engine_opt(engine: str | None) -> Any:
+    from powerfleet.sim.engine import parse_engine
+
+    try:
+        return parse_engine(engine)
+    except ValueError as exc:
+        bad(str(exc))
+
+
+ENGINE_HELP = (
+    "JSON engine settings: max_num_seqs, max_num_batched_tokens, host_cache_blocks, "
+    "disk_cache_blocks, shared_cache_blocks, *_load_ms_per_block."
+)
+
+
 def load_profile_opt(profile: Path | None) -> Any:
     from powerfleet.sim.profile import default_profile, load_profile
 
@@ -80,6 +95,7 @@ def replay_cmd(
     jitter_ms: float = typer.Option(0.0, "--jitter-ms", help="Uniform arrival jitter in [0, X) ms (policy independent)."),
     cap: float = typer.Option(1.0, "--cap-fraction", help="GPU power cap as a fraction of default TDP (slows steps)."),
     profile: Path | None = typer.Option(None, "--profile", help="Timing profile JSON (tables); default: built-in."),
+    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
     strict: bool = typer.Option(False, "--strict", help="A malformed line or corrupt gzip member is fatal."),
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.sim.replay/v1 JSON summary."),
 ) -> None:
@@ -88,11 +104,12 @@ def replay_cmd(
 
     pol, sl, win = parse_common(policy, sla, window)
     prof = load_profile_opt(profile)
+    eng = parse_engine_opt(engine)
     reqs = load_requests(trace, strict)
     try:
         summary = replay(
             reqs, workers, pol, seed, sla=sl, speedup=speedup, window=win,
-            jitter_ms=jitter_ms, profile=prof, cap_fraction=cap,
+            jitter_ms=jitter_ms, profile=prof, engine=eng, cap_fraction=cap,
         )
     except ValueError as exc:
         bad(str(exc))

@@ -17,6 +17,7 @@ from typing import Any
 from powerfleet.retune.decision import Candidate, Decision, decide
 from powerfleet.retune.grid import SweepGrid, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
+from powerfleet.sim.engine import EngineConfig
 from powerfleet.sim.policy import SLA, RouterPolicy
 from powerfleet.sim.profile import TimingProfile
 from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals
@@ -80,9 +81,10 @@ def evaluate(
     sla: SLA | None = None,
     profile: TimingProfile | None = None,
     shard: int | None = None,
+    engine: EngineConfig | None = None,
 ) -> Candidate:
     """Replay one setting and score it (a failed score is a candidate with ``ok`` false)."""
-    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile)
+    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine)
     res = score(summary, objective, sla)
     return Candidate(params=policy.model_dump(), score=res.score, ok=res.ok, reason=res.reason, shard=shard)
 
@@ -96,10 +98,11 @@ def run_shard(
     sla: SLA | None = None,
     shard: int | None = None,
     profile: TimingProfile | None = None,
+    engine: EngineConfig | None = None,
 ) -> list[Candidate]:
     """What one shard task does: replay and score its points in order."""
     obj = parse_objective(objective) if isinstance(objective, str) else objective
-    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard) for p in points]
+    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine) for p in points]
 
 
 _STATE: dict[str, Any] = {}
@@ -112,7 +115,9 @@ def _init(state: dict[str, Any]) -> None:
 
 def _task(shard: int | None, points: list[RouterPolicy]) -> list[Candidate]:
     s = _STATE
-    return run_shard(s["arr"], s["workers"], points, s["seed"], s["objective"], s["sla"], shard, s["profile"])
+    return run_shard(
+        s["arr"], s["workers"], points, s["seed"], s["objective"], s["sla"], shard, s["profile"], s["engine"]
+    )
 
 
 def run_sweep(
@@ -129,6 +134,7 @@ def run_sweep(
     sla: SLA | None = None,
     processes: int | None = None,
     profile: TimingProfile | None = None,
+    engine: EngineConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Replay every grid point and the probe in a local process pool, then decide."""
@@ -136,7 +142,7 @@ def run_sweep(
     points = grid.points(current)
     shards = split_shards(points, max_shards)
     arr = prepare(requests, seed=seed, window=window)
-    state = dict(arr=arr, workers=workers, seed=seed, objective=obj, sla=sla, profile=profile)
+    state = dict(arr=arr, workers=workers, seed=seed, objective=obj, sla=sla, profile=profile, engine=engine)
     # Work items: the probe first, then each shard cut into small pieces so the pool stays
     # balanced and the progress bar moves; results are reassembled in grid order.
     items: list[tuple[int | None, list[RouterPolicy]]] = [(None, [current])]

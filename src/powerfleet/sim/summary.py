@@ -86,6 +86,7 @@ class ReplaySummary(VersionedJson):
     itl_ms: Stats
     e2e_ms: Stats
     cache_hit_rate: float | None
+    offload_hit_rate: float | None
     sla: SLA | None
     goodput_requests: int | None
     goodput_req_s: float | None
@@ -121,6 +122,7 @@ def summarize(
     t_first = math.inf
     t_last = -math.inf
     hits = 0
+    loaded = 0
     blocks = 0
     for i in range(n):
         a = res.arrival_ms[i]
@@ -147,6 +149,7 @@ def summarize(
         if sla is not None and sla.met(tt, il, ee):
             good += 1
         hits += res.hit_blocks[i]
+        loaded += res.loaded_blocks[i]
         blocks += res.prompt_blocks[i]
     completed = len(e2e)
     duration_s = (t_last - t_first) / 1000.0 if completed else 0.0
@@ -178,6 +181,7 @@ def summarize(
         itl_ms=Stats.of(itl),
         e2e_ms=Stats.of(e2e),
         cache_hit_rate=_r(hits / blocks) if blocks else None,
+        offload_hit_rate=_r(loaded / blocks) if blocks else None,
         sla=sla,
         goodput_requests=good if sla is not None else None,
         goodput_req_s=_r(goodput) if goodput is not None else None,
