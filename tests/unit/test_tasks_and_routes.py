@@ -7,7 +7,7 @@ from powerfleet.config import load_config
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.retune import WindowArgs
 from powerfleet.workers.app import beat_schedule, create_app
-from powerfleet.workers.routes import RoutingError, family_of, route_task
+from powerfleet.workers.routes import RoutingError, family_of, route_task, worker_prefetch
 
 
 def test_decode_args_accepts_valid_keywords() -> None:
@@ -45,7 +45,8 @@ def test_app_is_json_only_with_late_acks_and_limits_from_config() -> None:
                                "POWERFLEET_NODES": "[gpu-1]"})
     app = create_app(cfg, "redis://127.0.0.1:1/0")
     assert app.conf.accept_content == ["json"] and app.conf.task_serializer == "json"
-    assert app.conf.worker_prefetch_multiplier == 1
+    assert worker_prefetch(["control", "sweep"], app.conf.worker_prefetch_multiplier) == 1
+    assert worker_prefetch(["control"], 4) == 4
     agent = app.tasks["powerfleet.agent.reconcile"]
     assert (agent.soft_time_limit, agent.time_limit, agent.acks_late) == (11, 12, True)
     assert app.tasks["powerfleet.retune.window"].acks_late is True

@@ -11,7 +11,7 @@ import typer
 
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
-from powerfleet.workers.routes import SWEEP_QUEUE
+from powerfleet.workers.routes import worker_prefetch
 
 
 def _prepare_metrics(port: int, forks: bool) -> None:
@@ -30,8 +30,7 @@ def _run_worker(ctx: typer.Context, queues: str, name: str, concurrency: int, lo
 
     install_outcome_metrics()
     serve_metrics(config.metrics.port, config.metrics.address)
-    # Sweep shards are long: a worker that takes them reserves one at a time (acks_late + prefetch 1).
-    prefetch = 1 if SWEEP_QUEUE in queues.split(",") else config.prefetch_multiplier
+    prefetch = worker_prefetch(queues.split(","), config.prefetch_multiplier)
     app.worker_main(["worker", "-Q", queues, "--prefetch-multiplier", str(prefetch), "-n", name, "-c", str(concurrency), "-P", "prefork",
                      "--loglevel", loglevel, "--without-mingle", "--without-gossip"])
 

@@ -43,3 +43,8 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
     if family == "sweep":
         return {"queue": SWEEP_QUEUE}
     return {"queue": CONTROL_QUEUE}
+
+
+def worker_prefetch(queues: list[str], configured: int) -> int:
+    """Sweep shards are long: a worker that takes them reserves one at a time (acks_late + 1)."""
+    return 1 if SWEEP_QUEUE in queues else configured
