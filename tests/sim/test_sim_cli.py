@@ -60,6 +60,9 @@ def test_replay_window_speedup_and_no_sla() -> None:
         (("--trace", str(TINY), "--workers", "2", "--policy", '{"overlap_score_credit": 3}'), "overlap_score_credit"),
         (("--trace", str(TINY), "--workers", "2", "--sla", '{"itl_ms": 5}'), "SLA"),
         (("--trace", str(TINY), "--workers", "2", "--window", "abc"), "window"),
+        (("--trace", str(TINY), "--workers", "0"), "--workers must be >= 1"),
+        (("--trace", str(TINY), "--workers", "2", "--engine", '{"max_num_seqs": 0}'), "engine max_num_seqs"),
+        (("--trace", str(TINY), "--workers", "2", "--cap-fraction", "2"), "cap fraction"),
     ],
 )
 def test_replay_bad_input_is_one_line_exit_2(args, needle) -> None:

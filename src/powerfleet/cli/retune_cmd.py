@@ -10,7 +10,15 @@ from typing import Any
 import typer
 
 from powerfleet.cli.errors import print_json
-from powerfleet.cli.sim_cmd import ENGINE_HELP, bad, load_profile_opt, load_requests, parse_common, parse_engine_opt
+from powerfleet.cli.sim_cmd import (
+    ENGINE_HELP,
+    bad,
+    check_counts,
+    load_profile_opt,
+    load_requests,
+    parse_common,
+    parse_engine_opt,
+)
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
 
@@ -40,16 +48,16 @@ def _progress_bar() -> tuple[Any, Any]:
 @app.command("sweep")
 def sweep_cmd(
     trace: Path = typer.Option(..., "--trace", help="Mooncake JSON-lines trace, plain or gzip."),
-    workers: int = typer.Option(..., "--workers", min=1, help="Number of worker replicas."),
+    workers: int = typer.Option(..., "--workers", help="Number of worker replicas."),
     objective: str = typer.Option(..., "--objective", help="throughput, throughputPerGpu, throughputPerUser, ttft, e2eLatency, goodput or goodputPerGpu."),
     current: str = typer.Option(..., "--current", help="JSON object: the router settings in force now (any subset of the eight)."),
     grid: str = typer.Option("default", "--grid", help="Grid file (JSON or YAML) or 'default' (108 points)."),
-    shards: int = typer.Option(3, "--shards", min=1, help="At most this many shards."),
+    shards: int = typer.Option(3, "--shards", help="At most this many shards."),
     min_improvement: float = typer.Option(0.0, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score|."),
     window: str | None = typer.Option(None, "--window", help="START_S:END_S slice of the trace, in seconds from its start."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random streams (shared by every candidate)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random streams (shared by every candidate)."),
     sla: str | None = typer.Option(None, "--sla", help='Goodput SLA, e.g. {"ttft_ms": 2000, "itl_ms": 50}.'),
-    processes: int | None = typer.Option(None, "--processes", min=1, help="Local worker processes (default: CPU count)."),
+    processes: int | None = typer.Option(None, "--processes", help="Local worker processes (default: CPU count)."),
     profile: Path | None = typer.Option(None, "--profile", help="Timing profile JSON (tables); default: built-in."),
     engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
     strict: bool = typer.Option(False, "--strict", help="A malformed line or corrupt gzip member is fatal."),
@@ -60,6 +68,7 @@ def sweep_cmd(
     from powerfleet.retune.objectives import parse_objective
     from powerfleet.retune.sweep import run_sweep
 
+    check_counts(workers=(workers, 1), seed=(seed, 0), shards=(shards, 1), processes=(processes, 1))
     try:
         obj = parse_objective(objective)
     except ValueError as exc:
