@@ -257,3 +257,16 @@ def test_engine_settings_parse_with_named_errors() -> None:
         parse_engine('{"max_num_seqs": 0}')
     with pytest.raises(ValueError, match="engine is not valid JSON"):
         parse_engine("{")
+
+
+@settings(max_examples=60, deadline=None)
+@given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5))
+def test_event_skipping_matches_step_by_step_simulation(reqs, pol, workers, seed) -> None:
+    arr = prepare(reqs, seed=seed, jitter_ms=500)
+    eng = EngineConfig(max_num_batched_tokens=1024)
+    args = (arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, P, eng, seed)
+    fast = simulate(*args)
+    slow = simulate(*args, max_run_steps=1)
+    assert fast.worker == slow.worker and fast.dropped == slow.dropped and fast.hit_blocks == slow.hit_blocks
+    for x, y in zip(fast.first_token_ms + fast.finish_ms, slow.first_token_ms + slow.finish_ms):
+        assert (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-9, abs=1e-6)

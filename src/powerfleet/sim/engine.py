@@ -192,8 +192,13 @@ def simulate(
     router_seed: int,
     prefill_speed: float = 1.0,
     decode_speed: float = 1.0,
+    max_run_steps: int | None = None,
 ) -> EngineResult:
-    """Replay requests (sorted by arrival, ms) over ``workers`` replicas; deterministic."""
+    """Replay requests (sorted by arrival, ms) over ``workers`` replicas; deterministic.
+
+    ``max_run_steps`` caps how many decode steps one event may cover (``1`` = the naive
+    step-by-step simulation the tests compare event skipping against).
+    """
     n = len(arrivals)
     bt = engine.block_tokens
     capacity = max(1, profile.kv_capacity_tokens // bt)
@@ -433,6 +438,8 @@ def simulate(
             w.end = t + dt
         elif nd:
             k = w.decoding[0][0] - w.steps
+            if max_run_steps is not None and k > max_run_steps:
+                k = max_run_steps
             kv = w.kv
             a = decode_ms(nd, kv) * df
             b = decode_ms(nd, kv + nd) * df - a
