@@ -153,3 +153,16 @@ def test_sweep_probe_equals_a_plain_replay_and_shards_match_local_runs(tiny_requ
     assert len(res.decision.ranked) == 4
     forked = run_sweep(tiny_requests, 3, "ttft", cur, grid, max_shards=3, seed=4, window=(0, 20), processes=2)
     assert forked.to_json_dict() == res.to_json_dict()
+
+
+def test_shard_entry_from_json_args_matches_the_sweep(tiny_requests) -> None:
+    from powerfleet.retune.sweep import run_shard_from_trace
+
+    from .conftest import TINY
+
+    grid = parse_grid({"overlap_score_credit": {"choices": [0.0, 1.0]}})
+    res = run_sweep(tiny_requests, 2, "e2eLatency", RouterPolicy(), grid, seed=1, window=(0, 15), processes=1)
+    got = run_shard_from_trace(
+        str(TINY), 2, [{"overlap_score_credit": 0.0}, {}], objective="e2eLatency", seed=1, window=(0, 15)
+    )
+    assert [c.score for c in got] == [res.candidates[0].score, res.probe.score]

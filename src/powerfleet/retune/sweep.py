@@ -105,6 +105,32 @@ def run_shard(
     return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine) for p in points]
 
 
+def run_shard_from_trace(
+    trace_path: str,
+    workers: int,
+    points: Sequence[dict[str, Any]],
+    *,
+    objective: Objective | str,
+    seed: int = 0,
+    sla: dict[str, Any] | None = None,
+    window: tuple[float | None, float | None] | None = None,
+    shard: int | None = None,
+    engine: dict[str, Any] | None = None,
+) -> list[Candidate]:
+    """JSON-in, models-out entry for a shard (or probe: one point) task.
+
+    ``points`` are policy dicts (any subset of the eight parameters); the trace is read
+    (non-strict) and cut exactly as ``run_sweep``/``sim replay`` do, so scores match.
+    """
+    from powerfleet.sim.engine import parse_engine
+    from powerfleet.sim.policy import parse_policy, parse_sla
+    from powerfleet.sim.trace import read_trace
+
+    pols = [parse_policy(p) for p in points]
+    arr = prepare(read_trace(trace_path).requests, seed=seed, window=window)
+    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, parse_engine(engine))
+
+
 _STATE: dict[str, Any] = {}
 
 
