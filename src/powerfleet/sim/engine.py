@@ -158,6 +158,15 @@ class EngineResult:
     routed_per_worker: list[int]
 
 
+def _lru_put(lru: OrderedDict[int, None], h: int, cap: int) -> int | None:
+    """Insert or refresh ``h`` as most recent; return the block pushed out, if any."""
+    lru[h] = None
+    lru.move_to_end(h)
+    if len(lru) > cap:
+        return lru.popitem(last=False)[0]
+    return None
+
+
 def _run_steps(a: float, b: float, n: int) -> float:
     return n * a + b * n * (n - 1) * 0.5
 
@@ -254,28 +263,13 @@ def simulate(
     def offload(w: _Worker, h: int) -> None:
         """A block left the device: keep a copy in the offload tiers (LRU each)."""
         if host_cap:
-            host = w.host
-            host[h] = None
-            host.move_to_end(h)
-            if len(host) > host_cap:
-                old, _ = host.popitem(last=False)
-                if disk_cap:
-                    disk = w.disk
-                    disk[old] = None
-                    disk.move_to_end(old)
-                    if len(disk) > disk_cap:
-                        disk.popitem(last=False)
+            spilled = _lru_put(w.host, h, host_cap)
+            if spilled is not None and disk_cap:
+                _lru_put(w.disk, spilled, disk_cap)
         elif disk_cap:
-            disk = w.disk
-            disk[h] = None
-            disk.move_to_end(h)
-            if len(disk) > disk_cap:
-                disk.popitem(last=False)
+            _lru_put(w.disk, h, disk_cap)
         if shared_cap:
-            shared[h] = None
-            shared.move_to_end(h)
-            if len(shared) > shared_cap:
-                shared.popitem(last=False)
+            _lru_put(shared, h, shared_cap)
 
     def tier_walk(w: _Worker, hs: tuple[int, ...]) -> tuple[int, int, int, int]:
         """Contiguous prefix found in device / host / disk / shared (first tier that has it)."""
