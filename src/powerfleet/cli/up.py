@@ -135,7 +135,8 @@ def demo(
             if seen.get(family) != at:
                 seen[family] = at
                 counts[family] = len(ticklog.origins(family))
-                typer.echo(f"  t+{at - start:5.1f}s  {family:9s} tick #{counts[family]}")
+                # With --json, stdout carries only the JSON document; progress goes to stderr.
+                typer.echo(f"  t+{at - start:5.1f}s  {family:9s} tick #{counts[family]}", err=as_json)
 
     try:
         _wait_for_signal(stop, duration, launcher, show_new_ticks)
