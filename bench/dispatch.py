@@ -5,6 +5,9 @@ round trip is send -> worker -> result backend -> result read by the client. Eac
 measured in alternating rounds (so drift on the machine hits both) and the median is
 printed. Goal (issue 2): the fleet's app costs under 10 % over bare Celery.
 
+A third peer, bare Celery with the same soft/hard time limits the fleet sets on every
+task, separates the cost of Celery's time-limit enforcement from the fleet's own code.
+
     .venv/bin/python bench/dispatch.py [--tasks 400] [--rounds 3] [--json]
 """
 
@@ -68,32 +71,44 @@ def main() -> None:
                               "-n", "bare@bench", "-P", "prefork", "-l", "WARNING", "--without-mingle",
                               "--without-gossip"], env=child_env, cwd=ROOT, stdout=open(logs / "bare.log", "w"),
                              stderr=subprocess.STDOUT),
+            subprocess.Popen([sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker", "-Q", "bare_limits",
+                              "-c", "1", "-n", "barelim@bench", "-P", "prefork", "-l", "WARNING", "--without-mingle",
+                              "--without-gossip"], env=dict(child_env, BENCH_BARE_TIME_LIMITS="1"), cwd=ROOT,
+                             stdout=open(logs / "bare_limits.log", "w"), stderr=subprocess.STDOUT),
         ]
         try:
             wait_ping(fleet_app, "fleet@bench")
             wait_ping(bare, "bare@bench")
-            rate(fleet_app, "powerfleet.fleet.noop", 50)  # warm up both paths
+            wait_ping(bare, "barelim@bench")
+            rate(fleet_app, "powerfleet.fleet.noop", 50)  # warm up every path
             rate(bare, "bare.noop", 50)
-            fleet_rates, bare_rates = [], []
+            rate(bare, "bare.noop", 50, queue="bare_limits")
+            fleet_rates, bare_rates, limit_rates = [], [], []
             for _ in range(a.rounds):
                 fleet_rates.append(rate(fleet_app, "powerfleet.fleet.noop", a.tasks))
                 bare_rates.append(rate(bare, "bare.noop", a.tasks))
+                limit_rates.append(rate(bare, "bare.noop", a.tasks, queue="bare_limits"))
         finally:
             for p in procs:
                 p.terminate()
             for p in procs:
                 p.wait(timeout=30)
     f, b = statistics.median(fleet_rates), statistics.median(bare_rates)
+    lim = statistics.median(limit_rates)
     overhead = (b / f - 1) * 100
+    own = (lim / f - 1) * 100
     out = {"tasks_per_round": a.tasks, "rounds": a.rounds, "fleet_tasks_per_s": round(f, 1),
-           "bare_celery_tasks_per_s": round(b, 1), "fleet_over_bare_ratio": round(f / b, 3),
-           "fleet_overhead_pct": round(overhead, 1), "goal_overhead_pct": 10}
+           "bare_celery_tasks_per_s": round(b, 1), "bare_celery_with_time_limits_tasks_per_s": round(lim, 1),
+           "fleet_over_bare_ratio": round(f / b, 3), "fleet_overhead_pct": round(overhead, 1),
+           "fleet_overhead_vs_bare_with_limits_pct": round(own, 1), "goal_overhead_pct": 10}
     if a.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"fleet app : {f:8.1f} round trips/s (rounds: {', '.join(f'{x:.0f}' for x in fleet_rates)})")
         print(f"bare      : {b:8.1f} round trips/s (rounds: {', '.join(f'{x:.0f}' for x in bare_rates)})")
+        print(f"bare+limits: {lim:7.1f} round trips/s (rounds: {', '.join(f'{x:.0f}' for x in limit_rates)})")
         print(f"ratio fleet/bare = {f / b:.3f}; fleet overhead = {overhead:+.1f}% (goal < 10%)")
+        print(f"fleet overhead over bare Celery with the same time limits = {own:+.1f}%")
 
 
 if __name__ == "__main__":
