@@ -1,0 +1,101 @@
+"""Offline rendering of charts/powerfleet with helm-python-sdk (Helm's Go SDK through ctypes).
+
+The test modules call ``pytest.importorskip("helm_python")`` first and then use these helpers;
+helm_python is imported lazily here so that collecting this file never needs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HELM_SKIP_REASON = "helm-python-sdk is not installed (pip install 'helm-python-sdk==0.2.2')"
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "powerfleet"
+RELEASE = "pf"
+NAMESPACE = "fleet"
+# The Kubernetes version the rendered objects are schema-checked against (kubernetes-validate).
+KUBE_VERSION = "1.32.0"
+
+# Value sets every structural test runs against.
+VARIANTS: dict[str, dict[str, Any]] = {
+    # In-chart Redis, beat, workers, agents; Flower off; metrics off.
+    "default": {},
+    # External broker, Flower with auth, metrics on, cluster-wide worker RBAC, custom limits.
+    "external": {
+        "broker": {"existingSecret": {"name": "fleet-broker", "key": "url", "resultBackendKey": "results"}},
+        "redis": {"enabled": False},
+        "flower": {"enabled": True, "basicAuthSecret": {"name": "fleet-flower-auth"}},
+        "metrics": {"port": 9808},
+        "rbac": {"watchAllNamespaces": True},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "config": {
+            "nodes": ["gpu-node-a", "gpu-node-b"],
+            "limits": {"sweep": {"soft_s": 1100, "hard_s": 1200.5}},
+            "beat": {"reconcile_interval_s": 10},
+            "retune": {"deployments": ["llama"]},
+        },
+        "worker": {"replicas": 3, "concurrency": 4, "resources": {"limits": {"memory": "2Gi"}}},
+        "agent": {"runtimeClassName": "nvidia", "tolerations": [{"key": "dedicated", "operator": "Equal",
+                                                                 "value": "gpu", "effect": "NoSchedule"}]},
+    },
+    # Control-only workers, no agents, persistent Redis with the password from an existing Secret.
+    "control-only": {
+        "worker": {"queues": ["control"]},
+        "agent": {"enabled": False},
+        "redis": {"auth": {"existingSecret": "my-redis", "existingSecretKey": "pw"},
+                  "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb"},
+    },
+}
+
+
+@functools.lru_cache(maxsize=64)
+def _render_cached(values_json: str) -> tuple[tuple[str, str], ...]:
+    import helm_python as helm
+
+    with helm.Chart.load(CHART_DIR) as chart:
+        out = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+    return tuple(sorted(out.items()))
+
+
+def render(values: dict[str, Any] | None = None) -> dict[str, str]:
+    """Template path -> rendered text (NOTES.txt included). Raises helm_python.HelmRenderError."""
+    return dict(_render_cached(json.dumps(values or {}, sort_keys=True)))
+
+
+def objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every Kubernetes object the chart renders (a fresh deep copy each call)."""
+    docs: list[dict[str, Any]] = []
+    for path, text in render(values).items():
+        if not path.endswith((".yaml", ".yml")):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return copy.deepcopy(docs)
+
+
+def find(objs: list[dict[str, Any]], kind: str, component: str | None = None) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind and (
+        component is None or o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component)]
+
+
+def one(objs: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    found = find(objs, kind, component)
+    assert len(found) == 1, f"expected one {kind} for {component}, got {len(found)}"
+    return found[0]
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]
+
+
+def workloads(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
