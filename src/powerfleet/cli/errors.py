@@ -11,14 +11,6 @@ EXIT_USAGE = 2  # bad config, bad arguments, unreadable input
 EXIT_FAILURE = 1  # the command ran and found a problem (e.g. a validation violation)
 
 
-class CliError(Exception):
-    """Raised by command code; main() turns it into one line and an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     typer.echo(f"powerfleet: error: {message}", err=True)
     raise typer.Exit(code)

@@ -8,7 +8,6 @@ import typer
 
 from powerfleet.cli import processes, retune_cmd, sim_cmd, taskapi, up, validate_cmd
 from powerfleet.cli.context import CliState
-from powerfleet.cli.errors import CliError
 
 app = typer.Typer(
     help="powerfleet: a Celery worker fleet for GPU power budgets and KV-router retuning.",
@@ -41,8 +40,4 @@ app.add_typer(validate_cmd.app, name="validate")
 
 
 def main() -> None:
-    try:
-        app()
-    except CliError as exc:
-        typer.echo(f"powerfleet: error: {exc}", err=True)
-        raise SystemExit(exc.code) from None
+    app()

@@ -11,6 +11,7 @@ import typer
 
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
+from powerfleet.config import FlowerConfig
 from powerfleet.workers.routes import worker_prefetch
 
 
@@ -92,8 +93,6 @@ def flower(
     """
     config = fleet_config(ctx)
     export_config_path(ctx)
-    from powerfleet.config import FlowerConfig
-
     fc = FlowerConfig(address=address or config.flower.address, port=port or config.flower.port,
                       basic_auth=config.flower.basic_auth)
     fleet_app(config)  # validates the broker before Flower's own retry loop hides the problem
@@ -104,7 +103,7 @@ def flower(
     celery_cli.main(args=argv, prog_name="powerfleet flower")
 
 
-def flower_environment(fc: "FlowerConfig") -> dict[str, str]:  # type: ignore[name-defined]  # noqa: F821
+def flower_environment(fc: FlowerConfig) -> dict[str, str]:
     """Flower's settings as FLOWER_* variables (credentials stay out of argv)."""
     if fc.basic_auth:
         return {"FLOWER_BASIC_AUTH": ",".join(fc.basic_auth)}

@@ -17,6 +17,10 @@ class TaskArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class NoArgs(TaskArgs):
+    """For tasks that take no arguments: any argument is an error."""
+
+
 class TaskInputError(ValueError):
     """The task's JSON arguments were invalid; raised before any work is done."""
 

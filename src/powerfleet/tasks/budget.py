@@ -5,12 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from powerfleet.beat.ticklog import TickLog
-from powerfleet.tasks.base import TaskArgs, fleet_task
+from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
-
-
-class NoArgs(TaskArgs):
-    pass
 
 
 class BudgetTickResult(TaskArgs):

@@ -7,12 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
-from powerfleet.tasks.base import TaskArgs, fleet_task
+from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
-
-
-class NoArgs(TaskArgs):
-    pass
 
 
 class EchoArgs(TaskArgs):

@@ -8,15 +8,11 @@ from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.retune.windows import dedupe_key, window, windows_to_launch
-from powerfleet.tasks.base import TaskArgs, fleet_task
+from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
 
 _ENABLED_AT = "powerfleet:retune:enabled_at"
 _LAST_LAUNCHED = "powerfleet:retune:last_launched"
-
-
-class NoArgs(TaskArgs):
-    pass
 
 
 class WindowArgs(TaskArgs):
