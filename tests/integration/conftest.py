@@ -40,8 +40,8 @@ def fleet_env(broker_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def launcher(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[Launcher]:
-    with Launcher(log_dir=tmp_path / "logs", env=dict(fleet_env)) as l:
-        yield l
+    with Launcher(log_dir=tmp_path / "logs", env=dict(fleet_env)) as fleet:
+        yield fleet
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import typer
 
 from powerfleet.cli.context import export_config_path, fleet_config, redact
 from powerfleet.cli.errors import EXIT_FAILURE, fail
-from powerfleet.config import FleetConfig, load_config
+from powerfleet.config import FleetConfig
 
 
 def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path, extra_env: dict[str, str]):  # type: ignore[no-untyped-def]
