@@ -79,6 +79,12 @@ def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher) -> None
         done = wait_for(lambda: (r := client.get(f"/api/task/result/{task_id}", auth=auth).json())
                         and r["state"] == "SUCCESS" and r, "the task sent through Flower to succeed")
         assert done["result"]["payload"] == "via flower"
+        # Every scheduled task can be triggered by hand through the same API.
+        for name in ("powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"):
+            tid = client.post(f"/api/task/send-task/{name}", auth=auth, json={}).json()["task-id"]
+            ran = wait_for(lambda: (r := client.get(f"/api/task/result/{tid}", auth=auth).json())
+                           and r["state"] == "SUCCESS" and r, f"{name} sent through Flower to succeed")
+            assert ran["result"]["at"] > 0
     assert "pw-123" not in flower.log.read_text()
 
 
