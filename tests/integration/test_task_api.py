@@ -94,10 +94,16 @@ def test_flower_refuses_a_public_address_without_credentials(fleet_env) -> None:
     assert "refusing to bind 0.0.0.0 without basic auth" in out.stderr
 
 
-def test_status_reports_workers_queues_and_ticks(control_worker, fleet_env) -> None:
+def test_status_reports_workers_queues_and_ticks(control_worker, fleet_env, app) -> None:
+    app.send_task("powerfleet.fleet.reconcile").get(timeout=30)
     out = run_cli("status", "--json", env=fleet_env)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert "control" in data["workers"]["ctl@test"]
     assert set(data["queues"]) >= {"control", "sweep", "node.a", "node.b"}
     assert set(data["ticks"]) == {"reconcile", "budget", "retune"}
+    assert data["ticks"]["reconcile"]["age_s"] >= 0
+    assert data["ticks"]["reconcile"]["detail"] == "agent.reconcile -> node.a, node.b"
+    assert data["ticks"]["budget"]["last"] is None
+    human = run_cli("status", env=fleet_env)
+    assert human.returncode == 0 and "agent.reconcile -> node.a, node.b" in human.stdout

@@ -82,8 +82,10 @@ def status(
     # LLEN ourselves: Flower only reports queues that live workers consume.
     depths = {q: int(r.llen(q)) for q in sorted(queue_names)}
     now = time.time()
-    last = TickLog(r).last_ticks()
-    ticks = {f: {"last": last.get(f), "age_s": (round(now - last[f], 3) if f in last else None)} for f in TICK_FAMILIES}
+    ticklog = TickLog(r)
+    last, details = ticklog.last_ticks(), ticklog.last_details()
+    ticks = {f: {"last": last.get(f), "age_s": (round(now - last[f], 3) if f in last else None),
+                 "detail": details.get(f)} for f in TICK_FAMILIES}
     data = {"schema": "powerfleet.status/v1", "workers": workers, "queues": depths, "ticks": ticks}
     if as_json:
         print_json(data)
@@ -109,6 +111,7 @@ def status(
     k = Table(title="ticks")
     k.add_column("family")
     k.add_column("last tick (s ago)", justify="right")
+    k.add_column("what it did")
     for f, info in ticks.items():
-        k.add_row(f, "never" if info["age_s"] is None else f"{info['age_s']:.1f}")
+        k.add_row(f, "never" if info["age_s"] is None else f"{info['age_s']:.1f}", info["detail"] or "")
     console.print(k)

@@ -131,12 +131,14 @@ def demo(
     start = time.time()
 
     def show_new_ticks() -> None:
+        details = ticklog.last_details()
         for family, at in ticklog.last_ticks().items():
             if seen.get(family) != at:
                 seen[family] = at
                 counts[family] = len(ticklog.origins(family))
                 # With --json, stdout carries only the JSON document; progress goes to stderr.
-                typer.echo(f"  t+{at - start:5.1f}s  {family:9s} tick #{counts[family]}", err=as_json)
+                typer.echo(f"  t+{at - start:5.1f}s  {family:9s} tick #{counts[family]:<3d} {details.get(family, '')}",
+                           err=as_json)
 
     try:
         _wait_for_signal(stop, duration, launcher, show_new_ticks)

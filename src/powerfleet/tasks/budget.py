@@ -17,5 +17,5 @@ class BudgetTickResult(TaskArgs):
 @fleet_task("powerfleet.budget.tick", NoArgs, acks_late=False)
 def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     now = clock.now()
-    TickLog(fleet_redis(self.app)).record("budget", now, self.request.origin)
+    TickLog(fleet_redis(self.app)).record("budget", now, self.request.origin, "no deployments to evaluate")
     return BudgetTickResult(at=now, evaluations=[])

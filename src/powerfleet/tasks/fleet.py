@@ -37,10 +37,11 @@ class ReconcileResult(TaskArgs):
 def reconcile_tick(self: Any, params: NoArgs) -> ReconcileResult:
     """Reconcile tick: one agent.reconcile per GPU node, each on its own node queue."""
     now = clock.now()
-    TickLog(fleet_redis(self.app)).record("reconcile", now, self.request.origin)
     expires = self.app.fleet_config.beat.reconcile_interval_s
     nodes = list(self.app.fleet_config.nodes)
     for node in nodes:
         # expires: a cap order queued for a node that is down must not run hours later.
         self.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}, expires=expires)
+    detail = f"agent.reconcile -> {', '.join(f'node.{n}' for n in nodes)}" if nodes else "no GPU nodes configured"
+    TickLog(fleet_redis(self.app)).record("reconcile", now, self.request.origin, detail)
     return ReconcileResult(at=now, dispatched=nodes)

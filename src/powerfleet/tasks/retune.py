@@ -36,7 +36,6 @@ class WindowResult(TaskArgs):
 def retune_tick(self: Any, params: NoArgs) -> RetuneTickResult:
     r = fleet_redis(self.app)
     now = clock.now()
-    TickLog(r).record("retune", now, self.request.origin)
     cfg = self.app.fleet_config.retune
     launched: list[WindowArgs] = []
     for dgd in cfg.deployments:
@@ -52,6 +51,8 @@ def retune_tick(self: Any, params: NoArgs) -> RetuneTickResult:
                 self.app.send_task("powerfleet.retune.window", kwargs={"dgd": dgd, "window": w.index})
                 launched.append(WindowArgs(dgd=dgd, window=w.index))
             r.hset(_LAST_LAUNCHED, dgd, w.index)
+    detail = ", ".join(f"launched {x.dgd} window {x.window}" for x in launched) or "no closed window to launch"
+    TickLog(r).record("retune", now, self.request.origin, detail)
     return RetuneTickResult(at=now, launched=launched)
 
 
