@@ -38,6 +38,8 @@ def test_config_file_named_by_environment(tmp_path) -> None:
         ({"POWERFLEET_RETUNE__WINDOW_PHASE_S": "400"}, "retune: Value error, window_phase_s must be less"),
         ({"POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5", "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "5"}, "lock_timeout_s must be greater"),
         ({"POWERFLEET_NOPE": "1"}, "nope: unknown key"),
+        ({"POWERFLEET_LIMITS__SWEEP__SOFT_S": "3000", "POWERFLEET_LIMITS__SWEEP__HARD_S": "4000"},
+         "broker.visibility_timeout_s (3600) must exceed the longest hard time limit (limits.sweep.hard_s = 4000)"),
     ],
 )
 def test_bad_values_name_their_key(env, message) -> None:

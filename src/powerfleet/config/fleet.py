@@ -138,6 +138,17 @@ class FleetConfig(_Strict):
     # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).
     prefetch_multiplier: int = Field(4, ge=1, le=64)
 
+    @model_validator(mode="after")
+    def _visibility_outlasts_tasks(self) -> "FleetConfig":
+        # Redis redelivers an unacked (acks_late) message after the visibility timeout, so a
+        # task allowed to run longer would run twice in parallel.
+        family, hard = max(((f, getattr(self.limits, f).hard_s) for f in ("control", "sweep", "node")),
+                           key=lambda x: x[1])
+        if hard >= self.broker.visibility_timeout_s:
+            raise ValueError(f"broker.visibility_timeout_s ({self.broker.visibility_timeout_s}) must exceed the "
+                             f"longest hard time limit (limits.{family}.hard_s = {hard:g})")
+        return self
+
     @field_validator("nodes")
     @classmethod
     def _node_names(cls, v: list[str]) -> list[str]:
@@ -220,13 +231,16 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         loc = tuple(err["loc"])
         key = _dotted(loc)
         source = str(path) if path is not None else "defaults"
-        if _in_tree(env_data, loc):
+        if loc and _in_tree(env_data, loc):
             source = ENV_PREFIX + "__".join(str(p).upper() for p in loc)
+        elif not loc and env_data:
+            source = f"{source} + {ENV_PREFIX}* environment" if path is not None else f"{ENV_PREFIX}* environment"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise ConfigError(f"{source}: {key}: {msg}{more}") from None
+        where = f"{key}: " if loc else ""  # cross-field checks name their keys in the message
+        raise ConfigError(f"{source}: {where}{msg}{more}") from None
 
 
 def _in_tree(tree: Mapping[str, Any], loc: tuple[Any, ...]) -> bool:
