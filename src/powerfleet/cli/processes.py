@@ -12,6 +12,7 @@ import typer
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
 from powerfleet.config import FlowerConfig
+from powerfleet.config.fleet import is_node_name
 from powerfleet.workers.routes import worker_prefetch
 
 
@@ -56,9 +57,7 @@ def agent(
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
 ) -> None:
     """Run the node agent: a worker pinned to its own queue node.<NODE>, one process."""
-    from powerfleet.config.fleet import _NODE_NAME
-
-    if not _NODE_NAME.match(node):
+    if not is_node_name(node):
         fail(f"--node: {node!r} is not a valid Kubernetes node name")
     # A stable name (not the pod name) so direct messages survive pod replacement.
     _run_worker(ctx, f"node.{node}", f"agent@{node}", 1, loglevel)

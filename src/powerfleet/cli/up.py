@@ -16,12 +16,12 @@ from powerfleet.cli.errors import EXIT_FAILURE, fail
 from powerfleet.config import FleetConfig
 
 
-def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path, extra_env: dict[str, str]):  # type: ignore[no-untyped-def]
+def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # type: ignore[no-untyped-def]
     from powerfleet.broker.embedded import BrokerUnavailable
     from powerfleet.workers.launcher import Launcher
 
     export_config_path(ctx)
-    launcher = Launcher(log_dir=log_dir, env=dict(extra_env))
+    launcher = Launcher(log_dir=log_dir)
     if config.broker.url is None:
         try:
             url = launcher.start_embedded_broker()
@@ -71,7 +71,7 @@ def up(
     logs = log_dir or Path(tempfile.mkdtemp(prefix="powerfleet-up-"))
     stop = threading.Event()
     _install_stop_handlers(stop)
-    launcher, _ = _start_fleet(ctx, config, logs, {})
+    launcher, _ = _start_fleet(ctx, config, logs)
     typer.echo(f"fleet up: logs in {logs}; Flower on http://{config.flower.address}:{config.flower.port}; Ctrl-C stops",
                err=True)
     try:
@@ -90,7 +90,6 @@ DEMO_ENV = {
     "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "2",
     "POWERFLEET_RETUNE__WINDOW_INTERVAL_S": "10",
     "POWERFLEET_RETUNE__DEPLOYMENTS": "[demo-llm]",
-    "POWERFLEET_BROKER__URL": "",
 }
 
 
@@ -111,13 +110,13 @@ def demo(
 
     env = dict(DEMO_ENV)
     env["POWERFLEET_FLOWER__PORT"] = str(flower_port or free_loopback_port())
-    os.environ.update({k: v for k, v in env.items() if k != "POWERFLEET_BROKER__URL"})
+    os.environ.update(env)
     os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
     config = fleet_config(ctx)
     logs = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
     stop = threading.Event()
     _install_stop_handlers(stop)
-    launcher, url = _start_fleet(ctx, config, logs, {})
+    launcher, url = _start_fleet(ctx, config, logs)
     typer.echo(f"demo: nodes {', '.join(config.nodes)}; Flower http://127.0.0.1:{config.flower.port}; "
                f"logs {logs}; running {duration:g}s", err=True)
     import redis

@@ -25,6 +25,10 @@ ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
+def is_node_name(name: str) -> bool:
+    return _NODE_NAME.match(name) is not None
+
+
 class ConfigError(Exception):
     """A config problem, already phrased as one line for the user."""
 
@@ -153,7 +157,7 @@ class FleetConfig(_Strict):
     @classmethod
     def _node_names(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not _NODE_NAME.match(name):
+            if not is_node_name(name):
                 raise ValueError(f"{name!r} is not a valid Kubernetes node name")
         if len(set(v)) != len(v):
             raise ValueError("node names must be unique")

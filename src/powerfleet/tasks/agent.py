@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field
 
-from powerfleet.tasks.base import TaskArgs, fleet_task
+from powerfleet.tasks.base import TaskArgs, delivered_queue, fleet_task
 from powerfleet.tasks.ports import clock
 
 
@@ -28,6 +28,5 @@ class NodeReconcileResult(TaskArgs):
 
 @fleet_task("powerfleet.agent.reconcile", NodeArgs, acks_late=True)
 def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
-    queue = (self.request.delivery_info or {}).get("routing_key")
-    return NodeReconcileResult(node=params.node, worker=self.request.hostname, queue=queue,
+    return NodeReconcileResult(node=params.node, worker=self.request.hostname, queue=delivered_queue(self.request),
                                at=clock.now(), applied=[])

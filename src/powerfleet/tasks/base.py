@@ -25,6 +25,11 @@ class TaskInputError(ValueError):
     """The task's JSON arguments were invalid; raised before any work is done."""
 
 
+def delivered_queue(request: Any) -> str | None:
+    """The queue (routing key) a task's message actually arrived on."""
+    return (request.delivery_info or {}).get("routing_key")
+
+
 def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any]) -> M:
     if args:
         raise TaskInputError(f"{task_name}: takes keyword arguments only (a JSON object), got {len(args)} positional")

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
-from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
+from powerfleet.tasks.base import NoArgs, TaskArgs, delivered_queue, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
 
 
@@ -19,7 +19,7 @@ class EchoArgs(TaskArgs):
 def echo(self: Any, params: EchoArgs) -> dict[str, Any]:
     """Return the payload and where it ran: the task API's smoke test."""
     return {"payload": params.payload, "worker": self.request.hostname,
-            "queue": (self.request.delivery_info or {}).get("routing_key")}
+            "queue": delivered_queue(self.request)}
 
 
 @fleet_task("powerfleet.fleet.noop", NoArgs, acks_late=False, ignore_result=False)
