@@ -1,0 +1,70 @@
+"""The HTTP layer: a threading HTTP/1.1 server whose handler turns requests into verb calls and errors into Status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from powerfleet.twin.apiserver.errors import ApiError, Obj
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet fixture
+        pass
+
+    def send_json(self, code: int, body: Obj) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def json_body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "request body is not valid JSON") from None
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            self.server.handle_api(self, method)
+        except ApiError as exc:
+            self.send_json(exc.code, exc.status())
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - a fixture must answer, not die
+            self.send_json(500, ApiError(500, "InternalError", f"{type(exc).__name__}: {exc}").status())
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+
+class HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handle: Callable[[Handler, str], None]) -> None:
+        super().__init__(address, Handler)
+        self.handle_api = handle

@@ -1,0 +1,79 @@
+"""Patch rules: RFC 7386 merge patch (also used for strategic merge patch) and RFC 6902 JSON patch."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from powerfleet.twin.apiserver.errors import ApiError
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ApiError(422, "Invalid", f"bad JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def json_patch(doc: Any, ops: list[Any]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        if not isinstance(op, Mapping) or "op" not in op or "path" not in op:
+            raise ApiError(422, "Invalid", f"bad JSON patch operation {op!r}")
+        parts = _pointer(op["path"])
+        if not parts:
+            raise ApiError(422, "Invalid", "JSON patch on the whole document is not supported")
+        parent: Any = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.get(p) if isinstance(parent, dict) else None
+            if parent is None:
+                raise ApiError(422, "Invalid", f"path {op['path']!r} does not exist")
+        last = parts[-1]
+        kind = op["op"]
+        try:
+            if isinstance(parent, list):
+                idx = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(idx, op.get("value"))
+                elif kind == "remove":
+                    parent.pop(idx)
+                elif kind == "replace":
+                    parent[idx] = op.get("value")
+                elif kind == "test":
+                    if parent[idx] != op.get("value"):
+                        raise ApiError(422, "Invalid", f"test failed at {op['path']!r}")
+                else:
+                    raise ApiError(422, "Invalid", f"unsupported JSON patch op {kind!r}")
+            else:
+                if kind == "add":
+                    parent[last] = op.get("value")
+                elif kind == "remove":
+                    del parent[last]
+                elif kind == "replace":
+                    if last not in parent:
+                        raise KeyError(last)
+                    parent[last] = op.get("value")
+                elif kind == "test":
+                    if parent.get(last) != op.get("value"):
+                        raise ApiError(422, "Invalid", f"test failed at {op['path']!r}")
+                else:
+                    raise ApiError(422, "Invalid", f"unsupported JSON patch op {kind!r}")
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise ApiError(422, "Invalid", f"cannot {kind} at {op['path']!r}") from None
+    return doc

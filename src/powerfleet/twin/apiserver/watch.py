@@ -1,0 +1,70 @@
+"""WATCH: chunked JSON lines from the store's event log, resumable while the version is still logged (else 410)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from powerfleet.twin.apiserver.errors import ApiError, Obj
+from powerfleet.twin.apiserver.http import Handler
+from powerfleet.twin.apiserver.resources import ResourceType
+from powerfleet.twin.apiserver.store import Store
+
+
+def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceType, ns: str | None,
+          label: Callable[..., bool], field: Callable[..., bool], query: Mapping[str, str]) -> None:
+    timeout = float(query.get("timeoutSeconds") or 1800)
+    # The watch timeout is wall-clock, independent of the injected clock.
+    deadline = time.monotonic() + timeout
+    req.send_response(200)
+    req.send_header("Content-Type", "application/json")
+    req.send_header("Transfer-Encoding", "chunked")
+    req.end_headers()
+
+    def emit(event: Obj) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        req.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        req.wfile.flush()
+
+    def matches(obj: Obj) -> bool:
+        return ((ns is None or obj["metadata"].get("namespace") == ns)
+                and label(obj["metadata"].get("labels") or {}) and field(obj))
+
+    rv_param = query.get("resourceVersion") or ""
+    pending: list[Obj] = []
+    with store.cond:
+        if rv_param in ("", "0"):
+            last = store.rv
+            items, _ = store.list(rt, ns, label, field)
+            pending = [{"type": "ADDED", "object": o} for o in items]
+        else:
+            try:
+                last = int(rv_param)
+            except ValueError:
+                raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_param!r}") from None
+            oldest = store.log[0][0] if store.log else store.rv + 1
+            if last < oldest - 1 and last < store.rv:
+                pending = [{"type": "ERROR", "object": ApiError(
+                    410, "Expired", f"too old resource version: {last} ({oldest - 1})").status()}]
+                last = -1
+    try:
+        for ev in pending:
+            emit(ev)
+        while last >= 0 and not stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with store.cond:
+                store.cond.wait_for(lambda: store.rv > last or stopping.is_set(), timeout=min(remaining, 1.0))
+                fresh = [(rv, t, o) for rv, t, key, o in store.log if rv > last and key == rt.key]
+                last = store.rv
+            for _rv, typ, obj in fresh:
+                if matches(obj):
+                    emit({"type": typ, "object": obj})
+        req.wfile.write(b"0\r\n\r\n")
+        req.wfile.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    req.close_connection = True
