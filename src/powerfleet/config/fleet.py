@@ -14,7 +14,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -117,16 +117,56 @@ class MetricsConfig(_Strict):
     address: str = "127.0.0.1"
 
 
+RETUNE_OBJECTIVES = ("throughput", "throughputPerGpu", "throughputPerUser", "ttft", "e2eLatency", "goodput",
+                     "goodputPerGpu")
+
+
+class RetuneDeploymentConfig(_Strict):
+    """Per-deployment overrides of the retune defaults (docs/retune.md); None inherits."""
+
+    enabled: bool | None = None
+    mode: Literal["active", "advisory"] | None = None
+    namespace: str | None = None
+    window_interval_s: int | None = Field(None, ge=10, le=86400)
+    window_phase_s: int | None = Field(None, ge=0)
+    grid: dict[str, Any] | None = None  # checked by powerfleet.retune.settings (an invalid grid stops retune)
+    objective: Literal[RETUNE_OBJECTIVES] | None = None  # type: ignore[valid-type]
+    sla: dict[str, float] | None = None
+    min_improvement_percentage: float | None = Field(None, ge=0, allow_inf_nan=False)
+    max_shards: int | None = Field(None, ge=1, le=256)
+    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    shard_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    trace_dir: str | None = None
+
+
 class RetuneConfig(_Strict):
     window_interval_s: int = Field(300, ge=10, le=86400)
     window_phase_s: int = Field(0, ge=0)
     # Deployments with retune enabled (the cluster layer adds the DGD-driven list later).
     deployments: list[str] = Field(default_factory=list)
+    # Defaults for every deployment; `per_deployment.<dgd>` overrides them (and can disable one).
+    mode: Literal["active", "advisory"] = "active"
+    namespace: str = "default"  # the DGDs' namespace and the fleet's own (the Leases live here)
+    kubeconfig: str | None = None  # None: in-cluster service account
+    grid: dict[str, Any] | None = None  # None: the default 108-point grid
+    objective: Literal[RETUNE_OBJECTIVES] = "ttft"  # type: ignore[valid-type]
+    sla: dict[str, float] | None = None
+    min_improvement_percentage: float = Field(1.0, ge=0, allow_inf_nan=False)
+    max_shards: int = Field(3, ge=1, le=256)
+    time_budget_s: float = Field(240.0, gt=0, allow_inf_nan=False)
+    shard_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    trace_dir: str = "/var/lib/powerfleet/traces"
+    lease_duration_s: int = Field(60, ge=5, le=3600)
+    lease_renew_s: int = Field(15, ge=1, le=3600)
+    history: int = Field(20, ge=1, le=200)  # decisions kept in the state Lease
+    per_deployment: dict[str, RetuneDeploymentConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _phase_within_interval(self) -> "RetuneConfig":
         if self.window_phase_s >= self.window_interval_s:
             raise ValueError("window_phase_s must be less than window_interval_s")
+        if self.lease_renew_s >= self.lease_duration_s:
+            raise ValueError("retune.lease_renew_s must be less than retune.lease_duration_s")
         return self
 
 
