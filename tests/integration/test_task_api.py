@@ -1,9 +1,13 @@
 """The task API: `powerfleet trigger` and Flower's HTTP API each run a task and return its JSON result."""
 
 import json
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
+import redis
 
 from powerfleet.broker.embedded import free_loopback_port
 from powerfleet.workers.launcher import Launcher
@@ -35,21 +39,64 @@ def test_trigger_no_wait_prints_the_task_id(control_worker, fleet_env, app) -> N
 
 
 @pytest.mark.parametrize(
-    ("args", "code", "message"),
+    ("args", "message"),
     [
-        (["powerfleet.fleet.nope"], 2, "unknown task 'powerfleet.fleet.nope'"),
-        (["powerfleet.fleet.echo", "--args", "{not json"], 2, "--args: not valid JSON"),
-        (["powerfleet.fleet.echo", "--args", "3"], 2, "--args: must be a JSON object"),
-        (["powerfleet.agent.reconcile", "--args", "{}"], 2, "needs a 'node' keyword argument"),
-        (["powerfleet.fleet.echo", "--args", '{"bogus": 1}'], 1, "powerfleet.fleet.echo: bogus: unknown argument"),
+        (["powerfleet.fleet.nope"], "unknown task 'powerfleet.fleet.nope'"),
+        (["celery.ping"], "unknown task 'celery.ping'"),
+        (["powerfleet.fleet.echo", "--args", "{not json"], "--args: not valid JSON"),
+        (["powerfleet.fleet.echo", "--args", "3"], "--args: must be a JSON object"),
+        (["powerfleet.fleet.echo", "--args", "[1]"], "--args: must be a JSON object"),
+        (["powerfleet.fleet.echo", "--args", '{"payload": NaN}'], "NaN is not allowed"),
+        (["powerfleet.fleet.echo", "--args", '{"payload": [-Infinity]}'], "-Infinity is not allowed"),
+        (["powerfleet.agent.reconcile", "--args", "{}"], "powerfleet.agent.reconcile: node: Field required"),
+        (["powerfleet.agent.reconcile", "--args", '{"node": 7}'], "node: Input should be a valid string"),
+        (["powerfleet.agent.reconcile", "--args", '{"node": "bad node/../x"}'],
+         "node 'bad node/../x' is not a valid Kubernetes node name"),
+        (["powerfleet.fleet.echo", "--args", '{"bogus": 1}'], "powerfleet.fleet.echo: bogus: unknown argument"),
+        (["powerfleet.retune.window", "--args", '{"dgd": "d", "window": "soon"}'], "window: Input should be"),
+        (["powerfleet.fleet.echo", "--queue", "node.bad node"], "--queue: 'node.bad node' is not a fleet queue"),
+        (["powerfleet.fleet.echo", "--args", "@/nonexistent/args.json"], "--args: cannot read /nonexistent/args.json"),
     ],
 )
-def test_trigger_bad_input_gives_one_line_and_no_traceback(control_worker, fleet_env, args, code, message) -> None:
+def test_trigger_refuses_bad_input_before_sending(fleet_env, broker_url, args, message) -> None:
+    r = redis.Redis.from_url(broker_url)
+    before = set(r.keys())
     out = run_cli("trigger", *args, env=fleet_env)
-    assert out.returncode == code, (out.stdout, out.stderr)
+    assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # Nothing was sent: no queue, no result key, no illegal queue name left behind.
+    assert set(r.keys()) == before
+
+
+def test_trigger_reads_args_from_a_file_or_stdin(control_worker, fleet_env, tmp_path) -> None:
+    big = {"payload": {"rows": list(range(5000))}}
+    (tmp_path / "args.json").write_text(json.dumps(big))
+    out = run_cli("trigger", "powerfleet.fleet.echo", "--args", f"@{tmp_path / 'args.json'}", env=fleet_env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["payload"] == big["payload"]
+    piped = subprocess.run([sys.executable, "-m", "powerfleet.cli", "trigger", "powerfleet.fleet.echo", "--args", "-"],
+                           input='{"payload": "from stdin"}', capture_output=True, text=True, timeout=60,
+                           env={**{k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}, **fleet_env})
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["payload"] == "from stdin"
+
+
+def test_trigger_timeout_is_one_line(fleet_env) -> None:
+    # No worker consumes control: the wait runs out.
+    out = run_cli("trigger", "powerfleet.fleet.echo", "--timeout", "0.5", env=fleet_env)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "no result within 0.5s; is a worker consuming control?" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_trigger_help_says_what_args_accepts() -> None:
+    out = run_cli("trigger", "--help", env={"COLUMNS": "200"})
+    assert out.returncode == 0
+    for phrase in ("JSON object", "@FILE", "stdin", "NaN"):
+        assert phrase in out.stdout
 
 
 def test_unreachable_broker_gives_one_line(fleet_env) -> None:
@@ -79,6 +126,16 @@ def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher) -> None
         done = wait_for(lambda: (r := client.get(f"/api/task/result/{task_id}", auth=auth).json())
                         and r["state"] == "SUCCESS" and r, "the task sent through Flower to succeed")
         assert done["result"]["payload"] == "via flower"
+        # A bad send is refused with a message Flower shows, and nothing is published.
+        nameless = client.post("/api/task/send-task/powerfleet.agent.reconcile", auth=auth, json={})
+        assert nameless.status_code == 400
+        assert "node: Field required" in nameless.text
+        misspelt = client.post("/api/task/send-task/powerfleet.fleet.ecoh", auth=auth, json={})
+        assert misspelt.status_code == 400
+        assert "unknown task 'powerfleet.fleet.ecoh'" in misspelt.text
+        illegal = client.post("/api/task/send-task/powerfleet.agent.reconcile", auth=auth,
+                              json={"kwargs": {"node": "a/../b"}})
+        assert illegal.status_code == 400 and "not a valid Kubernetes node name" in illegal.text
         # Every scheduled task can be triggered by hand through the same API.
         for name in ("powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"):
             tid = client.post(f"/api/task/send-task/{name}", auth=auth, json={}).json()["task-id"]

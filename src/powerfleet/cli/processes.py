@@ -99,6 +99,10 @@ def flower(
     os.environ.update(flower_environment(fc))
     from celery.bin.celery import celery as celery_cli
 
+    from powerfleet.cli.flower_api import install_task_api_checks
+
+    install_task_api_checks()
+
     celery_cli.main(args=argv, prog_name="powerfleet flower")
 
 

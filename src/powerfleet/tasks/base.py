@@ -30,6 +30,11 @@ def delivered_queue(request: Any) -> str | None:
     return (request.delivery_info or {}).get("routing_key")
 
 
+def args_model_of(task: Any) -> type[BaseModel] | None:
+    """The argument model a task was declared with through ``fleet_task`` (None for others)."""
+    return getattr(getattr(task, "run", None), "args_model", None)
+
+
 def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any]) -> M:
     if args:
         raise TaskInputError(f"{task_name}: takes keyword arguments only (a JSON object), got {len(args)} positional")

@@ -7,12 +7,14 @@ every process agrees on serialisation, routing, acks and limits.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
 
 from powerfleet.config import FleetConfig
+from powerfleet.tasks.base import TaskInputError, args_model_of, decode_args
 from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
@@ -25,11 +27,49 @@ TASK_MODULES = (
 )
 
 
+class UnknownTask(ValueError):
+    """A task name that is not one of the fleet's own."""
+
+
+# What a sender may be refused with before anything reaches the broker.
+SEND_ERRORS: tuple[type[Exception], ...] = (UnknownTask, TaskInputError)
+
+
 class FleetCelery(Celery):
-    """A Celery app that carries the FleetConfig it was built from."""
+    """A Celery app that carries the FleetConfig it was built from.
+
+    Every message leaves through ``send_task`` (Task.apply_async, canvases, the CLI's
+    `trigger` and Flower's task API all call it), so that is where a task name and its
+    JSON arguments are checked: a bad send fails in the sender with one clear line and
+    nothing reaches Redis, instead of failing later in a worker, or never (a node queue
+    nobody consumes).
+    """
 
     fleet_config: FleetConfig
     broker_url_resolved: str
+
+    def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        self.check_send(name, args, kwargs)
+        return super().send_task(name, args, kwargs, **options)
+
+    def check_send(self, name: str, args: Any, kwargs: Any, *, task_api: bool = False) -> None:
+        """Raise one of SEND_ERRORS unless ``name`` may be sent with these arguments.
+
+        ``task_api``: a send by hand (trigger, Flower) may name only the fleet's own tasks;
+        inside the fleet Celery's housekeeping tasks (chord unlock) pass.
+        """
+        if name.startswith("celery.") and not task_api:
+            return
+        task = self.tasks.get(name) if name.startswith("powerfleet.") else None
+        model = args_model_of(task) if task is not None else None
+        if model is None:
+            known = ", ".join(sorted(t for t in self.tasks if t.startswith("powerfleet.")))
+            raise UnknownTask(f"unknown task {name!r}; known tasks: {known}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TaskInputError(f"{name}: arguments must be a JSON object, got {type(kwargs).__name__}")
+        kwargs = kwargs or {}
+        _refuse_non_finite(name, kwargs)
+        decode_args(name, model, tuple(args or ()), kwargs)
 
 
 def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
@@ -83,6 +123,16 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "beat_max_loop_interval": config.beat.max_loop_interval_s,
         "beat_schedule": beat_schedule(config),
     }
+
+
+def _refuse_non_finite(name: str, kwargs: dict[str, Any]) -> None:
+    # Python's json would write NaN/Infinity, which are not JSON: other readers choke on them.
+    try:
+        json.dumps(kwargs, allow_nan=False)
+    except ValueError:
+        raise TaskInputError(f"{name}: arguments contain NaN or an infinity, which JSON does not allow") from None
+    except TypeError as exc:
+        raise TaskInputError(f"{name}: arguments are not JSON ({exc})") from None
 
 
 class _TimeLimitAnnotation:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from powerfleet.config.fleet import is_node_name
+
 CONTROL_QUEUE = "control"
 SWEEP_QUEUE = "sweep"
 NODE_QUEUE_PREFIX = "node."
@@ -39,10 +41,20 @@ def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None
         node = kwargs.get("node") if isinstance(kwargs, dict) else None
         if not isinstance(node, str) or not node:
             raise RoutingError(f"{name} needs a 'node' keyword argument naming the GPU node")
+        # The queue name is built from it: an illegal name must never become a Redis key.
+        if not is_node_name(node):
+            raise RoutingError(f"{name}: node {node!r} is not a valid Kubernetes node name")
         return {"queue": node_queue(node)}
     if family == "sweep":
         return {"queue": SWEEP_QUEUE}
     return {"queue": CONTROL_QUEUE}
+
+
+def is_fleet_queue(queue: str) -> bool:
+    """control, sweep or node.<valid node name>: the only queues a fleet process consumes."""
+    if queue in (CONTROL_QUEUE, SWEEP_QUEUE):
+        return True
+    return queue.startswith(NODE_QUEUE_PREFIX) and is_node_name(queue[len(NODE_QUEUE_PREFIX):])
 
 
 def worker_prefetch(queues: list[str], configured: int) -> int:
