@@ -81,7 +81,7 @@ def first_error(exc: ValidationError, default: str = "value") -> str:
     return f"{loc}: {msg}"
 
 
-def _load_json_object(text: str, what: str) -> dict[str, Any]:
+def load_json_object(text: str, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -95,7 +95,7 @@ def parse_policy(text_or_obj: str | dict[str, Any] | None, base: RouterPolicy | 
     """A policy from JSON holding any subset of the eight fields; the rest from ``base``/defaults."""
     if text_or_obj is None:
         return base or RouterPolicy()
-    obj = _load_json_object(text_or_obj, "policy") if isinstance(text_or_obj, str) else dict(text_or_obj)
+    obj = load_json_object(text_or_obj, "policy") if isinstance(text_or_obj, str) else dict(text_or_obj)
     for k, v in obj.items():
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"policy {k}: must be finite")
@@ -109,7 +109,7 @@ def parse_policy(text_or_obj: str | dict[str, Any] | None, base: RouterPolicy | 
 def parse_sla(text_or_obj: str | dict[str, Any] | None) -> SLA | None:
     if text_or_obj is None:
         return None
-    obj = _load_json_object(text_or_obj, "SLA") if isinstance(text_or_obj, str) else dict(text_or_obj)
+    obj = load_json_object(text_or_obj, "SLA") if isinstance(text_or_obj, str) else dict(text_or_obj)
     try:
         return SLA.model_validate(obj)
     except ValidationError as exc:

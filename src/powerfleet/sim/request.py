@@ -1,0 +1,31 @@
+"""One request inside the simulator: what the trace says, and where it stands."""
+
+from __future__ import annotations
+
+
+class Req:
+    """Mutable per-request state shared by the router, the worker and its cache."""
+
+    __slots__ = (
+        "idx", "arrival", "isl", "osl", "hashes", "nhash", "hits", "dev_hits", "loaded", "left",
+        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits",
+    )
+
+    def __init__(self, idx: int, arrival: float, isl: int, osl: int, hashes: tuple[int, ...]) -> None:
+        self.idx = idx
+        self.arrival = arrival
+        self.isl = isl
+        self.osl = osl
+        self.hashes = hashes
+        self.nhash = len(hashes)
+        self.hits = 0  # prefix blocks found at admission (device or a tier)
+        self.dev_hits = 0  # of which on the device
+        self.loaded = 0  # of which loaded from a tier
+        self.left = 0  # prompt tokens still to prefill
+        self.private = 0  # blocks reserved outside the shared prefix cache
+        self.router_prefill = 0  # the router's estimate of its uncached prompt tokens
+        self.router_blocks = 0  # the router's count of its prompt blocks
+        self.finish_step = 0
+        self.onboard_ms = 0.0
+        self.seq = 0  # routing order on its worker (the router's prefill queue)
+        self.admits = 0  # times admitted to a batch (more than once after a preemption)
