@@ -1,0 +1,321 @@
+"""The twin's operator as a pure program: a snapshot in, the complete desired state out.
+
+Written to the reconcile contract (docs/twin.md, ../shared/seeds/001): ``reconcile`` takes a
+read-only snapshot (the DGDs, every pod, the nodes) and returns a ``Plan``: the pods to create
+and delete, each pod's next status (the kubelet's part: Pending -> Running -> Ready, one step
+per pass), and each DGD's complete desired status (observedGeneration, per-component replica
+counts, rollout phase, the Ready condition) together with the status-transition events that
+belong to it. It performs no I/O; ``powerfleet.twin.writer`` is the one writer that persists
+a plan and emits events only after a write that changed something.
+
+It also schedules: a new pod goes to the node with the most free GPUs (spreading the two
+racks), and is given concrete GPU indices (the device plugin's part), recorded in the pod
+annotation ``twin.powerfleet.io/gpus``. A rollout is surge-one: a pod of the new template is
+added, and an old pod is removed only once the ready count exceeds the desired replicas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_COMPONENT, LABEL_DGD_NAME
+
+Obj = dict[str, Any]
+GPUS_ANNOTATION = "twin.powerfleet.io/gpus"
+HASH_LABEL = "twin.powerfleet.io/template-hash"
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    name: str
+    type: str
+    replicas: int
+    gpus: int
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    image: str
+    template_hash: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event about ``kind/name``; emitted by the writer only after its write changed something."""
+
+    kind: str
+    name: str
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+@dataclass
+class Plan:
+    creates: list[Obj] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    pod_status: dict[str, Obj] = field(default_factory=dict)  # pod name -> its next status
+    placements: dict[str, tuple[str, list[int]]] = field(default_factory=dict)  # late binding of Pending pods
+    dgd_status: dict[str, Obj] = field(default_factory=dict)  # DGD name -> complete desired status
+    status_events: dict[str, list[Event]] = field(default_factory=dict)  # emitted after that DGD's status write
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return max(0, value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return default
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
+    """Each component's replicas, GPUs and pod template, from either DGD form. Lenient by design:
+    the twin's operator renders what it can; validation is the fleet's job, not the twin's."""
+    spec = _map(dgd.get("spec"))
+    out: list[ComponentSpec] = []
+    if isinstance(spec.get("components"), list):
+        for item in spec["components"]:
+            item = _map(item)
+            template = _map(item.get("podTemplate"))
+            meta = _map(template.get("metadata"))
+            containers = _map(template.get("spec")).get("containers") or [{}]
+            main = next((c for c in containers if _map(c).get("name") == "main"), _map(containers[0]))
+            res = _map(main.get("resources"))
+            gpus = _int(_map(res.get("limits")).get(GPU_RESOURCE), _int(_map(res.get("requests")).get(GPU_RESOURCE)))
+            rest = {k: v for k, v in item.items() if k != "replicas"}
+            out.append(ComponentSpec(str(item.get("name", "")), str(item.get("type") or item.get("componentType") or ""),
+                                     _int(item.get("replicas", 1), 1), gpus, dict(_map(meta.get("annotations"))),
+                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest)))
+    else:
+        for name, item in _map(spec.get("services")).items():
+            item = _map(item)
+            meta = _map(item.get("extraPodMetadata"))
+            main = _map(_map(item.get("extraPodSpec")).get("mainContainer"))
+            res = _map(item.get("resources"))
+            gpus = _int(_map(res.get("limits")).get("gpu"), _int(_map(res.get("requests")).get("gpu")))
+            if not gpus:
+                mres = _map(main.get("resources"))
+                gpus = _int(_map(mres.get("limits")).get(GPU_RESOURCE), _int(_map(mres.get("requests")).get(GPU_RESOURCE)))
+            rest = {k: v for k, v in item.items() if k != "replicas"}
+            out.append(ComponentSpec(str(name), str(item.get("subComponentType") or item.get("componentType") or ""),
+                                     _int(item.get("replicas", 1), 1), gpus, dict(_map(meta.get("annotations"))),
+                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest)))
+    return [c for c in out if c.name]
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    for cond in _map(pod.get("status")).get("conditions") or []:
+        if _map(cond).get("type") == "Ready":
+            return _map(cond).get("status") == "True"
+    return False
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str(_map(pod.get("status")).get("phase") or "Pending")
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> list[int]:
+    raw = _map(_map(pod.get("metadata")).get("annotations")).get(GPUS_ANNOTATION, "")
+    return [int(x) for x in str(raw).split(",") if x.strip().isdigit()]
+
+
+class _Scheduler:
+    """Free GPU indices per node, updated as the plan places pods."""
+
+    def __init__(self, nodes: Mapping[str, int], pods: Sequence[Mapping[str, Any]]) -> None:
+        self.order = list(nodes)
+        self.free = {n: set(range(c)) for n, c in nodes.items()}
+        for p in pods:
+            node = _map(p.get("spec")).get("nodeName")
+            if node in self.free:
+                self.free[node] -= set(pod_gpus(p))
+
+    def place(self, gpus: int) -> tuple[str, list[int]] | None:
+        fits = [n for n in self.order if len(self.free[n]) >= gpus]
+        if not fits:
+            return None
+        node = max(fits, key=lambda n: (len(self.free[n]), -self.order.index(n)))
+        chosen = sorted(self.free[node])[:gpus]
+        self.free[node] -= set(chosen)
+        return node, chosen
+
+    def release(self, pod: Mapping[str, Any]) -> None:
+        node = _map(pod.get("spec")).get("nodeName")
+        if node in self.free:
+            self.free[node] |= set(pod_gpus(pod))
+
+
+def _pod_manifest(dgd: Mapping[str, Any], comp: ComponentSpec, ordinal: int,
+                  placed: tuple[str, list[int]] | None) -> Obj:
+    meta = _map(dgd.get("metadata"))
+    dgd_name = str(meta.get("name"))
+    annotations = dict(comp.annotations)
+    spec: Obj = {"containers": [{"name": "main", "image": comp.image or "twin",
+                                 "resources": {"limits": {GPU_RESOURCE: str(comp.gpus)}} if comp.gpus else {}}],
+                 "restartPolicy": "Always"}
+    status: Obj = {"phase": "Pending"}
+    if placed is not None:
+        spec["nodeName"] = placed[0]
+        annotations[GPUS_ANNOTATION] = ",".join(str(i) for i in placed[1])
+        status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    else:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": f"0 nodes have {comp.gpus} free {GPU_RESOURCE}"}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": f"{dgd_name}-{comp.name}-{comp.template_hash[:6]}-{ordinal}".lower(),
+            "namespace": meta.get("namespace", "default"),
+            "labels": {**comp.labels, LABEL_DGD_NAME: dgd_name, LABEL_COMPONENT: comp.name,
+                       HASH_LABEL: comp.template_hash},
+            "annotations": annotations,
+            "ownerReferences": [{"apiVersion": dgd.get("apiVersion"), "kind": dgd.get("kind"), "name": dgd_name,
+                                 "uid": meta.get("uid", ""), "controller": True}],
+        },
+        "spec": spec,
+        "status": status,
+    }
+
+
+def _next_status(pod: Mapping[str, Any]) -> Obj | None:
+    """The kubelet's step: a scheduled Pending pod starts; a Running pod becomes Ready."""
+    if not _map(pod.get("spec")).get("nodeName"):
+        return None
+    if _phase(pod) == "Pending":
+        return {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                   {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}]}
+    if _phase(pod) == "Running" and not _ready(pod):
+        return {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                   {"type": "Ready", "status": "True"}]}
+    return None
+
+
+def _ordinals(pods: Sequence[Mapping[str, Any]]) -> set[int]:
+    out = set()
+    for p in pods:
+        tail = str(_map(p.get("metadata")).get("name", "")).rsplit("-", 1)[-1]
+        if tail.isdigit():
+            out.add(int(tail))
+    return out
+
+
+def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
+              nodes: Mapping[str, int]) -> Plan:
+    """The whole desired state for one pass. ``nodes``: node name -> GPU count, in scheduling order."""
+    plan = Plan()
+    sched = _Scheduler(nodes, pods)
+    by_dgd: dict[str, list[Mapping[str, Any]]] = {}
+    for p in pods:
+        owner = _map(_map(p.get("metadata")).get("labels")).get(LABEL_DGD_NAME)
+        if owner:
+            by_dgd.setdefault(str(owner), []).append(p)
+    for dgd in sorted(dgds, key=lambda d: str(_map(d.get("metadata")).get("name"))):
+        _reconcile_dgd(dgd, by_dgd.get(str(_map(dgd.get("metadata")).get("name")), []), sched, plan)
+    names = {str(_map(d.get("metadata")).get("name")) for d in dgds}
+    for owner, owned in by_dgd.items():
+        if owner not in names:  # the DGD is gone: garbage-collect its pods
+            plan.deletes.extend(str(_map(p.get("metadata")).get("name")) for p in owned)
+    return plan
+
+
+def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched: _Scheduler, plan: Plan) -> None:
+    meta = _map(dgd.get("metadata"))
+    name = str(meta.get("name"))
+    comps = components(dgd)
+    comp_status: dict[str, Obj] = {}
+    all_done = True
+    by_comp: dict[str, list[Mapping[str, Any]]] = {}
+    for p in pods:
+        by_comp.setdefault(str(_map(_map(p.get("metadata")).get("labels")).get(LABEL_COMPONENT)), []).append(p)
+    known = {c.name for c in comps}
+    for cname, owned in by_comp.items():
+        if cname not in known:  # a component removed from the spec
+            for p in owned:
+                plan.deletes.append(str(_map(p.get("metadata")).get("name")))
+                sched.release(p)
+    for comp in comps:
+        owned = sorted(by_comp.get(comp.name, []), key=lambda p: str(_map(p.get("metadata")).get("name")))
+        current = [p for p in owned if _map(_map(p.get("metadata")).get("labels")).get(HASH_LABEL) == comp.template_hash]
+        old = [p for p in owned if p not in current]
+        deleted: set[str] = set()
+
+        def delete(p: Mapping[str, Any]) -> None:
+            pname = str(_map(p.get("metadata")).get("name"))
+            plan.deletes.append(pname)
+            deleted.add(pname)
+            sched.release(p)
+
+        # Scale down: surplus pods of the current template go at once, not-ready ones first.
+        surplus = len(current) - comp.replicas
+        for p in sorted(current, key=lambda p: (_ready(p), str(_map(p.get("metadata")).get("name"))))[:max(0, surplus)]:
+            delete(p)
+        current = [p for p in current if str(_map(p.get("metadata")).get("name")) not in deleted]
+        # Old pods that are not ready serve nothing: remove them now.
+        for p in [p for p in old if not _ready(p)]:
+            delete(p)
+        old = [p for p in old if str(_map(p.get("metadata")).get("name")) not in deleted]
+        missing = comp.replicas - len(current)
+        if missing > 0:
+            # Rolling (old pods still serving): surge one at a time; otherwise create them all.
+            rolling = bool(old)
+            if not rolling or all(_ready(p) for p in current):
+                ordinals = _ordinals(current)
+                for _ in range(1 if rolling else missing):
+                    ordinal = next(i for i in range(len(ordinals) + 1) if i not in ordinals)
+                    ordinals.add(ordinal)
+                    pod = _pod_manifest(dgd, comp, ordinal, sched.place(comp.gpus))
+                    plan.creates.append(pod)
+        ready_now = sum(1 for p in current if _ready(p)) + sum(1 for p in old if _ready(p))
+        if old and ready_now > comp.replicas:
+            delete(old[0])
+            old = old[1:]
+        for p in current:
+            pname = str(_map(p.get("metadata")).get("name"))
+            if not _map(p.get("spec")).get("nodeName"):
+                placed = sched.place(comp.gpus)
+                if placed is not None:
+                    plan.placements[pname] = placed
+                continue
+            nxt = _next_status(p)
+            if nxt is not None:
+                plan.pod_status[pname] = nxt
+        ready = sum(1 for p in current if _ready(p))
+        done = not old and len(current) == comp.replicas and ready == comp.replicas
+        all_done &= done
+        comp_status[comp.name] = {
+            "replicas": len(current) + len(old), "readyReplicas": ready + sum(1 for p in old if _ready(p)),
+            "updatedReplicas": len(current), "componentType": comp.type,
+            "rollout": {"phase": "Completed" if done else "InProgress"},
+        }
+    prev = _map(dgd.get("status"))
+    was_ready = any(_map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+                    for c in prev.get("conditions") or [])
+    status: Obj = {
+        "observedGeneration": _int(meta.get("generation"), 1),
+        "state": "successful" if all_done else "pending",
+        "rollingUpdate": {"phase": "Completed" if all_done else "InProgress"},
+        "services": comp_status,
+        "conditions": [{"type": "Ready", "status": "True" if all_done else "False",
+                        "reason": "AllComponentsReady" if all_done else "RolloutInProgress"}],
+    }
+    plan.dgd_status[name] = status
+    events: list[Event] = []
+    if all_done and not was_ready:
+        events.append(Event("DynamoGraphDeployment", name, "RolloutCompleted",
+                            "every component has its desired replicas ready on the current template"))
+    elif was_ready and not all_done:
+        events.append(Event("DynamoGraphDeployment", name, "RolloutStarted",
+                            f"generation {status['observedGeneration']}: rolling pods"))
+    plan.status_events[name] = events

@@ -1,0 +1,92 @@
+"""The twin's cluster shape: GPU nodes, their racks, and the Node objects seeded into the API server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+RACK_LABEL = "powerfleet.io/rack"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+TWIN_LABEL = "powerfleet.io/twin"
+MIN_NODES, MAX_NODES = 1, 64
+
+# H100 SXM figures (../shared/research/power_sim.md section 2): limits 200..700 W, default 700 W.
+GPU_MIN_W, GPU_MAX_W, GPU_DEFAULT_W = 200, 700, 700
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+@dataclass(frozen=True)
+class TwinSpec:
+    """How big the twin is. ``nodes`` 1..64; the first half of the nodes is rack-a, the rest rack-b."""
+
+    nodes: int = 4
+    gpus_per_node: int = 8
+    seed: int = 0
+    namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        if not MIN_NODES <= self.nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be between {MIN_NODES} and {MAX_NODES}, got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= 16:
+            raise ValueError(f"gpus_per_node must be between 1 and 16, got {self.gpus_per_node}")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [node_name(i) for i in range(self.nodes)]
+
+    def rack_of(self, node: str) -> str:
+        index = self.node_names.index(node)
+        # ceil(n/2) nodes in rack-a, so one node is a one-rack cluster.
+        return "rack-a" if index < (self.nodes + 1) // 2 else "rack-b"
+
+    @property
+    def racks(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for n in self.node_names:
+            out.setdefault(self.rack_of(n), []).append(n)
+        return out
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def node_name(index: int) -> str:
+    return f"twin-gpu-{index:02d}"
+
+
+def gpu_uuid(node: str, index: int, seed: int = 0) -> str:
+    """A stable, UUID-shaped GPU id (``GPU-`` prefix as NVML prints it) for one twin GPU."""
+    import hashlib
+
+    h = hashlib.sha256(f"{seed}/{node}/{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def node_object(spec: TwinSpec, name: str) -> dict[str, Any]:
+    gpus = str(spec.gpus_per_node)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                RACK_LABEL: spec.rack_of(name),
+                GPU_PRODUCT_LABEL: GPU_PRODUCT,
+                GPU_COUNT_LABEL: gpus,
+                TWIN_LABEL: "true",
+            },
+        },
+        "spec": {},
+        "status": {
+            "capacity": {"nvidia.com/gpu": gpus, "cpu": "128", "memory": "2Ti"},
+            "allocatable": {"nvidia.com/gpu": gpus, "cpu": "126", "memory": "1984Gi"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def node_objects(spec: TwinSpec) -> list[dict[str, Any]]:
+    return [node_object(spec, n) for n in spec.node_names]

@@ -1,0 +1,144 @@
+"""The twin operator: the pure program's rollouts and scheduling, and the writer through the official client."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from powerfleet.cluster.dgd import LABEL_COMPONENT, POWER_ANNOTATION
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
+from powerfleet.twin.operator import GPUS_ANNOTATION, HASH_LABEL, components, pod_gpus, reconcile
+from powerfleet.twin.topology import TwinSpec, node_objects
+from powerfleet.twin.writer import OperatorLoop
+
+SPEC = TwinSpec(nodes=2)
+NODES = {n: 8 for n in SPEC.node_names}
+
+
+def _apply(plan, pods, dgds):
+    """Apply a plan to in-memory objects as the API server would (for pure-program tests)."""
+    pods = {p["metadata"]["name"]: copy.deepcopy(p) for p in pods}
+    for name in plan.deletes:
+        pods.pop(name, None)
+    for p in plan.creates:
+        pods[p["metadata"]["name"]] = copy.deepcopy(p)
+    for name, (node, gpus) in plan.placements.items():
+        pods[name]["spec"]["nodeName"] = node
+        pods[name]["metadata"]["annotations"][GPUS_ANNOTATION] = ",".join(map(str, gpus))
+    for name, st in plan.pod_status.items():
+        pods[name]["status"] = st
+    for d in dgds:
+        d["status"] = plan.dgd_status[d["metadata"]["name"]]
+    return list(pods.values())
+
+
+def _settle(dgds, pods, passes=12):
+    for _ in range(passes):
+        pods = _apply(reconcile(dgds, pods, NODES), pods, dgds)
+    return pods
+
+
+def _with_generation(dgds):
+    for d in dgds:
+        d["metadata"]["generation"] = d["metadata"].get("generation", 1)
+    return dgds
+
+
+def test_components_read_the_services_form() -> None:
+    disagg = dgd_manifests(SPEC)[0]
+    comps = {c.name: c for c in components(disagg)}
+    assert comps["prefill"].type == "prefill" and comps["prefill"].gpus == 2
+    assert comps["planner"].gpus == 0 and comps["decode"].annotations[POWER_ANNOTATION] == "450"
+
+
+def test_pods_go_pending_running_ready_and_status_settles() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    plan = reconcile(dgds, [], NODES)
+    assert plan.creates and all(p["status"]["phase"] == "Pending" for p in plan.creates)
+    assert plan.dgd_status[DISAGG]["rollingUpdate"]["phase"] == "InProgress"
+    pods = _apply(plan, [], dgds)
+    pods = _apply(reconcile(dgds, pods, NODES), pods, dgds)
+    assert all(p["status"]["phase"] == "Running" for p in pods)
+    plan = reconcile(dgds, pods, NODES)
+    pods = _apply(plan, pods, dgds)
+    final = reconcile(dgds, pods, NODES)
+    assert not final.creates and not final.deletes and not final.pod_status
+    st = final.dgd_status[AGG]
+    assert st["observedGeneration"] == 1 and st["state"] == "successful"
+    assert st["services"]["worker"] == {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
+                                        "componentType": "worker", "rollout": {"phase": "Completed"}}
+    assert [e.reason for e in final.status_events[AGG]] == ["RolloutCompleted"]
+
+
+def test_gpus_are_never_double_allocated_and_spread_over_nodes() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    pods = _settle(dgds, [])
+    used = [(p["spec"]["nodeName"], g) for p in pods for g in pod_gpus(p)]
+    assert len(used) == len(set(used)) == 1 * 2 + 1 * 2 + 2 * 1  # prefill 1x2, decode 1x2, worker 2x1
+    assert {n for n, _ in used} == set(SPEC.node_names)
+
+
+def test_template_change_rolls_pods_surge_one_keeping_ready_count() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    pods = _settle(dgds, [])
+    agg = dgds[1]
+    agg["spec"]["services"]["worker"]["extraPodMetadata"]["annotations"][POWER_ANNOTATION] = "400"
+    agg["metadata"]["generation"] = 2
+    seen_ready = []
+    for _ in range(20):
+        plan = reconcile(dgds, pods, NODES)
+        pods = _apply(plan, pods, dgds)
+        workers = [p for p in pods if p["metadata"]["labels"][LABEL_COMPONENT] == "worker"
+                   and p["metadata"]["labels"]["nvidia.com/dynamo-graph-deployment-name"] == AGG]
+        seen_ready.append(sum(1 for p in workers if any(c["type"] == "Ready" and c["status"] == "True"
+                                                         for c in p["status"].get("conditions", []))))
+    assert min(seen_ready) >= 2  # maxUnavailable 0
+    assert all(p["metadata"]["annotations"][POWER_ANNOTATION] == "400" for p in workers) and len(workers) == 2
+    assert dgds[1]["status"]["observedGeneration"] == 2 and dgds[1]["status"]["state"] == "successful"
+
+
+def test_scale_down_and_unschedulable_pods_wait_for_room() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    pods = _settle(dgds, [])
+    dgds[1]["spec"]["services"]["worker"]["replicas"] = 20  # 20 GPUs wanted, 16 - 4 (prefill, decode) free
+    pods = _settle(dgds, pods)
+    workers = [p for p in pods if p["metadata"]["name"].startswith(f"{AGG}-worker")]
+    pending = [p for p in workers if not p["spec"].get("nodeName")]
+    assert len(workers) == 20 and len(pending) == 8
+    assert dgds[1]["status"]["services"]["worker"]["readyReplicas"] == 12
+    dgds[1]["spec"]["services"]["worker"]["replicas"] = 1
+    pods = _settle(dgds, pods)
+    workers = [p for p in pods if p["metadata"]["name"].startswith(f"{AGG}-worker")]
+    assert len(workers) == 1 and workers[0]["spec"].get("nodeName")
+
+
+@pytest.fixture
+def twin_api(tmp_path: Path):
+    with ApiServer() as api:
+        for obj in node_objects(SPEC) + dgd_manifests(SPEC):
+            api.apply(obj)
+        yield api, str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
+def test_writer_persists_through_the_official_client_and_skips_unchanged_status(twin_api) -> None:
+    api, kubeconfig = twin_api
+    loop = OperatorLoop(kubeconfig)
+    try:
+        for _ in range(4):
+            loop.run_once()
+        dgd = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", AGG)
+        assert dgd["status"]["state"] == "successful" and dgd["status"]["observedGeneration"] == 1
+        events = [e["reason"] for e in api.list("v1", "Event")]
+        assert events.count("RolloutCompleted") == 2 and "Scheduled" in events
+        rv = dgd["metadata"]["resourceVersion"]
+        quiet = loop.run_once()
+        assert quiet.status_writes == 0 and not quiet.events and not quiet.errors
+        assert api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", AGG)["metadata"]["resourceVersion"] == rv
+        pods = api.list("v1", "Pod")
+        assert all(p["status"]["phase"] == "Running" for p in pods) and all(HASH_LABEL in p["metadata"]["labels"]
+                                                                            for p in pods)
+    finally:
+        loop.stop()
