@@ -170,6 +170,36 @@ class RetuneConfig(_Strict):
         return self
 
 
+class AgentConfig(_Strict):
+    """The node agent (docs/agent.md). The node name comes from ``agent --node``."""
+
+    # Cap for a GPU whose pods' annotations are invalid or disagree (about 70% of the default TGP).
+    safe_default_watts: int = Field(500, ge=1, le=100_000)
+    state_dir: str = "/var/lib/powerfleet-agent"  # managed_gpus.json; a hostPath in the chart
+    proc_root: str = "/proc"  # the host's /proc (hostPID, or mounted read-only)
+    namespaces: list[str] = Field(default_factory=list)  # pods listed/watched here only; empty: all
+    gpu_backend: Literal["nvml", "simulated"] = "nvml"
+    simulated_dir: str | None = None  # simulated backend: <dir>/<node>.json, shared with the twin
+    kubeconfig: str | None = None  # None: the in-cluster service account
+    watch: bool = True  # run a pass as soon as an annotated pod on the node changes
+    probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)
+    probe_address: str = "127.0.0.1"
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespace_names(cls, v: list[str]) -> list[str]:
+        for ns in v:
+            if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", ns):
+                raise ValueError(f"{ns!r} is not a valid namespace name")
+        return v
+
+    @model_validator(mode="after")
+    def _simulated_needs_dir(self) -> "AgentConfig":
+        if self.gpu_backend == "simulated" and not self.simulated_dir:
+            raise ValueError("gpu_backend 'simulated' needs simulated_dir")
+        return self
+
+
 class FleetConfig(_Strict):
     broker: BrokerConfig = BrokerConfig()
     beat: BeatConfig = BeatConfig()
@@ -177,7 +207,8 @@ class FleetConfig(_Strict):
     flower: FlowerConfig = FlowerConfig()
     metrics: MetricsConfig = MetricsConfig()
     retune: RetuneConfig = RetuneConfig()
-    # GPU nodes; each gets a queue node.<name> consumed by its agent.
+    agent: AgentConfig = AgentConfig()
+    # GPU nodes always sent a reconcile pass (optional: live agents are found by their heartbeat).
     nodes: list[str] = Field(default_factory=list)
     # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).
     prefetch_multiplier: int = Field(4, ge=1, le=64)
