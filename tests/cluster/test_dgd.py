@@ -79,7 +79,7 @@ def test_status_subset():
         (lambda o: o.__setitem__("spec", {}), "spec.components"),
         (lambda o: o["spec"].__setitem__("components", {"a": 1}), "spec.components"),
         (lambda o: o["spec"]["components"][0].pop("name"), "spec.components[0].name"),
-        (lambda o: o["spec"]["components"][0].pop("type"), "spec.components[name=frontend].type"),
+        (lambda o: o["spec"]["components"][0].__setitem__("type", "router"), "spec.components[name=frontend].type"),
         (lambda o: o["spec"]["components"].append(dict(o["spec"]["components"][0])), "spec.components[name=frontend]"),
         (lambda o: o["spec"]["components"][1].__setitem__("replicas", -1), "spec.components[name=prefill].replicas"),
         (lambda o: o["spec"]["components"][1]["podTemplate"]["metadata"]["annotations"].__setitem__(

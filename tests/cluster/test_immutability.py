@@ -73,8 +73,10 @@ def test_node_count_added_removed_changed():
     one = dgd_obj(component("decode", "decode", cap="300", node_count=1))
     two = dgd_obj(component("decode", "decode", cap="300", node_count=2))
     path = "spec.components[name=decode].multinode.nodeCount"
-    assert [(v.path, v.old, v.new) for v in check(base, one)] == [(path, None, 1)]
+    # effective values compare (absent = 1); the raw value is reported (absent = None)
+    assert check(base, one) == [] and check(one, base) == []
     assert [(v.path, v.old, v.new) for v in check(two, base)] == [(path, 2, None)]
+    assert check(two, base)[0].line() == f"{path}: 2 -> <absent>"
     assert [(v.path, v.old, v.new) for v in check(one, two)] == [(path, 1, 2)]
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 
@@ -19,10 +18,12 @@ def _read_dgd_file(path: Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}")
+    from powerfleet.cluster.manifests import ManifestError, load_document
+
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        fail(f"{path} is not valid YAML or JSON: {str(exc).splitlines()[0]}")
+        doc = load_document(text)  # refuses duplicate keys, as kubectl does
+    except ManifestError as exc:
+        fail(f"{path} is not valid YAML or JSON: {exc}")
     if not isinstance(doc, dict):
         fail(f"{path} does not hold a DGD object")
     return doc

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from powerfleet.cluster.errors import DGDFormatError
 
 DGD_GROUP = "nvidia.com"
-DGD_VERSION = "v1alpha1"
+DGD_VERSION = "v1alpha1"  # the oldest served version; KubeCluster discovers which ones the cluster serves
+DGD_VERSIONS = ("v1beta1", "v1alpha1")  # preference order
 DGD_PLURAL = "dynamographdeployments"
 DGD_KIND = "DynamoGraphDeployment"
 DGD_API_VERSION = f"{DGD_GROUP}/{DGD_VERSION}"
@@ -39,10 +40,20 @@ MAIN_CONTAINER = "main"
 
 
 class ComponentType(StrEnum):
+    """Every component type seen in Dynamo's own manifests. Only the worker-like three can
+    carry power inputs; the rest (and an untyped v1beta1 component) are read and ignored."""
+
     FRONTEND = "frontend"
     PREFILL = "prefill"
     DECODE = "decode"
     WORKER = "worker"
+    PLANNER = "planner"
+    EPP = "epp"
+    DEFAULT = "default"
+    MAIN = "main"
+
+
+WORKER_LIKE = frozenset({ComponentType.WORKER, ComponentType.PREFILL, ComponentType.DECODE})
 
 
 class RolloutPhase(StrEnum):
@@ -73,11 +84,16 @@ class Component(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    type: ComponentType
+    type: ComponentType | None  # None: untyped (v1beta1 ``type`` is optional)
+    sub_type: ComponentType | None = None  # v1alpha1 ``subComponentType`` (prefill/decode of a worker)
     replicas: int
     gpus_per_pod: int  # effective main-container GPU count: limits, else requests, else 0
     gpu_source: Literal["limits", "requests"] | None
     node_count: int | None  # as declared; None when multinode.nodeCount is absent
+    # DRA: names in the main container's ``resources.claims``, and whether the pod template
+    # declares ``resourceClaims``. A DRA-backed GPU has no count powerfleet can read.
+    gpu_claims: tuple[str, ...] = ()
+    pod_resource_claims: bool = False
     annotations: dict[str, str]
     labels: dict[str, str]
     paths: FieldPaths
@@ -85,6 +101,10 @@ class Component(BaseModel):
     @property
     def effective_node_count(self) -> int:
         return 1 if self.node_count is None else self.node_count
+
+    @property
+    def gpus_declared(self) -> bool:
+        return self.gpu_source is not None
 
     @property
     def gpu_path(self) -> str:
@@ -123,6 +143,8 @@ class DGD(BaseModel):
     uid: str = ""
     generation: int | None = None
     resource_version: str = ""
+    api_version: str = DGD_API_VERSION  # as read; writes go back through the same version
+    labels: dict[str, str] = {}
     form: Literal["components", "services"]
     components: tuple[Component, ...]
     status: DGDStatus = DGDStatus()
@@ -188,7 +210,9 @@ def _gpu_from(resources: Mapping[str, Any], key: str, base: str, component: str)
     )
 
 
-def _component_type(raw: Any, path: str, component: str) -> ComponentType:
+def _component_type(raw: Any, path: str, component: str) -> ComponentType | None:
+    if raw is None:
+        return None
     try:
         return ComponentType(raw)
     except ValueError:
@@ -213,6 +237,7 @@ def _parse_list_component(raw: Any, index: int) -> Component:
     base = f"spec.components[name={name}]"
     type_key = "type" if "type" in item or "componentType" not in item else "componentType"
     ctype = _component_type(item.get(type_key), f"{base}.{type_key}", name)
+    sub_type = _component_type(item.get("subComponentType"), f"{base}.subComponentType", name)
     replicas = _count(item.get("replicas", 1), f"{base}.replicas", name, what="of replicas")
     template = _mapping(item.get("podTemplate"), f"{base}.podTemplate", name)
     meta = _mapping(template.get("metadata"), f"{base}.podTemplate.metadata", name)
@@ -229,8 +254,10 @@ def _parse_list_component(raw: Any, index: int) -> Component:
         main = _mapping(containers[0], f"{base}.podTemplate.spec.containers[0]", name)
         main_name = str(main.get("name", "0"))
     cbase = f"{base}.podTemplate.spec.containers[name={main_name}].resources"
-    lim, req = _gpu_from(_mapping(main.get("resources"), cbase, name), GPU_RESOURCE, cbase, name)
+    main_resources = _mapping(main.get("resources"), cbase, name)
+    lim, req = _gpu_from(main_resources, GPU_RESOURCE, cbase, name)
     gpus, source = _effective_gpus(lim, req)
+    claims = _claim_names(main_resources, cbase, name)
     paths = FieldPaths(
         component=base,
         type=f"{base}.{type_key}",
@@ -240,26 +267,39 @@ def _parse_list_component(raw: Any, index: int) -> Component:
         gpu_requests=f"{cbase}.requests[{GPU_RESOURCE}]",
         node_count=f"{base}.multinode.nodeCount",
     )
-    return _component(item, name, ctype, replicas, gpus, source, meta, f"{base}.podTemplate.metadata.labels", paths)
+    return _component(item, name, (ctype, sub_type), replicas, (gpus, source), meta,
+                      f"{base}.podTemplate.metadata.labels", paths, (claims, bool(pod_spec.get("resourceClaims"))))
+
+
+def _claim_names(resources: Mapping[str, Any], base: str, component: str) -> tuple[str, ...]:
+    raw = resources.get("claims")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise DGDFormatError(f"{base}.claims", "expected a list", component=component)
+    return tuple(str(c.get("name", "")) if isinstance(c, Mapping) else str(c) for c in raw)
 
 
 def _component(
     item: Mapping[str, Any],
     name: str,
-    ctype: ComponentType,
+    types: tuple[ComponentType | None, ComponentType | None],
     replicas: int,
-    gpus: int,
-    source: Literal["limits", "requests"] | None,
+    gpus: tuple[int, Literal["limits", "requests"] | None],
     meta: Mapping[str, Any],
     labels_path: str,
     paths: FieldPaths,
+    dra: tuple[tuple[str, ...], bool],
 ) -> Component:
     return Component(
         name=name,
-        type=ctype,
+        type=types[0],
+        sub_type=types[1],
         replicas=replicas,
-        gpus_per_pod=gpus,
-        gpu_source=source,
+        gpus_per_pod=gpus[0],
+        gpu_source=gpus[1],
+        gpu_claims=dra[0],
+        pod_resource_claims=dra[1],
         node_count=_node_count(item, paths.component, name),
         annotations=_string_map(meta.get("annotations"), paths.annotations, name),
         labels=_string_map(meta.get("labels"), labels_path, name),
@@ -279,6 +319,7 @@ def _parse_service(name: str, raw: Any) -> Component:
     base = f"spec.services[{name}]"
     item = _mapping(raw, base, name)
     ctype = _component_type(item.get("componentType"), f"{base}.componentType", name)
+    sub_type = _component_type(item.get("subComponentType"), f"{base}.subComponentType", name)
     replicas = _count(item.get("replicas", 1), f"{base}.replicas", name, what="of replicas")
     meta = _mapping(item.get("extraPodMetadata"), f"{base}.extraPodMetadata", name)
     # Dynamo's own resources block (gpu: "N") wins over the main container's resources,
@@ -288,7 +329,9 @@ def _parse_service(name: str, raw: Any) -> Component:
     cbase = f"{base}.extraPodSpec.mainContainer.resources"
     extra = _mapping(item.get("extraPodSpec"), f"{base}.extraPodSpec", name)
     main = _mapping(extra.get("mainContainer"), f"{base}.extraPodSpec.mainContainer", name)
-    c_lim, c_req = _gpu_from(_mapping(main.get("resources"), cbase, name), GPU_RESOURCE, cbase, name)
+    main_resources = _mapping(main.get("resources"), cbase, name)
+    c_lim, c_req = _gpu_from(main_resources, GPU_RESOURCE, cbase, name)
+    claims = _claim_names(main_resources, cbase, name)
     if own_lim is not None or own_req is not None:
         gpus, source = _effective_gpus(own_lim, own_req)
         lim_path, req_path = f"{base}.resources.limits.gpu", f"{base}.resources.requests.gpu"
@@ -304,7 +347,8 @@ def _parse_service(name: str, raw: Any) -> Component:
         gpu_requests=req_path,
         node_count=f"{base}.multinode.nodeCount",
     )
-    return _component(item, name, ctype, replicas, gpus, source, meta, f"{base}.extraPodMetadata.labels", paths)
+    return _component(item, name, (ctype, sub_type), replicas, (gpus, source), meta,
+                      f"{base}.extraPodMetadata.labels", paths, (claims, bool(extra.get("resourceClaims"))))
 
 
 def _opt_int(value: Any) -> int | None:
@@ -391,6 +435,8 @@ def parse_dgd(obj: Mapping[str, Any]) -> DGD:
         uid=str(meta.get("uid") or ""),
         generation=_opt_int(meta.get("generation")),
         resource_version=str(meta.get("resourceVersion") or ""),
+        api_version=str(obj.get("apiVersion") or DGD_API_VERSION),
+        labels={str(k): str(v) for k, v in _mapping(meta.get("labels"), "metadata.labels").items()},
         form=form,
         components=tuple(components),
         status=parse_status(obj.get("status")),

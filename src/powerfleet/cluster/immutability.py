@@ -49,11 +49,20 @@ class ComponentPowerFields(BaseModel):
     name: str
     annotation: str | None
     annotation_path: str
-    gpus_per_pod: int
+    gpus_per_pod: int  # effective (absent = 0)
+    gpus_declared: bool = True  # False: no GPU count at all (reported as <absent>)
     gpu_path: str
-    node_count: int | None
+    node_count: int | None  # as declared (absent = None, effective 1)
     node_count_path: str
     component_path: str
+
+    @property
+    def effective_node_count(self) -> int:
+        return 1 if self.node_count is None else self.node_count
+
+    @property
+    def gpus_shown(self) -> int | None:
+        return self.gpus_per_pod if self.gpus_declared else None
 
     @classmethod
     def of(cls, c: Component) -> ComponentPowerFields:
@@ -62,6 +71,7 @@ class ComponentPowerFields(BaseModel):
             annotation=c.power_annotation,
             annotation_path=c.paths.annotation(),
             gpus_per_pod=c.gpus_per_pod,
+            gpus_declared=c.gpus_declared,
             gpu_path=c.gpu_path,
             node_count=c.node_count,
             node_count_path=c.paths.node_count,
@@ -81,9 +91,11 @@ def compare_component(old: ComponentPowerFields, new: ComponentPowerFields) -> l
     out: list[Violation] = []
     if old.annotation != new.annotation:
         out.append(Violation(path=new.annotation_path, old=old.annotation, new=new.annotation, component=new.name))
+    # Effective values are compared (absent GPUs = 0, absent nodeCount = 1), so spelling out a
+    # default is not a change; the raw values are reported, absent as <absent>.
     if old.gpus_per_pod != new.gpus_per_pod:
-        out.append(Violation(path=new.gpu_path, old=old.gpus_per_pod, new=new.gpus_per_pod, component=new.name))
-    if old.node_count != new.node_count:
+        out.append(Violation(path=new.gpu_path, old=old.gpus_shown, new=new.gpus_shown, component=new.name))
+    if old.effective_node_count != new.effective_node_count:
         out.append(Violation(path=new.node_count_path, old=old.node_count, new=new.node_count, component=new.name))
     return out
 
@@ -93,15 +105,24 @@ def _annotated(fields: ComponentPowerFields) -> bool:
 
 
 def validate_dgd_update(old: DGD, new: DGD) -> list[Violation]:
-    """Admission check for an update: violations for annotated components present in both."""
+    """Admission check for an update. Annotated components are matched by name; adding,
+    removing or renaming one is a violation (reported at the component path)."""
     out: list[Violation] = []
     new_by_name = {c.name: ComponentPowerFields.of(c) for c in new.components}
+    old_names = {c.name for c in old.components}
     for c in old.components:
         o = ComponentPowerFields.of(c)
         n = new_by_name.get(c.name)
-        if n is None or not (_annotated(o) or _annotated(n)):
+        if n is None:
+            # Removing (or renaming away) a power-aware component changes the power layout.
+            if _annotated(o):
+                out.append(Violation(path=o.component_path, old=c.name, new=None, component=c.name))
             continue
-        out.extend(compare_component(o, n))
+        if _annotated(o) or _annotated(n):
+            out.extend(compare_component(o, n))
+    for name, n in new_by_name.items():
+        if name not in old_names and _annotated(n):
+            out.append(Violation(path=n.component_path, old=None, new=name, component=name))
     return out
 
 

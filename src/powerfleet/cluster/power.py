@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from powerfleet.cluster.dgd import DGD, POWER_ANNOTATION, Component, ComponentType
+from powerfleet.cluster.dgd import DGD, POWER_ANNOTATION, WORKER_LIKE, Component, ComponentType
 from powerfleet.cluster.errors import PowerInputError
 
 # Surrounding ASCII whitespace is tolerated; the value itself is ASCII digits only
@@ -103,10 +103,19 @@ def component_power(component: Component, role: Role) -> RolePower:
     cap = parse_power_annotation(
         component.power_annotation, path=component.paths.annotation(), component=component.name
     )
+    if component.gpu_claims:
+        raise PowerInputError(
+            component.paths.component,
+            f"component {component.name!r} takes its GPUs through DRA resources.claims "
+            f"({', '.join(component.gpu_claims)}); their count cannot be read, so power awareness is refused",
+            component=component.name,
+        )
     if component.gpus_per_pod <= 0:
+        why = "DRA resourceClaims" if component.pod_resource_claims else "a CPU-only or mocker component"
         raise PowerInputError(
             component.gpu_path,
-            f"GPUs per pod is {component.gpus_per_pod}; a power-capped component needs at least one GPU",
+            f"component {component.name!r} requests no nvidia.com/gpu ({why}?); "
+            "power awareness is refused for a component without GPUs",
             component=component.name,
         )
     if component.node_count is not None and component.node_count <= 0:
@@ -124,40 +133,74 @@ def component_power(component: Component, role: Role) -> RolePower:
     )
 
 
-def power_relevant_components(dgd: DGD) -> dict[Role, Component]:
-    """Which component plays which power role. Raises PowerInputError on an ambiguous layout.
+def role_from_name(name: str) -> Role | None:
+    """A name that says prefill or decode (and not both), case-insensitively."""
+    low = name.lower()
+    pre, dec = "prefill" in low, "decode" in low
+    if pre != dec:
+        return Role.PREFILL if pre else Role.DECODE
+    return None
 
-    Disaggregated: exactly one ``prefill`` and one ``decode`` component, and no generic
-    ``worker``. Aggregated: no prefill/decode and exactly one ``worker``. Frontends never draw
-    GPU power here.
+
+def declared_role(c: Component) -> Role | None:
+    """prefill/decode from ``type``, or ``subComponentType`` of a worker; None otherwise."""
+    if c.type in (ComponentType.PREFILL, ComponentType.DECODE):
+        return Role(c.type.value)
+    if c.type is ComponentType.WORKER and c.sub_type in (ComponentType.PREFILL, ComponentType.DECODE):
+        return Role(c.sub_type.value)
+    return None
+
+
+def is_worker_like(c: Component) -> bool:
+    """Worker-like components carry power inputs: worker/prefill/decode, or an untyped
+    component whose name says prefill or decode. frontend, planner, epp, default, main don't."""
+    if c.type is None:
+        return role_from_name(c.name) is not None
+    return c.type in WORKER_LIKE
+
+
+def power_relevant_components(dgd: DGD) -> dict[Role, Component]:
+    """Which component plays which power role: the one role resolver that validation, GPU
+    counting and power resolution share. Raises PowerInputError on an ambiguous layout.
+
+    * one worker-like component (even a lone ``decode``): aggregated, role ``worker``;
+    * two: each resolves to prefill or decode from its ``type``, its ``subComponentType``,
+      or else its name ("VllmPrefillWorker", "decode"); exactly one of each is required;
+    * more than two: refused.
     """
-    by_type: dict[ComponentType, list[Component]] = {t: [] for t in ComponentType}
-    for c in dgd.components:
-        by_type[c.type].append(c)
-    for t in (ComponentType.PREFILL, ComponentType.DECODE, ComponentType.WORKER):
-        if len(by_type[t]) > 1:
-            extra = by_type[t][1]
-            raise PowerInputError(
-                extra.paths.type,
-                f"a second {t.value!r} component (first is {by_type[t][0].name!r}); one component per power role",
-                component=extra.name,
-            )
-    prefill, decode, worker = (by_type[ComponentType.PREFILL], by_type[ComponentType.DECODE], by_type[ComponentType.WORKER])
     list_path = "spec.components" if dgd.form == "components" else "spec.services"
-    if prefill or decode:
-        if worker:
+    workers = [c for c in dgd.components if is_worker_like(c)]
+    if not workers:
+        raise PowerInputError(list_path, "no worker-like component (worker, prefill or decode)")
+    if len(workers) == 1:
+        return {Role.WORKER: workers[0]}
+    if len(workers) > 2:
+        names = ", ".join(repr(c.name) for c in workers)
+        raise PowerInputError(
+            workers[2].paths.type,
+            f"{len(workers)} worker-like components ({names}); power awareness supports one (aggregated) "
+            "or a prefill/decode pair",
+            component=workers[2].name,
+        )
+    roles: dict[Role, Component] = {}
+    for c in workers:
+        role = declared_role(c) or role_from_name(c.name)
+        if role is None:
+            names = " and ".join(repr(w.name) for w in workers)
             raise PowerInputError(
-                worker[0].paths.type,
-                "a generic 'worker' next to prefill/decode components; cannot tell its power role",
-                component=worker[0].name,
+                c.paths.type,
+                f"two worker components ({names}) and {c.name!r} is neither typed prefill/decode, "
+                "nor has subComponentType, nor a name that says prefill or decode; power awareness is refused",
+                component=c.name,
             )
-        if not prefill or not decode:
-            missing = "prefill" if not prefill else "decode"
-            raise PowerInputError(list_path, f"disaggregated deployment has no {missing!r} component")
-        return {Role.PREFILL: prefill[0], Role.DECODE: decode[0]}
-    if worker:
-        return {Role.WORKER: worker[0]}
-    raise PowerInputError(list_path, "no prefill, decode or worker component")
+        if role in roles:
+            raise PowerInputError(
+                c.paths.type,
+                f"a second {role.value!r} component (first is {roles[role].name!r}); one component per power role",
+                component=c.name,
+            )
+        roles[role] = c
+    return {Role.PREFILL: roles[Role.PREFILL], Role.DECODE: roles[Role.DECODE]}
 
 
 def resolve_power_config(dgd: DGD) -> PowerConfig:

@@ -97,7 +97,9 @@ def settle(dgd: DGD, pods: Sequence[PodInfo]) -> Settlement:
     if failures:
         return Settlement(state=SettlementState.FAILED, reasons=tuple(failures))
     reasons: list[str] = []
-    if dgd.generation is not None and dgd.status.observed_generation != dgd.generation:
+    observed = dgd.status.observed_generation
+    # A controller may report a generation newer than the one we read (it saw a later write).
+    if dgd.generation is not None and (observed is None or observed < dgd.generation):
         reasons.append(
             f"status observedGeneration {dgd.status.observed_generation} is behind generation {dgd.generation}"
         )
