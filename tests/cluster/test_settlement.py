@@ -90,3 +90,10 @@ def test_partition_is_local_and_scoped():
 def test_invalid_power_inputs_raise():
     with pytest.raises(PowerInputError):
         settle(parse_dgd(disagg(decode_cap="abc", status=done())), pods())
+
+
+def test_observed_generation_ahead_of_generation_settles():
+    # a controller that already saw a later write reports a newer generation than we read
+    assert settle(parse_dgd(disagg(status={**done(), "observedGeneration": 2})), pods()).settled
+    missing = {k: v for k, v in done().items() if k != "observedGeneration"}
+    assert settle(parse_dgd(disagg(status=missing)), pods()).state is SettlementState.PENDING
