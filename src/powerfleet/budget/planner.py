@@ -1,0 +1,223 @@
+"""The pure budget planner: replica targets clamped to a GPU budget and a power budget.
+
+Order (docs/budget.md): GPU clamp (ceiling, then the optional floor), rollout hold, power
+clamp, staging of opposing rebalances, a final refill. Where the GPU floor and the power
+ceiling conflict the power ceiling wins and the floor violation is reported.
+
+Vocabulary: ``ready`` is the role's ready count (missing = baseline 0), ``proposed`` the
+count someone asked for (None = no opinion). A role without a proposal keeps its count, is
+charged at its ready count and answers None. A held scale-up answers None too ("leave as
+is"), so a hold never patches an in-flight rollout's desired count down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from powerfleet.budget.fit import fit, weighted
+
+
+class PlanError(ValueError):
+    """The input cannot be planned (bad numbers, or the minimum footprint does not fit)."""
+
+
+class Reason(StrEnum):
+    PROPOSAL_BELOW_MINIMUM = "proposal_raised_to_minimum"
+    GPU_BUDGET_CLAMPED = "gpu_budget_clamped"
+    GPU_SCALE_UP_SUPPRESSED = "gpu_budget_scale_up_suppressed"
+    GPU_FLOOR_RAISED = "gpu_floor_raised"
+    GPU_FLOOR_VIOLATED = "gpu_floor_violated"
+    ROLLOUT_HOLD = "rollout_scale_up_held"
+    POWER_CLAMPED = "power_budget_clamped"
+    POWER_OVER_BUDGET_SHRINK = "power_over_budget_shrink"
+    POWER_SCALE_UP_SUPPRESSED = "power_budget_scale_up_suppressed"
+    POWER_STAGED = "power_rebalance_staged"
+    OVER_BUDGET_UNREMEDIED = "power_over_budget_unremedied"
+
+
+@dataclass(frozen=True)
+class RoleFacts:
+    watts_per_replica: int
+    gpus_per_replica: int
+    min_replicas: int = 1
+    ready: int | None = None
+    proposed: int | None = None
+    rolling: bool = False
+
+
+@dataclass(frozen=True)
+class Budget:
+    power_limit_w: int
+    max_gpus: int = -1  # negative: no GPU ceiling
+    min_gpus: int = -1  # negative: no GPU floor
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: dict[str, int | None]  # None: leave as is
+    reasons: tuple[str, ...]
+    settled_w: int  # projected watts once the targets are reached
+    peak_w: int  # projected watts during the transition: per role max(current, target)
+    gpus: int
+    held: frozenset[str] = field(default_factory=frozenset)  # roles whose scale-up was held
+    staged_goal: dict[str, int] | None = None  # a staged rebalance's clamped goal (reached over evaluations)
+
+    def to_json(self) -> dict[str, object]:
+        return {"targets": self.targets, "reasons": list(self.reasons), "settled_w": self.settled_w,
+                "peak_w": self.peak_w, "gpus": self.gpus}
+
+
+def _validate(roles: Mapping[str, RoleFacts], budget: Budget) -> None:
+    if not roles:
+        raise PlanError("roles: at least one role is required")
+    if budget.power_limit_w < 0:
+        raise PlanError(f"budget.power_limit_w: {budget.power_limit_w} is negative")
+    for name, f in roles.items():
+        for what, v in (("watts_per_replica", f.watts_per_replica), ("gpus_per_replica", f.gpus_per_replica),
+                        ("min_replicas", f.min_replicas), ("ready", f.ready), ("proposed", f.proposed)):
+            if v is not None and v < 0:
+                raise PlanError(f"roles.{name}.{what}: {v} is negative")
+    min_w = sum(f.min_replicas * f.watts_per_replica for f in roles.values())
+    if min_w > budget.power_limit_w:
+        raise PlanError(f"the minimum footprint ({min_w} W) exceeds the power limit ({budget.power_limit_w} W)")
+    min_g = sum(f.min_replicas * f.gpus_per_replica for f in roles.values())
+    if 0 <= budget.max_gpus < min_g:
+        raise PlanError(f"the minimum footprint ({min_g} GPUs) exceeds the GPU ceiling ({budget.max_gpus})")
+
+
+class _State:
+    """The working targets of one plan: proposed roles move, the others stay at ready."""
+
+    def __init__(self, roles: Mapping[str, RoleFacts]) -> None:
+        self.roles = roles
+        self.cur = {r: f.ready or 0 for r, f in roles.items()}
+        self.proposed = [r for r, f in roles.items() if f.proposed is not None]
+        self.t = {r: self.cur[r] for r in roles}
+        self.reasons: list[str] = []
+        self.held: set[str] = set()
+        self.staged: dict[str, int] | None = None
+        for r in self.proposed:
+            p = roles[r].proposed
+            assert p is not None
+            self.t[r] = max(p, roles[r].min_replicas)
+            if p < roles[r].min_replicas:
+                self.note(Reason.PROPOSAL_BELOW_MINIMUM)
+
+    def note(self, reason: Reason) -> None:
+        if reason.value not in self.reasons:
+            self.reasons.append(reason.value)
+
+    def cost(self, attr: str) -> dict[str, int]:
+        return {r: getattr(f, attr) for r, f in self.roles.items()}
+
+    def clamp(self, attr: str, limit: int, clamped: Reason, shrink: Reason, suppressed: Reason) -> None:
+        """Lower proposed roles so sum(target * attr) <= limit; never below minimum, never up."""
+        cost = self.cost(attr)
+        if weighted(self.t, cost) <= limit or not self.proposed:
+            return
+        fixed = sum(self.cur[r] * cost[r] for r in self.roles if r not in self.proposed)
+        current_fits = weighted(self.cur, cost) <= limit
+        upper = {r: self.t[r] for r in self.proposed}
+        # When the current state fits, a clamp keeps each role between its current count and its
+        # proposal (it never turns a requested scale-up into a scale-down); else shrink to minimum.
+        lower = {r: min(upper[r], max(self.roles[r].min_replicas, min(upper[r], self.cur[r])) if current_fits
+                        else self.roles[r].min_replicas) for r in self.proposed}
+        got = fit(upper, lower, {r: cost[r] for r in self.proposed}, limit - fixed)
+        if got is None:
+            # Peers charged at their ready counts already exhaust the budget: hold, never grow.
+            for r in self.proposed:
+                self.t[r] = min(self.t[r], self.cur[r])
+                self.held.add(r)
+            self.note(suppressed)
+            return
+        self.t.update(got)
+        self.note(clamped if current_fits else shrink)
+
+    def watts(self) -> tuple[int, int]:
+        w = self.cost("watts_per_replica")
+        return weighted(self.t, w), sum(max(self.cur[r], self.t[r]) * w[r] for r in self.roles)
+
+
+def _gpu_floor(s: _State, budget: Budget) -> None:
+    g = s.cost("gpus_per_replica")
+    candidates = [r for r in s.proposed if g[r] > 0 and r not in s.held]
+    raised = False
+    while weighted(s.t, g) < budget.min_gpus and candidates:
+        r = min(candidates, key=lambda x: (s.t[x] * g[x], candidates.index(x)))
+        if 0 <= budget.max_gpus < weighted(s.t, g) + g[r]:
+            candidates.remove(r)
+            continue
+        s.t[r] += 1
+        raised = True
+    if raised:
+        s.note(Reason.GPU_FLOOR_RAISED)
+
+
+def _stage(s: _State, limit: int) -> None:
+    """An opposing rebalance whose transition peak does not fit: scale-downs now, scale-ups next time."""
+    ups = [r for r in s.proposed if s.t[r] > s.cur[r]]
+    downs = [r for r in s.proposed if s.t[r] < s.cur[r]]
+    if ups and downs and s.watts()[1] > limit:
+        s.staged = dict(s.t)
+        for r in ups:
+            s.t[r] = s.cur[r]
+            s.held.add(r)
+        s.note(Reason.POWER_STAGED)
+
+
+def _final_refill(s: _State, budget: Budget, upper: Mapping[str, int], rolling: bool) -> None:
+    """Give back replicas a later stage freed (e.g. the power clamp lowered a peer below what the
+    GPU clamp assumed), while every limit still holds. Skipped for a staged rebalance."""
+    if s.staged is not None:
+        return
+    g = s.cost("gpus_per_replica")
+    _, peak_now = s.watts()
+    peak_cap = max(budget.power_limit_w, peak_now)
+    for r in s.proposed:
+        while r not in s.held and s.t[r] < upper[r] and not (rolling and s.t[r] + 1 > s.cur[r]):
+            s.t[r] += 1
+            settled, peak = s.watts()
+            if settled > budget.power_limit_w or peak > peak_cap or (0 <= budget.max_gpus < weighted(s.t, g)):
+                s.t[r] -= 1
+                break
+
+
+def plan(roles: Mapping[str, RoleFacts], budget: Budget) -> Plan:
+    """Targets for ``roles`` under ``budget``. Raises PlanError when it cannot be planned."""
+    _validate(roles, budget)
+    s = _State(roles)
+    if budget.max_gpus >= 0:
+        s.clamp("gpus_per_replica", budget.max_gpus, Reason.GPU_BUDGET_CLAMPED, Reason.GPU_BUDGET_CLAMPED,
+                Reason.GPU_SCALE_UP_SUPPRESSED)
+    if budget.min_gpus >= 0:
+        _gpu_floor(s, budget)
+    upper = {r: s.t[r] for r in s.proposed}
+    rolling = any(f.rolling for f in roles.values())
+    if rolling:
+        for r in s.proposed:
+            if s.t[r] > s.cur[r]:
+                s.t[r] = s.cur[r]
+                s.held.add(r)
+                s.note(Reason.ROLLOUT_HOLD)
+    s.clamp("watts_per_replica", budget.power_limit_w, Reason.POWER_CLAMPED, Reason.POWER_OVER_BUDGET_SHRINK,
+            Reason.POWER_SCALE_UP_SUPPRESSED)
+    _stage(s, budget.power_limit_w)
+    _final_refill(s, budget, upper, rolling)
+    settled, peak = s.watts()
+    if settled > budget.power_limit_w:
+        s.note(Reason.OVER_BUDGET_UNREMEDIED)
+    gpus = weighted(s.t, s.cost("gpus_per_replica"))
+    if 0 <= budget.min_gpus and gpus < budget.min_gpus:
+        s.note(Reason.GPU_FLOOR_VIOLATED)
+    targets: dict[str, int | None] = {}
+    for r, f in roles.items():
+        t = s.t[r]
+        unproposed = f.proposed is None
+        held = r in s.held and t >= s.cur[r]
+        empty_hold = f.ready is None and t == 0  # a hold at a missing baseline never patches 0
+        targets[r] = None if unproposed or held or empty_hold else t
+    held_roles = frozenset(r for r in s.held if targets[r] is None)
+    return Plan(targets=targets, reasons=tuple(s.reasons), settled_w=settled, peak_w=peak, gpus=gpus, held=held_roles,
+                staged_goal=s.staged)

@@ -1,0 +1,161 @@
+"""The pure planner: rules, the seed's worked cases, and invariants over random inputs."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.budget.planner import Budget, Plan, PlanError, Reason, RoleFacts, plan
+
+BIG = 10**9
+
+
+def pair(p: RoleFacts, d: RoleFacts) -> dict[str, RoleFacts]:
+    return {"prefill": p, "decode": d}
+
+
+def R(w: int = 1, g: int = 1, mn: int = 1, ready: int | None = 1, proposed: int | None = None, rolling: bool = False) -> RoleFacts:
+    return RoleFacts(watts_per_replica=w, gpus_per_replica=g, min_replicas=mn, ready=ready, proposed=proposed,
+                     rolling=rolling)
+
+
+# --- the seed's worked cases ------------------------------------------------------------
+
+
+def test_opposing_rebalance_1p4d_to_4p1d_is_staged():
+    out = plan(pair(R(ready=1, proposed=4), R(ready=4, proposed=1)), Budget(5))
+    assert out.targets == {"prefill": None, "decode": 1}  # scale-down now, scale-up held (None)
+    assert Reason.POWER_STAGED in out.reasons and out.staged_goal == {"prefill": 4, "decode": 1}
+    assert out.peak_w == 5 and out.settled_w == 2
+    nxt = plan(pair(R(ready=1, proposed=4), R(ready=1, proposed=1)), Budget(5))
+    assert nxt.targets == {"prefill": 4, "decode": 1} and nxt.peak_w == 5
+
+
+def test_over_budget_4_1_proposal_5_5_clamps_to_2_3_peaks_4_3_and_is_staged():
+    roles = pair(R(w=2, ready=4, proposed=5), R(w=1, ready=1, proposed=5))
+    out = plan(roles, Budget(7))
+    assert out.staged_goal == {"prefill": 2, "decode": 3}
+    # the goal's transition peak is per role max(current, target) = (4, 3): 4*2 + 3*1 = 11 > 7
+    assert 4 * 2 + 3 * 1 > 7 and Reason.POWER_STAGED in out.reasons
+    assert out.targets == {"prefill": 2, "decode": None}
+    nxt = plan(pair(R(w=2, ready=2, proposed=5), R(w=1, ready=1, proposed=5)), Budget(7))
+    assert nxt.targets == {"prefill": 2, "decode": 3} and nxt.peak_w == 7
+
+
+def test_decode_only_proposal_is_sized_against_the_residual_gpu_ceiling():
+    out = plan(pair(R(ready=7), R(ready=1, proposed=7)), Budget(BIG, max_gpus=8))
+    assert out.targets == {"prefill": None, "decode": 1} and out.gpus == 8  # never (7, 4)
+
+
+def test_peer_alone_over_the_ceiling_holds_the_proposed_role_at_ready():
+    out = plan(pair(R(ready=9), R(ready=1, proposed=4)), Budget(BIG, max_gpus=8))
+    assert out.targets == {"prefill": None, "decode": None}  # held at min(4, 1) = 1: leave as is, never 0
+    assert Reason.GPU_SCALE_UP_SUPPRESSED in out.reasons
+
+
+# --- rules ----------------------------------------------------------------------------
+
+
+def test_unproposed_role_keeps_its_count_and_is_charged_at_ready():
+    out = plan(pair(R(w=100, ready=3), R(w=100, ready=2, proposed=6)), Budget(700))
+    assert out.targets == {"prefill": None, "decode": 4} and out.settled_w == 700
+
+
+def test_missing_current_is_baseline_zero_and_a_hold_there_never_patches_zero():
+    out = plan(pair(R(w=100, ready=8), R(w=100, ready=None, proposed=3)), Budget(800))
+    assert out.targets == {"prefill": None, "decode": None}
+    assert Reason.POWER_SCALE_UP_SUPPRESSED in out.reasons
+    grows = plan(pair(R(w=100, ready=2), R(w=100, ready=None, proposed=3)), Budget(800))
+    assert grows.targets["decode"] == 3
+
+
+def test_rollout_holds_scale_ups_and_lets_scale_downs_go():
+    out = plan(pair(R(ready=2, proposed=5, rolling=True), R(ready=4, proposed=2)), Budget(BIG))
+    assert out.targets == {"prefill": None, "decode": 2} and Reason.ROLLOUT_HOLD in out.reasons
+
+
+def test_clamps_never_go_below_minimum_and_refuse_an_unfittable_minimum():
+    out = plan(pair(R(w=100, mn=2, ready=2, proposed=10), R(w=100, mn=3, ready=3, proposed=10)), Budget(600))
+    assert out.targets == {"prefill": 3, "decode": 3} and out.settled_w == 600
+    with pytest.raises(PlanError, match=r"minimum footprint \(500 W\) exceeds the power limit \(400 W\)"):
+        plan(pair(R(w=100, mn=2), R(w=100, mn=3)), Budget(400))
+
+
+def test_over_budget_shrinks_without_growing_past_proposals_with_uneven_watts():
+    out = plan(pair(R(w=1000, ready=6, proposed=6), R(w=10, ready=50, proposed=40)), Budget(3000))
+    assert out.targets["prefill"] <= 6 and out.targets["decode"] <= 40
+    assert out.settled_w <= 3000 and Reason.POWER_OVER_BUDGET_SHRINK in out.reasons
+
+
+def test_gpu_floor_raises_proposed_roles_and_power_wins():
+    up = plan(pair(R(ready=1, proposed=1), R(ready=1, proposed=1)), Budget(BIG, max_gpus=10, min_gpus=6))
+    assert up.gpus == 6 and Reason.GPU_FLOOR_RAISED in up.reasons
+    capped = plan(pair(R(w=100, ready=1, proposed=1), R(w=100, ready=1, proposed=1)), Budget(400, max_gpus=10, min_gpus=6))
+    assert capped.gpus == 4 and Reason.GPU_FLOOR_VIOLATED in capped.reasons
+
+
+def test_aggregated_single_role():
+    out = plan({"worker": R(w=700, ready=2, proposed=9)}, Budget(4000))
+    assert out.targets == {"worker": 5} and out.settled_w == 3500
+
+
+# --- invariants -------------------------------------------------------------------------
+
+counts = st.integers(0, 12)
+
+
+@st.composite
+def cases(draw):
+    n = draw(st.integers(1, 2))
+    roles = {}
+    for name in ["prefill", "decode"][:n]:
+        mn = draw(st.integers(0, 2))
+        roles[name] = RoleFacts(
+            watts_per_replica=draw(st.integers(1, 1500)), gpus_per_replica=draw(st.integers(0, 8)), min_replicas=mn,
+            ready=draw(st.none() | counts), proposed=draw(st.none() | counts), rolling=draw(st.booleans()))
+    floor = draw(st.sampled_from([-1, -1, draw(st.integers(0, 40))]))
+    return roles, Budget(draw(st.integers(0, 30000)), draw(st.sampled_from([-1, draw(st.integers(0, 60))])), floor)
+
+
+def _fits(roles, budget, t):
+    w = sum(t[r] * f.watts_per_replica for r, f in roles.items())
+    g = sum(t[r] * f.gpus_per_replica for r, f in roles.items())
+    peak = sum(max(f.ready or 0, t[r]) * f.watts_per_replica for r, f in roles.items())
+    return w <= budget.power_limit_w and peak <= budget.power_limit_w and (budget.max_gpus < 0 or g <= budget.max_gpus)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(cases())
+def test_invariants(case):
+    roles, budget = case
+    try:
+        out: Plan = plan(roles, budget)
+    except PlanError:
+        mn_w = sum(f.min_replicas * f.watts_per_replica for f in roles.values())
+        mn_g = sum(f.min_replicas * f.gpus_per_replica for f in roles.values())
+        assert mn_w > budget.power_limit_w or 0 <= budget.max_gpus < mn_g
+        return
+    cur = {r: f.ready or 0 for r, f in roles.items()}
+    final = {r: cur[r] if out.targets[r] is None else out.targets[r] for r in roles}
+    rolling = any(f.rolling for f in roles.values())
+    for r, f in roles.items():
+        if f.proposed is None:
+            assert out.targets[r] is None  # unproposed roles stay null
+            continue
+        if out.targets[r] is not None:
+            assert out.targets[r] >= f.min_replicas  # never below its minimum
+            if budget.min_gpus < 0:
+                assert out.targets[r] <= max(f.proposed, f.min_replicas)  # never above the proposal
+            if rolling:
+                assert out.targets[r] <= cur[r]  # nothing scales up while rolling
+    if _fits(roles, budget, cur):  # whenever the ready state fits, the plan does too
+        assert out.settled_w <= budget.power_limit_w and out.peak_w <= budget.power_limit_w
+        if budget.max_gpus >= 0:
+            assert out.gpus <= budget.max_gpus
+        if Reason.POWER_STAGED not in out.reasons:
+            for r, f in roles.items():  # no needless shrink
+                t = out.targets[r]
+                if f.proposed is None or t is None or t >= max(f.proposed, f.min_replicas) or (rolling and t >= cur[r]):
+                    continue
+                assert not _fits(roles, budget, {**final, r: t + 1}), (r, out)
