@@ -57,7 +57,7 @@ def test_replay_window_speedup_and_no_sla() -> None:
     [
         (("--trace", "/nonexistent/t.jsonl", "--workers", "2"), "does not exist"),
         (("--trace", str(TINY), "--workers", "2", "--policy", "{bad"), "policy is not valid JSON"),
-        (("--trace", str(TINY), "--workers", "2", "--policy", '{"overlap_score_credit": 3}'), "overlap_score_credit"),
+        (("--trace", str(TINY), "--workers", "2", "--policy", '{"overlap_score_credit": -1}'), "overlap_score_credit"),
         (("--trace", str(TINY), "--workers", "2", "--sla", '{"itl_ms": 5}'), "SLA"),
         (("--trace", str(TINY), "--workers", "2", "--window", "abc"), "window"),
         (("--trace", str(TINY), "--workers", "0"), "--workers must be >= 1"),

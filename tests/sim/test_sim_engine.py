@@ -159,7 +159,7 @@ def test_profile_tables_load_and_interpolate(tmp_path: Path) -> None:
 def test_policy_and_sla_parsing_errors_say_what_was_wrong() -> None:
     assert parse_policy('{"temperature": 0.5}').temperature == 0.5
     with pytest.raises(ValueError, match="overlap_score_credit"):
-        parse_policy('{"overlap_score_credit": 1.5}')
+        parse_policy('{"overlap_score_credit": -0.5}')
     with pytest.raises(ValueError, match="not valid JSON"):
         parse_policy("{")
     with pytest.raises(ValueError, match="bogus"):

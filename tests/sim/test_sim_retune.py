@@ -31,7 +31,7 @@ def test_grid_ranges_and_missing_knobs() -> None:
     assert [p.prefill_load_scale for p in pts] == [0.5, 1.0, 1.5, 2.0]
     assert {p.temperature for p in pts} == {0.3}
     with pytest.raises(ValueError, match="overlap_score_credit"):
-        SweepGrid(overlap_score_credit=KnobSpec(choices=[0.5, 2.0])).points(RouterPolicy())
+        SweepGrid(overlap_score_credit=KnobSpec(choices=[0.5, -2.0])).points(RouterPolicy())
     with pytest.raises(ValueError, match="exactly one"):
         parse_grid({"temperature": {}})
     with pytest.raises(ValueError, match="extra|not permitted"):

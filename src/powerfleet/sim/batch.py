@@ -51,6 +51,17 @@ def steps_to_reach(a: float, b: float, x: float, kmax: int) -> int:
     return n
 
 
+def steps_done(w: Worker, now: float) -> int:
+    """Steps the worker has completed by ``now`` (inside a decode run: its finished steps)."""
+    if w.kind != DECODE_RUN or now <= w.t0:
+        return w.steps
+    x = now - w.t0
+    k = steps_to_reach(w.a, w.b, x, w.k)
+    if run_ms(w.a, w.b, k) > x:
+        k -= 1
+    return w.steps + k
+
+
 class Worker:
     """Queue, batch and pending step of one replica; its KV lives in ``cache``."""
 

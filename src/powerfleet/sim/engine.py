@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from powerfleet.sim.batch import IDLE, StepModel, Worker
+from powerfleet.sim.batch import IDLE, StepModel, Worker, steps_done
 from powerfleet.sim.cache import BlockCache, OffloadTiers
-from powerfleet.sim.policy import RouterPolicy, first_error, load_json_object
+from powerfleet.sim.policy import RouterOptions, RouterPolicy, first_error, load_json_object
 from powerfleet.sim.profile import TimingProfile
 from powerfleet.sim.request import Req
 from powerfleet.sim.router import Router
@@ -116,18 +116,25 @@ def simulate(
     prefill_speed: float = 1.0,
     decode_speed: float = 1.0,
     max_run_steps: int | None = None,
+    router: RouterOptions | None = None,
 ) -> EngineResult:
     """Replay requests (sorted by arrival, ms) over ``workers`` replicas; deterministic.
 
     ``max_run_steps`` caps how many decode steps one event may cover (``1`` = the naive
-    step-by-step simulation the tests compare event skipping against).
+    step-by-step simulation the tests compare event skipping against). ``router``: Dynamo's
+    further router options (all off by default).
     """
     n = len(arrivals)
     bt = engine.block_tokens
     capacity = max(1, profile.kv_capacity_tokens // bt)
     caches = build_caches(workers, capacity, engine)
     ws = [Worker(i, c) for i, c in enumerate(caches)]
-    router = Router(policy, caches, bt, router_seed)
+    pf = 1.0 / prefill_speed
+    rt = Router(
+        policy, caches, bt, router_seed, router, max_batched_tokens=engine.max_num_batched_tokens,
+        predict_prefill_ms=lambda tokens: profile.prefill_ms(tokens) * pf,
+        steps_at=lambda wid, now: steps_done(ws[wid], now),
+    )
     first = [math.nan] * n
     finish = [math.nan] * n
     where = [-1] * n
@@ -135,12 +142,13 @@ def simulate(
     dropped: dict[int, str] = {}
 
     def on_first(w: Worker, r: Req, t: float) -> None:
-        first[r.idx] = t
-        router.prefill_done(w.wid, r)
+        if math.isnan(first[r.idx]):  # a preempted request's second prefill is not a first token
+            first[r.idx] = t
+            rt.prefill_done(w.wid, r, t, w.steps)
 
     def on_finish(w: Worker, r: Req, t: float) -> None:
         finish[r.idx] = t
-        router.complete(w.wid, r)
+        rt.complete(w.wid, r)
 
     model = StepModel(
         profile.prefill_ms, profile.decode_ms, prefill_speed, decode_speed, engine.max_num_batched_tokens,
@@ -148,25 +156,11 @@ def simulate(
     )
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
-    i = 0
-    while i < n or heap:
-        if heap and (i >= n or heap[0][0] <= arrivals[i]):
-            t, _, wid, gen = heapq.heappop(heap)
-            w = ws[wid]
-            if gen != w.gen:
-                continue  # the run was cut by an arrival; a newer event replaced this one
-            model.advance(w, t)
-            if model.start(w, t):
-                seq += 1
-                heapq.heappush(heap, (w.end, seq, wid, w.gen))
-            continue
-        t = arrivals[i]
-        r = Req(i, t, isls[i], osls[i], hashes[i])
-        i += 1
-        if model.footprint(r) > capacity:
-            dropped[r.idx] = DROP_KV
-            continue
-        wid = router.route(r)
+
+    def place(r: Req, t: float) -> None:
+        """Route ``r`` at ``t``; it joins its worker's next step."""
+        nonlocal seq
+        wid = rt.route(r, t)
         w = ws[wid]
         where[r.idx] = wid
         w.routed += 1
@@ -180,10 +174,43 @@ def simulate(
             seq += 1
             heapq.heappush(heap, (w.end, seq, wid, w.gen))
 
+    i = 0
+    while i < n or heap:
+        if heap and (i >= n or heap[0][0] <= arrivals[i]):
+            t, _, wid, gen = heapq.heappop(heap)
+            w = ws[wid]
+            if gen != w.gen:
+                continue  # the run was cut by an arrival; a newer event replaced this one
+            model.advance(w, t)
+            if rt.held:  # completed prefills may have made room for held requests
+                while (r := rt.release(t)) is not None:
+                    place(r, t)
+            if w.kind == IDLE and model.start(w, t):
+                seq += 1
+                heapq.heappush(heap, (w.end, seq, wid, w.gen))
+            rt.observe(t)
+            continue
+        t = arrivals[i]
+        r = Req(i, t, isls[i], osls[i], hashes[i])
+        i += 1
+        if model.footprint(r) > capacity:
+            dropped[r.idx] = DROP_KV
+            continue
+        rt.observe(t)
+        if rt.held or rt.must_hold(t):
+            rt.hold(r)
+            while (r := rt.release(t)) is not None:
+                place(r, t)
+        else:
+            place(r, t)
+        rt.observe(t)
+
     for w in ws:  # nothing may vanish: anything still queued is reported
         for r in list(w.waiting) + w.prefilling + [e[2] for e in w.decoding]:
             if math.isnan(finish[r.idx]):
                 dropped[r.idx] = "not_scheduled"
+    for _, _, r in rt.held:
+        dropped[r.idx] = "not_scheduled"
 
     hit_blocks = [0] * n
     prompt_blocks = [0] * n

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,7 +32,9 @@ class RouterPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    overlap_score_credit: float = Field(1.0, ge=0.0, le=1.0)
+    # Dynamo 1.6.1 accepts any finite credit >= 0: above 1 a cached block counts for more
+    # than one uncached block (its --agentic preset uses 2).
+    overlap_score_credit: float = Field(1.0, ge=0.0)
     overlap_score_credit_decay: float = Field(0.0, ge=0.0)
     prefill_load_scale: float = Field(1.0, ge=0.0)
     temperature: float = Field(0.0, ge=0.0)
@@ -40,6 +42,46 @@ class RouterPolicy(BaseModel):
     disk_cache_hit_weight: float = 0.25
     shared_cache_multiplier: float = Field(0.0, ge=0.0, le=1.0)
     decode_active_request_weight: float = Field(0.0, ge=0.0)
+
+
+class RouterOptions(BaseModel):
+    """Dynamo router options beyond the eight cost knobs (same names, same meaning); every
+    default is Dynamo 1.6.1's ``KvRouterConfig`` default and turns the mechanism off.
+
+    * ``router_queue_threshold``: hold arrivals in a router queue while every worker's
+      pending prefill tokens exceed this fraction of ``max_num_batched_tokens``; release
+      them, in ``router_queue_policy`` order, as prefills complete (None: no queue).
+    * ``router_queue_policy``: ``fcfs`` (oldest first), ``lcfs`` (newest first) or ``wspt``
+      (shortest prompt first; Smith's rule with equal weights).
+    * ``router_prefill_load_model``: ``none`` (a prompt counts in full until its prefill
+      completes) or ``ais`` (the oldest pending prompt of a worker decays linearly over its
+      predicted prefill time, from the time it became the oldest).
+    * ``kv_event_lag_ms``: the router sees blocks stored and evicted this much later.
+    * ``router_track_output_blocks``: count a placeholder block per 512 tokens generated.
+    * ``router_tie_break``: equal costs go to the lowest index (``lowest``, powerfleet's
+      historical rule) or to a uniform pick from the router's seeded stream (``random``,
+      as Dynamo does, unseeded, at temperature 0).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    router_queue_threshold: float | None = Field(None, gt=0)
+    router_queue_policy: Literal["fcfs", "lcfs", "wspt"] = "fcfs"
+    router_prefill_load_model: Literal["none", "ais"] = "none"
+    kv_event_lag_ms: float = Field(0.0, ge=0)
+    router_track_output_blocks: bool = False
+    router_tie_break: Literal["lowest", "random"] = "lowest"
+
+
+def parse_router_options(text_or_obj: str | dict[str, Any] | None, what: str = "router") -> RouterOptions:
+    """Router options from JSON (any subset); errors name ``what`` and the field."""
+    if text_or_obj is None:
+        return RouterOptions()
+    obj = load_json_object(text_or_obj, what) if isinstance(text_or_obj, str) else dict(text_or_obj)
+    try:
+        return RouterOptions.model_validate(obj)
+    except ValidationError as exc:
+        raise ValueError(f"{what} {first_error(exc)}") from None
 
 
 class SLA(BaseModel):
@@ -91,26 +133,28 @@ def load_json_object(text: str, what: str) -> dict[str, Any]:
     return obj
 
 
-def parse_policy(text_or_obj: str | dict[str, Any] | None, base: RouterPolicy | None = None) -> RouterPolicy:
-    """A policy from JSON holding any subset of the eight fields; the rest from ``base``/defaults."""
+def parse_policy(text_or_obj: str | dict[str, Any] | None, base: RouterPolicy | None = None,
+                 what: str = "policy") -> RouterPolicy:
+    """A policy from JSON holding any subset of the eight fields; the rest from ``base``/defaults.
+    Errors start with ``what`` (the CLI passes its option name)."""
     if text_or_obj is None:
         return base or RouterPolicy()
-    obj = load_json_object(text_or_obj, "policy") if isinstance(text_or_obj, str) else dict(text_or_obj)
+    obj = load_json_object(text_or_obj, what) if isinstance(text_or_obj, str) else dict(text_or_obj)
     for k, v in obj.items():
         if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f"policy {k}: must be finite")
+            raise ValueError(f"{what} {k}: must be finite")
     merged = (base or RouterPolicy()).model_dump() | obj
     try:
         return RouterPolicy.model_validate(merged)
     except ValidationError as exc:
-        raise ValueError(f"policy {first_error(exc)}") from None
+        raise ValueError(f"{what} {first_error(exc)}") from None
 
 
-def parse_sla(text_or_obj: str | dict[str, Any] | None) -> SLA | None:
+def parse_sla(text_or_obj: str | dict[str, Any] | None, what: str = "SLA") -> SLA | None:
     if text_or_obj is None:
         return None
-    obj = load_json_object(text_or_obj, "SLA") if isinstance(text_or_obj, str) else dict(text_or_obj)
+    obj = load_json_object(text_or_obj, what) if isinstance(text_or_obj, str) else dict(text_or_obj)
     try:
         return SLA.model_validate(obj)
     except ValidationError as exc:
-        raise ValueError(f"SLA {first_error(exc)}") from None
+        raise ValueError(f"{what} {first_error(exc)}") from None

@@ -8,7 +8,7 @@ class Req:
 
     __slots__ = (
         "idx", "arrival", "isl", "osl", "hashes", "nhash", "hits", "dev_hits", "loaded", "left",
-        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits",
+        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits", "out_blocks", "done", "generated", "decode_from",
     )
 
     def __init__(self, idx: int, arrival: float, isl: int, osl: int, hashes: tuple[int, ...]) -> None:
@@ -29,3 +29,7 @@ class Req:
         self.onboard_ms = 0.0
         self.seq = 0  # routing order on its worker (the router's prefill queue)
         self.admits = 0  # times admitted to a batch (more than once after a preemption)
+        self.out_blocks = 0  # output blocks the router counts (router_track_output_blocks)
+        self.done = False
+        self.decode_from = 0  # worker step count when its first token came
+        self.generated = 0  # output tokens produced before a preemption (recomputed on readmission)

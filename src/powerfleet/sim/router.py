@@ -10,15 +10,23 @@ Cost per worker w, in blocks (lower is better; shared/research/dynamo.md section
 The load terms are the router's own bookkeeping of the requests it routed: prompt tokens
 not yet prefilled (its estimate of the uncached part), prompt blocks of active requests,
 active requests. The prefix terms are what the worker's KV events report.
+
+Dynamo's further router options (``policy.RouterOptions``; all off by default): a router
+queue that holds arrivals while every worker is busy, a prefill load that decays as the
+oldest pending prompt progresses, KV events seen late, output blocks counted as they are
+generated, and random tie-breaks from the seeded stream.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
+from collections import deque
+from collections.abc import Callable
 
 from powerfleet.sim.cache import BlockCache
-from powerfleet.sim.policy import RouterPolicy
+from powerfleet.sim.policy import RouterOptions, RouterPolicy
 from powerfleet.sim.request import Req
 
 
@@ -27,10 +35,25 @@ class Router:
 
     __slots__ = (
         "caches", "workers", "bt", "rng", "credit", "decay", "pls", "temp", "arw", "host_w", "disk_w",
-        "shared_w", "tiers", "prefill", "blocks", "active",
+        "shared_w", "tiers", "prefill", "blocks", "active", "opts", "random_ties", "views", "lag",
+        "pending_events", "ais", "predict_ms", "pending", "since", "track_out", "out_heaps", "steps_at",
+        "queue_limit", "held", "held_seq",
     )
 
-    def __init__(self, policy: RouterPolicy, caches: list[BlockCache], block_tokens: int, seed: int) -> None:
+    def __init__(
+        self,
+        policy: RouterPolicy,
+        caches: list[BlockCache],
+        block_tokens: int,
+        seed: int,
+        options: RouterOptions | None = None,
+        *,
+        max_batched_tokens: int = 8192,
+        predict_prefill_ms: Callable[[float], float] | None = None,
+        steps_at: Callable[[int, float], int] | None = None,
+    ) -> None:
+        opts = options or RouterOptions()
+        self.opts = opts
         self.caches = caches
         self.workers = len(caches)
         self.bt = block_tokens
@@ -48,9 +71,98 @@ class Router:
         self.prefill = [0] * n  # prompt tokens routed and not yet prefilled (router estimate)
         self.blocks = [0] * n  # prompt blocks of active requests
         self.active = [0] * n  # active requests
+        self.random_ties = opts.router_tie_break == "random"
+        # KV events seen late: the router matches prefixes against its own view of each
+        # cache, fed from the caches' journals and applied once the lag has passed.
+        self.lag = opts.kv_event_lag_ms
+        self.views: list[dict[int, int]] | None = None
+        self.pending_events: list[deque[tuple[float, int, int]]] = [deque() for _ in caches]
+        if self.lag > 0:
+            self.views = [{} for _ in caches]
+            for c in caches:
+                c.journal = []
+        # prefill load model "ais": the oldest pending prompt of each worker decays
+        self.ais = opts.router_prefill_load_model == "ais"
+        self.predict_ms = predict_prefill_ms or (lambda n: 0.0)
+        self.pending: list[deque[Req]] = [deque() for _ in caches]
+        self.since = [0.0] * n
+        # output blocks as they are generated
+        self.track_out = opts.router_track_output_blocks
+        self.out_heaps: list[list[tuple[int, int, Req]]] = [[] for _ in caches]
+        self.steps_at = steps_at or (lambda wid, now: 0)
+        # the router queue
+        thr = opts.router_queue_threshold
+        self.queue_limit = None if thr is None else thr * max_batched_tokens
+        self.held: list[tuple[float, int, Req]] = []
+        self.held_seq = 0
 
-    def costs(self, r: Req) -> tuple[list[float], list[int]]:
-        """Each worker's cost for ``r`` and the prefix the router counts there."""
+    # -- what the router sees ------------------------------------------------------------
+
+    def observe(self, t: float) -> None:
+        """Stamp cache changes made at ``t``; apply those whose lag has passed by ``t``."""
+        if self.views is None:
+            return
+        lag = self.lag
+        for wid, c in enumerate(self.caches):
+            q = self.pending_events[wid]
+            journal = c.journal
+            if journal:
+                vis = t + lag
+                for op, h in journal:
+                    q.append((vis, op, h))
+                journal.clear()
+            view = self.views[wid]
+            while q and q[0][0] <= t:
+                _, op, h = q.popleft()
+                if op > 0:
+                    view[h] = 1
+                else:
+                    view.pop(h, None)
+
+    def loads(self, now: float) -> list[float] | list[int]:
+        """Pending prefill tokens per worker; with ``ais`` the oldest decays over its
+        predicted prefill time."""
+        if not self.ais:
+            return self.prefill
+        out: list[float] = []
+        for wid, p in enumerate(self.prefill):
+            q = self.pending[wid]
+            if q:
+                head = q[0]
+                dur = self.predict_ms(head.router_prefill)
+                frac = (now - self.since[wid]) / dur if dur > 0 else 1.0
+                if frac > 1.0:
+                    frac = 1.0
+                p = p - head.router_prefill * frac
+            out.append(p)
+        return out
+
+    def _next_output_block(self, wid: int, r: Req) -> None:
+        """Schedule the worker step after which ``r``'s sequence crosses into its next block.
+
+        After worker step S (S >= decode_from) the request has produced g = 1 + S -
+        decode_from tokens; its output blocks are ceil((isl + g) / block) - prompt blocks.
+        """
+        bt = self.bt
+        g = (-(-r.isl // bt) + r.out_blocks) * bt - r.isl + 1
+        if g <= r.osl:
+            heapq.heappush(self.out_heaps[wid], (r.decode_from + g - 1, r.idx, r))
+
+    def _count_output_blocks(self, now: float) -> None:
+        for wid, heap in enumerate(self.out_heaps):
+            if not heap:
+                continue
+            step = self.steps_at(wid, now)
+            while heap and heap[0][0] <= step:
+                r = heapq.heappop(heap)[2]
+                if r.done:
+                    continue
+                r.out_blocks += 1
+                self.blocks[wid] += 1
+                self._next_output_block(wid, r)
+
+    def costs(self, r: Req, now: float = 0.0) -> tuple[list[float], list[int]]:
+        """Each worker's cost for ``r`` at ``now`` and the prefix the router counts there."""
         hs = r.hashes
         isl = r.isl
         bt = self.bt
@@ -60,14 +172,15 @@ class Router:
         tiers = self.tiers
         pls = self.pls
         arw = self.arw
-        prefill = self.prefill
+        prefill = self.loads(now)
         blocks = self.blocks
         active = self.active
+        views = self.views
         costs: list[float] = []
         overlaps: list[int] = []
         min_pf = min(prefill) if decay_knob > 0 else 0
         for wid, c in enumerate(self.caches):
-            cache = c.blocks
+            cache = c.blocks if views is None else views[wid]
             o = 0
             extra = 0.0
             if tiers:
@@ -100,7 +213,8 @@ class Router:
         return costs, overlaps
 
     def select(self, costs: list[float]) -> int:
-        """Temperature 0: the minimum (ties to the lowest index). Otherwise softmax over the
+        """Temperature 0: the minimum; ties to the lowest index, or (``router_tie_break``
+        random) a uniform pick among them from the seeded stream. Otherwise softmax over the
         costs normalised to [-1/T, 0], sampled with one draw from the seeded stream."""
         best = 0
         best_cost = math.inf
@@ -126,15 +240,21 @@ class Router:
                 best = int(self.rng.random() * n)
                 if best >= n:
                     best = n - 1
+        elif self.random_ties and n > 1:
+            ties = [i for i, c in enumerate(costs) if c == best_cost]
+            if len(ties) > 1:
+                best = ties[min(int(self.rng.random() * len(ties)), len(ties) - 1)]
         return best
 
-    def route(self, r: Req) -> int:
-        """Pick a worker for ``r`` and book its load there."""
-        costs, overlaps = self.costs(r)
+    def route(self, r: Req, now: float = 0.0) -> int:
+        """Pick a worker for ``r`` at ``now`` and book its load there."""
+        if self.track_out:
+            self._count_output_blocks(now)
+        costs, overlaps = self.costs(r, now)
         wid = self.select(costs)
         o = overlaps[wid]
         if not (self.credit > 0 or self.tiers):  # the prefix was not needed for the cost
-            c = self.caches[wid].blocks
+            c = self.caches[wid].blocks if self.views is None else self.views[wid]
             for h in r.hashes:
                 if h in c:
                     o += 1
@@ -146,11 +266,54 @@ class Router:
         self.prefill[wid] += r.router_prefill
         self.blocks[wid] += r.router_blocks
         self.active[wid] += 1
+        if self.ais:
+            q = self.pending[wid]
+            if not q:
+                self.since[wid] = now
+            q.append(r)
         return wid
 
-    def prefill_done(self, wid: int, r: Req) -> None:
+    def prefill_done(self, wid: int, r: Req, now: float = 0.0, step: int = 0) -> None:
+        """``r``'s first token came at ``now``, after the worker's step count ``step``."""
         self.prefill[wid] -= r.router_prefill
+        if self.ais:
+            q = self.pending[wid]
+            if q and q[0] is r:
+                q.popleft()
+                self.since[wid] = now  # the next oldest starts to decay now
+            elif r in q:
+                q.remove(r)
+        if self.track_out and r.osl > 1:
+            r.decode_from = step
+            self._next_output_block(wid, r)
 
     def complete(self, wid: int, r: Req) -> None:
-        self.blocks[wid] -= r.router_blocks
+        self.blocks[wid] -= r.router_blocks + r.out_blocks
         self.active[wid] -= 1
+        r.done = True
+
+    # -- the router queue ----------------------------------------------------------------
+
+    def must_hold(self, now: float) -> bool:
+        """Queueing is on and every worker's pending prefill exceeds the threshold."""
+        lim = self.queue_limit
+        if lim is None:
+            return False
+        return all(p > lim for p in self.loads(now))
+
+    def hold(self, r: Req) -> None:
+        self.held_seq += 1
+        policy = self.opts.router_queue_policy
+        if policy == "fcfs":
+            key: float = r.arrival
+        elif policy == "lcfs":
+            key = -r.arrival
+        else:  # wspt with equal weights: shortest prompt first
+            key = float(r.isl)
+        heapq.heappush(self.held, (key, self.held_seq if policy != "lcfs" else -self.held_seq, r))
+
+    def release(self, now: float) -> Req | None:
+        """The next held request, if some worker has room for it at ``now``."""
+        if self.held and not self.must_hold(now):
+            return heapq.heappop(self.held)[2]
+        return None
