@@ -1,0 +1,321 @@
+"""The digital twin, assembled: API server, operator, GPU nodes, frontends, traffic and power.
+
+``Twin(options).start()`` seeds the loopback API server (nodes in two racks, the two DGDs),
+starts the operator loop (through the official client, like any controller), and a tick
+thread that once per ``tick_s``: syncs each node's processes and GPUs with the running pods,
+starts a ``TwinFrontend`` per running frontend pod (its router URL written on the pod as
+``powerfleet.io/router-url``), replays the traffic due to each deployment's frontends,
+turns the load into per-GPU draw under each GPU's current cap, closes retune windows, and
+records a ``Sample``. ``samples`` and ``windows`` are what the live view and report read.
+
+Everything lives under one directory (``root``): ``kubeconfig``, ``gpus/``, ``proc/``,
+``traces/segments/`` and ``twin.json`` (the paths and URLs other processes need).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from powerfleet.clock import Clock, SystemClock
+from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.frontends import TwinFrontend, WindowTtft
+from powerfleet.twin.manifests import dgd_manifests
+from powerfleet.twin.nodes import GpuSample, NodeSim
+from powerfleet.twin.power import gpu_power, load_of
+from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, node_objects
+from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
+from powerfleet.twin.writer import OperatorLoop
+
+log = logging.getLogger(__name__)
+ROUTER_URL_ANNOTATION = "powerfleet.io/router-url"
+METRICS_URL_ANNOTATION = "powerfleet.io/metrics-url"
+# What one GPU processes at full load (tokens/s): sets how the trace's rate becomes utilisation.
+PREFILL_CAPACITY_TPS = 25_000.0
+DECODE_CAPACITY_TPS = 1_000.0
+
+
+@dataclass(frozen=True)
+class TwinOptions:
+    spec: TwinSpec = TwinSpec()
+    root: Path = Path("twin")
+    speedup: float = DEFAULT_SPEEDUP
+    window_s: int = 20
+    traces: Path | None = None
+    tick_s: float = 1.0
+    operator_interval_s: float = 1.0
+    # Fraction of each rack's maximum GPU power that is its budget (the report's reference line).
+    rack_budget_fraction: float = 0.55
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    fleet_w: float
+    rack_w: dict[str, float]
+    gpus: list[GpuSample]
+    annotated_w: dict[str, float | None]  # "<node>/<index>" -> the cap its pod asks for (None: no pod / no annotation)
+    requests: dict[str, int]  # requests served this tick, per deployment
+
+
+@dataclass
+class Twin:
+    options: TwinOptions
+    clock: Clock = field(default_factory=SystemClock)
+    samples: list[Sample] = field(default_factory=list)
+    windows: list[WindowTtft] = field(default_factory=list)
+    frontends: dict[str, TwinFrontend] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    traffic_source: str = ""
+    tick_errors: int = 0
+    last_tick_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.options.root).resolve()
+        self.spec = self.options.spec
+        self.api = ApiServer(clock=self.clock)
+        self.nodes: dict[str, NodeSim] = {}
+        self.operator: OperatorLoop | None = None
+        self.sources: dict[str, TrafficSource] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self._rng = random.Random(self.spec.seed)
+        self._ema: dict[str, tuple[float, float]] = {}  # dgd -> (input tok/s, output tok/s)
+        self.kubeconfig = self.root / "kubeconfig"
+        self.trace_dir = self.root / "traces"
+
+    # -- lifecycle --
+
+    def start(self) -> Twin:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.api.start()
+        for obj in node_objects(self.spec) + dgd_manifests(self.spec):
+            self.api.apply(obj)
+        self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
+        self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed) for n in self.spec.node_names}
+        self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
+                                                         speedup=self.options.speedup, seed=self.spec.seed)
+        self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock)
+        self.operator.start(self.options.operator_interval_s)
+        self._t0 = self.clock.now()
+        self._thread = threading.Thread(target=self._loop, name="twin-tick", daemon=True)
+        self._thread.start()
+        self.write_manifest()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        if self.operator is not None:
+            self.operator.stop()
+        for fe in self.frontends.values():
+            fe.stop()
+        self.api.stop()
+
+    def __enter__(self) -> Twin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not stop the twin
+                self.tick_errors += 1
+                self.last_tick_error = f"{type(exc).__name__}: {exc}"
+                log.warning("twin tick failed: %s", self.last_tick_error, exc_info=True)
+            self._stop.wait(self.options.tick_s)
+
+    # -- what other processes need --
+
+    @property
+    def budgets(self) -> dict[str, float]:
+        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power."""
+        per_gpu = GPU_DEFAULT_W * self.options.rack_budget_fraction
+        return {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "kubeconfig": str(self.kubeconfig), "api_server": self.api.url, "namespace": self.spec.namespace,
+            "nodes": {n: {"rack": self.spec.rack_of(n), "gpu_file": str(s.gpu_file), "proc_root": str(s.proc_root)}
+                      for n, s in self.nodes.items()},
+            "racks": self.spec.racks, "rack_budget_w": self.budgets, "trace_dir": str(self.trace_dir),
+            "frontends": {k: {"router_url": f.url, "metrics_url": f.metrics_url, "dgd": f.dgd}
+                          for k, f in self.frontends.items()},
+            "traffic": {"source": self.traffic_source, "speedup": self.options.speedup},
+            "window_s": self.options.window_s,
+        }
+
+    def write_manifest(self) -> Path:
+        path = self.root / "twin.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.manifest(), indent=1, sort_keys=True))
+        tmp.replace(path)
+        return path
+
+    # -- one tick --
+
+    def tick(self) -> Sample:
+        now = self.clock.now()
+        dt = self.options.tick_s
+        pods = self.api.list("v1", "Pod", self.spec.namespace)
+        self._sync_frontends(pods)
+        served: dict[str, int] = {}
+        for dgd, source in self.sources.items():
+            reqs = source.due(now - self._t0)
+            arrivals = [(self._t0 + r.timestamp_ms / 1000.0 / source.speedup, r) for r in reqs]
+            fes = [f for f in self.frontends.values() if f.dgd == dgd]
+            if not fes:
+                self.dropped[dgd] = self.dropped.get(dgd, 0) + len(reqs)
+            for i, fe in enumerate(fes):
+                fe.serve(arrivals[i::len(fes)], dt)
+            served[dgd] = len(reqs) if fes else 0
+            isl = sum(r.input_length for r in reqs) / dt if fes else 0.0
+            osl = sum(r.output_length for r in reqs) / dt if fes else 0.0
+            old = self._ema.get(dgd, (isl, osl))
+            a = min(1.0, dt / 3.0)
+            self._ema[dgd] = (old[0] + a * (isl - old[0]), old[1] + a * (osl - old[1]))
+        loads = self._worker_loads(pods)
+        samples: list[GpuSample] = []
+        annotated: dict[str, float | None] = {}
+        by_node: dict[str, list[Mapping[str, Any]]] = {}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node:
+                by_node.setdefault(node, []).append(p)
+        for name, node in self.nodes.items():
+            def draw(index: int, cap: float, pod: Mapping[str, Any] | None) -> tuple[float, bool]:
+                role = None if pod is None else _role(pod)
+                load = 0.0 if pod is None else loads.get(pod["metadata"]["name"], 0.0)
+                gp = gpu_power(role, load, cap, self._rng)
+                return gp.draw_w, gp.capped
+
+            node_samples = node.tick(by_node.get(name, []), draw)
+            samples.extend(node_samples)
+            for s in node_samples:
+                annotated[f"{s.node}/{s.index}"] = _annotated_cap(by_node.get(name, []), s.pod)
+        rack_w: dict[str, float] = {r: 0.0 for r in self.spec.racks}
+        for s in samples:
+            rack_w[self.spec.rack_of(s.node)] += s.draw_w
+        sample = Sample(now, round(sum(rack_w.values()), 1), {k: round(v, 1) for k, v in rack_w.items()},
+                        samples, annotated, served)
+        self._close_windows(now, pods, samples)
+        with self._lock:
+            self.samples.append(sample)
+        return sample
+
+    def _worker_loads(self, pods: list[dict[str, Any]]) -> dict[str, float]:
+        """Each ready worker pod's utilisation: its deployment's token rate split over its ready peers."""
+        ready: dict[tuple[str, str], list[str]] = {}
+        for p in pods:
+            labels = p["metadata"].get("labels") or {}
+            role = labels.get(LABEL_COMPONENT)
+            if role in ("prefill", "decode", "worker") and _is_ready(p):
+                ready.setdefault((labels.get(LABEL_DGD_NAME, ""), role), []).append(p["metadata"]["name"])
+        out: dict[str, float] = {}
+        for (dgd, role), names in ready.items():
+            isl, osl = self._ema.get(dgd, (0.0, 0.0))
+            n = len(names) * 2 if role != "worker" else len(names)  # disaggregated pods have 2 GPUs
+            if role == "prefill":
+                load = load_of(isl / n, PREFILL_CAPACITY_TPS)
+            elif role == "decode":
+                load = load_of(osl / n, DECODE_CAPACITY_TPS)
+            else:
+                load = min(1.0, load_of(isl / n, PREFILL_CAPACITY_TPS) * 0.6 + load_of(osl / n, DECODE_CAPACITY_TPS) * 0.6)
+            for name in names:
+                out[name] = load
+        return out
+
+    def _sync_frontends(self, pods: list[dict[str, Any]]) -> None:
+        running = {p["metadata"]["name"]: p for p in pods
+                   if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "frontend"
+                   and (p.get("status") or {}).get("phase") == "Running"}
+        changed = False
+        for name in [n for n in self.frontends if n not in running]:
+            self.frontends.pop(name).stop()
+            changed = True
+        for name, pod in running.items():
+            if name in self.frontends:
+                continue
+            dgd = pod["metadata"]["labels"].get(LABEL_DGD_NAME, "")
+            fe = TwinFrontend(dgd, name, self.trace_dir, self.options.window_s, seed=self.spec.seed).start()
+            self.frontends[name] = fe
+            self._annotate(name, {ROUTER_URL_ANNOTATION: fe.url, METRICS_URL_ANNOTATION: fe.metrics_url})
+            changed = True
+        if changed:
+            self.write_manifest()
+
+    def _annotate(self, pod: str, annotations: dict[str, str]) -> None:
+        """The kubelet's own write: the endpoint a started frontend listens on."""
+        with self.api.store.cond:
+            obj = self.api.get("v1", "Pod", pod, self.spec.namespace)
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
+            obj.setdefault("status", {})["podIP"] = "127.0.0.1"
+            self.api.apply(obj)
+
+    def _close_windows(self, now: float, pods: list[dict[str, Any]], gpus: list[GpuSample]) -> None:
+        for fe in list(self.frontends.values()):
+            workers = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == fe.dgd
+                       and (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) in ("decode", "worker")
+                       and _is_ready(p)]
+            names = {p["metadata"]["name"] for p in workers}
+            caps = [g.cap_w for g in gpus if g.pod in names]
+            cap_fraction = (sum(caps) / len(caps) / GPU_DEFAULT_W) if caps else 1.0
+            done = fe.close_windows(now, len(workers), cap_fraction)
+            if done is not None:
+                with self._lock:
+                    self.windows.append(done)
+
+    # -- the scenario's levers (what a user would do with kubectl) --
+
+    def set_component_cap(self, dgd: str, component: str, watts: int) -> dict[str, Any]:
+        """Change a component's power annotation on the DGD (a template change: the operator rolls pods)."""
+        with self.api.store.cond:
+            obj = self.api.get(DGD_API_VERSION, DGD_KIND, dgd, self.spec.namespace)
+            svc = obj["spec"]["services"][component]
+            svc.setdefault("extraPodMetadata", {}).setdefault("annotations", {})[POWER_ANNOTATION] = str(watts)
+            return self.api.apply(obj)
+
+    def snapshot_samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self.samples)
+
+    def snapshot_windows(self) -> list[WindowTtft]:
+        with self._lock:
+            return list(self.windows)
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _role(pod: Mapping[str, Any]) -> str:
+    return str((pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT, "worker"))
+
+
+def _annotated_cap(pods: list[Mapping[str, Any]], name: str | None) -> float | None:
+    if name is None:
+        return None
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            raw = (p["metadata"].get("annotations") or {}).get(POWER_ANNOTATION)
+            return float(raw) if raw is not None and str(raw).strip().isdigit() else None
+    return None
+
+
+def sample_to_json(s: Sample) -> dict[str, Any]:
+    return {"t": s.t, "fleet_w": s.fleet_w, "rack_w": s.rack_w, "requests": s.requests,
+            "gpus": [asdict(g) for g in s.gpus]}
