@@ -1,21 +1,30 @@
 """Node agent tasks, routed to ``node.<node>`` and run only by that node's agent worker.
 
-Cap enforcement (cgroup -> pod mapping, NVML clamps, managed-set persistence) is the node
-agent's own issue; this task is the routed entry point it plugs into.
+The task is the thin edge: it checks that the pass is for this agent's node (refusing and
+counting it otherwise, however the message got here) and hands it to the agent runtime of
+this process (powerfleet.agent.runtime), which runs the pass (powerfleet.agent.reconcile).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import Field
 
-from powerfleet.tasks.base import TaskArgs, delivered_queue, fleet_task
+from powerfleet.agent import runtime as agent_runtime
+from powerfleet.tasks.base import TaskArgs, TaskInputError, delivered_queue, fleet_task
 from powerfleet.tasks.ports import clock
+
+log = logging.getLogger("powerfleet.agent")
 
 
 class NodeArgs(TaskArgs):
     node: str = Field(min_length=1, max_length=253)
+
+
+class WrongNode(TaskInputError):
+    """A node task that reached an agent serving another node (or a worker that is no agent)."""
 
 
 class NodeReconcileResult(TaskArgs):
@@ -23,10 +32,28 @@ class NodeReconcileResult(TaskArgs):
     worker: str | None
     queue: str | None
     at: float
-    applied: list[dict[str, Any]]
+    ran: bool = Field(description="false when the tick was dropped because a pass was running")
+    skipped: str | None = Field(default=None, description="why the pass changed nothing, when it did not run")
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    managed: list[str] = Field(default_factory=list)
 
 
 @fleet_task("powerfleet.agent.reconcile", NodeArgs, acks_late=True)
 def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
-    return NodeReconcileResult(node=params.node, worker=self.request.hostname, queue=delivered_queue(self.request),
-                               at=clock.now(), applied=[])
+    rt = agent_runtime.current()
+    queue = delivered_queue(self.request)
+    if rt is None:
+        raise WrongNode(f"powerfleet.agent.reconcile for node {params.node!r} reached {self.request.hostname}, "
+                        f"which is not a node agent; refused")
+    if params.node != rt.node:
+        rt.metrics.refused.labels(reason="other_node").inc()
+        log.warning("refused agent.reconcile for node %s (arrived on %s); this agent serves %s",
+                    params.node, queue, rt.node)
+        raise WrongNode(f"powerfleet.agent.reconcile for node {params.node!r} refused by the agent of node "
+                        f"{rt.node!r} (arrived on {queue})")
+    report = rt.tick_pass()
+    base = {"node": params.node, "worker": self.request.hostname, "queue": queue, "at": clock.now()}
+    if report is None:
+        return NodeReconcileResult(**base, ran=False, skipped="a pass was already running; tick dropped")
+    return NodeReconcileResult(**base, ran=True, skipped=report.skipped,
+                               gpus=[g.model_dump(mode="json") for g in report.gpus], managed=report.managed)

@@ -6,7 +6,9 @@ from typing import Any
 
 from pydantic import Field
 
+from powerfleet.agent.presence import live_agents
 from powerfleet.beat.ticklog import TickLog
+from powerfleet.config.fleet import is_node_name
 from powerfleet.tasks.base import NoArgs, TaskArgs, delivered_queue, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
 
@@ -33,15 +35,37 @@ class ReconcileResult(TaskArgs):
     dispatched: list[str] = Field(description="nodes sent an agent.reconcile")
 
 
+AGENT_RECONCILE = "powerfleet.agent.reconcile"
+
+
+def tick_nodes(configured: list[str], live: set[str]) -> list[str]:
+    """Nodes that get a pass: the configured ones and every agent with a live heartbeat."""
+    # A heartbeat key anyone could write must never become a queue name unchecked.
+    return sorted({n for n in live if is_node_name(n)} | set(configured))
+
+
+def fan_out(app: Any, nodes: list[str], expires: float) -> None:
+    """Send one agent.reconcile per node, cheaply.
+
+    One producer (one connection) for all of them, kombu's publish batch (the LPUSHes go out
+    pipelined, not one round trip each), queue declarations cached on that connection, and no
+    result subscription per message (the agent's metrics and readiness report its passes).
+    ``expires``: a pass queued for a node that is down must not run hours later.
+    """
+    with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
+        for node in nodes:
+            app.send_task(AGENT_RECONCILE, kwargs={"node": node}, expires=expires, producer=producer,
+                          ignore_result=True)
+
+
 @fleet_task("powerfleet.fleet.reconcile", NoArgs, acks_late=False)
 def reconcile_tick(self: Any, params: NoArgs) -> ReconcileResult:
-    """Reconcile tick: one agent.reconcile per GPU node, each on its own node queue."""
+    """Reconcile tick: one agent.reconcile per GPU node (configured or live), each on its node queue."""
     now = clock.now()
-    expires = self.app.fleet_config.beat.reconcile_interval_s
-    nodes = list(self.app.fleet_config.nodes)
-    for node in nodes:
-        # expires: a cap order queued for a node that is down must not run hours later.
-        self.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}, expires=expires)
-    detail = f"agent.reconcile -> {', '.join(f'node.{n}' for n in nodes)}" if nodes else "no GPU nodes configured"
-    TickLog(fleet_redis(self.app)).record("reconcile", now, self.request.origin, detail)
+    r = fleet_redis(self.app)
+    nodes = tick_nodes(list(self.app.fleet_config.nodes), live_agents(r))
+    fan_out(self.app, nodes, expires=self.app.fleet_config.beat.reconcile_interval_s)
+    shown = ", ".join(f"node.{n}" for n in nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+    detail = f"agent.reconcile -> {shown}" if nodes else "no GPU nodes (none configured, no live agent)"
+    TickLog(r).record("reconcile", now, self.request.origin, detail)
     return ReconcileResult(at=now, dispatched=nodes)

@@ -1,0 +1,45 @@
+"""Putting one decision on one GPU: clamp to the device's range, set, read back."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
+
+log = logging.getLogger("powerfleet.agent")
+
+Direction = Literal["min", "max"]
+
+
+def clamp(target_mw: int, reading: GpuReading) -> tuple[int, Direction | None]:
+    """The target inside [min, max] of the device, and which bound it hit (None if neither)."""
+    if target_mw < reading.min_mw:
+        return reading.min_mw, "min"
+    if target_mw > reading.max_mw:
+        return reading.max_mw, "max"
+    return target_mw, None
+
+
+@dataclass(frozen=True)
+class Applied:
+    cap_mw: int
+    action: Literal["set", "hold"]  # hold: the limit already was the cap, nothing written
+
+
+def apply_limit(gpus: GpuBackend, reading: GpuReading, cap_mw: int, decision: str) -> Applied:
+    """Set ``cap_mw`` (already clamped) unless it already holds, then read it back.
+
+    Raises GpuError when the set fails or the read-back differs, so the caller counts an
+    apply failure and does not record the GPU as managed.
+    """
+    if reading.current_mw == cap_mw:
+        return Applied(cap_mw, "hold")
+    gpus.set_limit(reading.index, cap_mw)
+    now = gpus.read_limit(reading.index)
+    if now != cap_mw:
+        raise GpuError(f"GPU {reading.index}: read back {watts(now)} W after setting {watts(cap_mw)} W")
+    log.info("GPU %d (%s): %s W -> %s W (%s)", reading.index, reading.uuid, watts(reading.current_mw),
+             watts(cap_mw), decision)
+    return Applied(cap_mw, "set")

@@ -1,0 +1,70 @@
+"""The GPU backend port: what the agent needs from a node's GPUs, in NVML's own units (mW).
+
+Two implementations: ``powerfleet.agent.nvml.NvmlBackend`` (real GPUs through nvidia-ml-py)
+and ``powerfleet.agent.simulated.SimulatedGpus`` (tests, the digital twin, ``agent once``).
+Every call that concerns one GPU raises ``GpuError`` for that GPU alone, so the caller can go
+on with the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class GpuError(Exception):
+    """A GPU call failed (for one GPU, or for the backend as a whole)."""
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU as read at the start of a pass. Limits and draw in milliwatts."""
+
+    index: int
+    uuid: str
+    min_mw: int
+    max_mw: int
+    default_mw: int
+    current_mw: int
+    pids: tuple[int, ...] = field(default_factory=tuple)
+    draw_mw: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.pids
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    def device_count(self) -> int:
+        """How many GPUs the node has now; GpuError if the backend cannot tell."""
+        ...
+
+    def read(self, index: int) -> GpuReading: ...
+
+    def set_limit(self, index: int, milliwatts: int) -> None: ...
+
+    def read_limit(self, index: int) -> int:
+        """The limit now in force as the driver reports it (for read-back after a set)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def normalise_uuid(raw: object) -> str:
+    """NVML bindings return the UUID as bytes or str depending on the version; always str."""
+    if isinstance(raw, (bytes, bytearray)):
+        raw = bytes(raw).decode("ascii", errors="replace")
+    if not isinstance(raw, str):
+        raise GpuError(f"GPU UUID has unexpected type {type(raw).__name__}")
+    value = raw.strip().rstrip("\x00")
+    if not value:
+        raise GpuError("GPU UUID is empty")
+    return value
+
+
+def watts(milliwatts: int | None) -> int | float | None:
+    """mW -> W for output: an int when exact, so JSON shows 350 rather than 350.0."""
+    if milliwatts is None:
+        return None
+    return milliwatts // 1000 if milliwatts % 1000 == 0 else milliwatts / 1000

@@ -1,0 +1,39 @@
+"""Inputs for ``agent once`` read from files: a PodList as ``kubectl get pods -o json`` prints it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from powerfleet.cluster.objects import PodInfo
+
+
+def pod_from_object(obj: Any, where: str) -> PodInfo:
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{where}: expected a Pod object, got {type(obj).__name__}")
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not all(isinstance(x, Mapping) for x in (meta, spec, status)):
+        raise ValueError(f"{where}: metadata, spec and status must be objects")
+    try:
+        return PodInfo(
+            name=meta.get("name", ""), namespace=meta.get("namespace") or "", uid=meta.get("uid") or "",
+            node_name=spec.get("nodeName"), phase=status.get("phase"), labels=meta.get("labels") or {},
+            annotations=meta.get("annotations") or {}, terminating=meta.get("deletionTimestamp") is not None,
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{where}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+
+
+def pods_from_podlist(data: Any, node: str, namespaces: Sequence[str] = ()) -> list[PodInfo]:
+    """The pods of ``node`` (and of ``namespaces``, when given) in a PodList (or a bare list of pods)."""
+    items = data.get("items") if isinstance(data, Mapping) else data
+    if not isinstance(items, list):
+        raise ValueError("expected a PodList (an object with an 'items' list), as `kubectl get pods -o json` prints")
+    pods = [pod_from_object(item, f"items[{i}]") for i, item in enumerate(items)]
+    return [p for p in pods if p.node_name == node and (not namespaces or p.namespace in namespaces)]

@@ -1,0 +1,44 @@
+"""GPU processes -> pods, and pods -> their power annotation, for one pass."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from powerfleet.agent.cgroup import pod_uid_for_pid
+from powerfleet.cluster.dgd import POWER_ANNOTATION
+from powerfleet.cluster.objects import PodInfo
+
+
+def map_pids(proc_root: str | os.PathLike[str], pids: Iterable[int]) -> dict[int, str]:
+    """pid -> pod UID for the pids that belong to a pod; others (host processes, gone) are left out."""
+    out: dict[int, str] = {}
+    for pid in set(pids):
+        uid = pod_uid_for_pid(proc_root, pid)
+        if uid is not None:
+            out[pid] = uid
+    return out
+
+
+def annotations_by_uid(pods: Iterable[PodInfo]) -> tuple[dict[str, str], set[str]]:
+    """(pod UID -> raw power annotation for pods that carry the key, every listed pod UID).
+
+    A pod with the key but a malformed value stays in the map: the policy turns it into the
+    safe default rather than ignoring it.
+    """
+    annotated: dict[str, str] = {}
+    listed: set[str] = set()
+    for pod in pods:
+        if not pod.uid:
+            continue
+        uid = pod.uid.lower()
+        listed.add(uid)
+        value = pod.annotations.get(POWER_ANNOTATION)
+        if value is not None:
+            annotated[uid] = value
+    return annotated, listed
+
+
+def pods_of(pids: Iterable[int], pid_to_pod: Mapping[int, str]) -> list[str]:
+    """The distinct pods (by UID, sorted) of a GPU's processes: a pod with ten processes counts once."""
+    return sorted({pid_to_pod[p] for p in pids if p in pid_to_pod})

@@ -1,0 +1,226 @@
+"""A simulated GPU backend, for tests, ``agent once`` and the digital twin.
+
+Devices are plain JSON objects, the same shape ``agent once --gpus`` reads::
+
+    {"index": 0, "uuid": "GPU-0a", "min_w": 200, "max_w": 700, "default_w": 700,
+     "current_w": 700, "pids": [4242], "draw_w": 310.5,
+     "fail": ["read", "set"]}          # optional fault injection for that GPU
+
+``draw_w`` and ``fail`` are optional; ``current_w`` defaults to ``default_w``.
+
+**Sharing across processes** (the twin drives the GPUs, the agent worker caps them): give
+both the same file, one per node, e.g. ``<dir>/<node>.json`` holding ``{"devices": [...]}``.
+``SimulatedGpus.shared(path)`` re-reads the file on every call, and every change is a
+read-modify-write under an exclusive ``flock`` on ``<file>.lock``, written atomically
+(temp file, fsync, rename), so a reader never sees half a file and neither side loses the
+other's change. ``update(fn)`` is the twin's entry point (start/stop processes, move the
+draw); the agent only sets limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from powerfleet.agent.gpu import GpuError, GpuReading, normalise_uuid
+
+
+class SimDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0)
+    uuid: str = Field(min_length=1)
+    min_w: float = Field(gt=0)
+    max_w: float = Field(gt=0)
+    default_w: float = Field(gt=0)
+    current_w: float | None = None
+    pids: list[int] = Field(default_factory=list)
+    draw_w: float | None = None
+    fail: list[str] = Field(default_factory=list)  # "read", "set", "readback"
+
+    @model_validator(mode="after")
+    def _limits(self) -> "SimDevice":
+        if not self.min_w <= self.default_w <= self.max_w:
+            raise ValueError("need min_w <= default_w <= max_w")
+        if self.current_w is None:
+            self.current_w = self.default_w
+        return self
+
+    def reading(self) -> GpuReading:
+        return GpuReading(
+            index=self.index, uuid=normalise_uuid(self.uuid), min_mw=_mw(self.min_w), max_mw=_mw(self.max_w),
+            default_mw=_mw(self.default_w), current_mw=_mw(self.current_w or self.default_w),
+            pids=tuple(sorted(set(self.pids))), draw_mw=None if self.draw_w is None else _mw(self.draw_w),
+        )
+
+
+def _mw(w: float) -> int:
+    return int(round(w * 1000))
+
+
+def parse_devices(data: Any) -> list[SimDevice]:
+    """A JSON list of devices (or ``{"devices": [...]}``) -> devices; ValueError naming the problem."""
+    if isinstance(data, Mapping) and "devices" in data:
+        data = data["devices"]
+    if not isinstance(data, list):
+        raise ValueError(f"expected a JSON list of GPUs, got {type(data).__name__}")
+    out: list[SimDevice] = []
+    for i, item in enumerate(data):
+        try:
+            out.append(SimDevice.model_validate(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(device)"
+            raise ValueError(f"GPU [{i}]: {where}: {err['msg']}") from None
+    indexes = [d.index for d in out]
+    if sorted(indexes) != list(range(len(out))):
+        raise ValueError(f"GPU indexes must be 0..{len(out) - 1} once each, got {sorted(indexes)}")
+    if len({d.uuid for d in out}) != len(out):
+        raise ValueError("GPU uuids must be unique")
+    return sorted(out, key=lambda d: d.index)
+
+
+def write_devices(path: Path, devices: Iterable[SimDevice]) -> None:
+    """Write ``{"devices": [...]}`` atomically (temp file in the same directory, fsync, rename)."""
+    body = json.dumps({"devices": [d.model_dump() for d in devices]}, indent=1, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class SimulatedGpus:
+    """``GpuBackend`` over simulated devices, in memory or shared through a JSON file."""
+
+    def __init__(self, devices: Iterable[SimDevice | Mapping[str, Any]] = (), *, path: Path | None = None) -> None:
+        self._path = path
+        self._mutex = threading.RLock()
+        self._devices = parse_devices([d.model_dump() if isinstance(d, SimDevice) else dict(d) for d in devices])
+        self.sets: list[tuple[int, int]] = []  # (index, mW) of every set this object made, for tests
+        if path is not None and not path.exists():
+            with self._locked():
+                write_devices(path, self._devices)
+
+    @classmethod
+    def shared(cls, path: str | os.PathLike[str], devices: Iterable[SimDevice | Mapping[str, Any]] | None = None) -> "SimulatedGpus":
+        """Use the file at ``path``; create it from ``devices`` when given (overwriting)."""
+        p = Path(path)
+        if devices is not None:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with _flock(p):
+                write_devices(p, parse_devices([d.model_dump() if isinstance(d, SimDevice) else dict(d) for d in devices]))
+        elif not p.exists():
+            raise GpuError(f"simulated GPUs: {p} does not exist")
+        return cls(path=p)
+
+    @staticmethod
+    def _read(path: Path) -> list[SimDevice]:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise GpuError(f"simulated GPUs: cannot read {path}: {exc}") from None
+        try:
+            return parse_devices(data)
+        except ValueError as exc:
+            raise GpuError(f"simulated GPUs: {path}: {exc}") from None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._mutex:
+            if self._path is None:
+                yield
+            else:
+                with _flock(self._path):
+                    yield
+
+    def devices(self) -> list[SimDevice]:
+        """A snapshot of the devices."""
+        with self._locked():
+            if self._path is not None:
+                self._devices = self._read(self._path)
+            return [d.model_copy(deep=True) for d in self._devices]
+
+    def update(self, fn: Callable[[list[SimDevice]], None]) -> None:
+        """Read-modify-write the devices under the lock (the twin's entry point)."""
+        with self._locked():
+            if self._path is not None:
+                self._devices = self._read(self._path)
+            fn(self._devices)
+            self._devices = parse_devices([d.model_dump() for d in self._devices])
+            if self._path is not None:
+                write_devices(self._path, self._devices)
+
+    def _device(self, devices: list[SimDevice], index: int, op: str) -> SimDevice:
+        if not 0 <= index < len(devices):
+            raise GpuError(f"GPU {index}: no such device")
+        dev = devices[index]
+        if op in dev.fail:
+            raise GpuError(f"GPU {index}: simulated {op} failure")
+        return dev
+
+    # -- GpuBackend --
+
+    def device_count(self) -> int:
+        return len(self.devices())
+
+    def read(self, index: int) -> GpuReading:
+        return self._device(self.devices(), index, "read").reading()
+
+    def set_limit(self, index: int, milliwatts: int) -> None:
+        def change(devices: list[SimDevice]) -> None:
+            dev = self._device(devices, index, "set")
+            if not _mw(dev.min_w) <= milliwatts <= _mw(dev.max_w):
+                raise GpuError(f"GPU {index}: {milliwatts} mW outside [{_mw(dev.min_w)}, {_mw(dev.max_w)}] (invalid argument)")
+            dev.current_w = milliwatts / 1000
+
+        self.update(change)
+        self.sets.append((index, milliwatts))
+
+    def read_limit(self, index: int) -> int:
+        dev = self._device(self.devices(), index, "readback")
+        return _mw(dev.current_w or dev.default_w)
+
+    def close(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    with open(path.with_name(path.name + ".lock"), "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def write_proc_entry(proc_root: str | os.PathLike[str], pid: int, pod_uid: str, *,
+                     qos: str = "burstable", container: str = "0123abcd") -> Path:
+    """Write ``<proc_root>/<pid>/cgroup`` as a systemd-driver cgroup v2 container of ``pod_uid``.
+
+    For the twin and the tests: a simulated GPU process the agent maps to its pod.
+    """
+    qos_part = "" if qos == "guaranteed" else f"-{qos}"
+    slice_uid = pod_uid.replace("-", "_")
+    line = (f"0::/kubepods.slice/kubepods{qos_part}.slice/kubepods{qos_part}-pod{slice_uid}.slice/"
+            f"cri-containerd-{container}.scope\n")
+    d = Path(proc_root) / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cgroup").write_text(line)
+    return d / "cgroup"

@@ -1,0 +1,99 @@
+"""The agent as a Celery worker: solo pool, its own queue only, the runtime around it.
+
+Why the solo pool: the NVML handle, the managed set, the pod watch and the shutdown restore
+must live in the one process that receives SIGTERM. With prefork the pass would run in a
+child that the pool kills without running the restore. A pass is milliseconds of work, so a
+single process loses nothing; Celery's time limits are not enforced by the solo pool, and
+the calls that can hang carry their own timeouts (pod LIST 20 s server / 25 s client).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps, signals
+
+from powerfleet.agent import runtime as agent_runtime
+from powerfleet.config import FleetConfig
+from powerfleet.workers.routes import node_queue
+
+log = logging.getLogger("powerfleet.agent")
+
+BINDING_CHECK_S = 2.0
+
+
+def check_binding(consumer: Any, node: str) -> bool:
+    """Make the worker consume ``node.<node>`` and nothing else; True (and one warning) if it had to.
+
+    Flower (or ``celery control``) can cancel a worker's consumer or add others; an agent that
+    consumed another node's queue would run that node's passes (refused, but never served)
+    and one not consuming its own would never get a tick.
+    """
+    own = node_queue(node)
+    tc = consumer.task_consumer
+    if tc is None:
+        return False
+    names = sorted({q.name for q in tc.queues})
+    extra = [q for q in names if q != own]
+    missing = own not in names or not tc.consuming_from(own)
+    if not extra and not missing:
+        return False
+    log.warning("agent %s: consuming %s instead of %s only; restoring the binding", node,
+                ", ".join(names) or "nothing", own)
+    for q in extra:
+        consumer.cancel_task_queue(q)
+    if missing:
+        consumer.add_task_queue(own)
+    rt = agent_runtime.current()
+    if rt is not None:
+        rt.metrics.binding_restores.inc()
+    return True
+
+
+def binding_guard_step(node: str, interval_s: float) -> type[bootsteps.StartStopStep]:
+    """A consumer bootstep that checks the binding every interval, on the worker's own event loop."""
+
+    class BindingGuard(bootsteps.StartStopStep):
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self.tref: Any = None
+
+        def start(self, c: Any) -> None:
+            self.tref = c.timer.call_repeatedly(interval_s, self._check, (c,), priority=10)
+
+        def _check(self, c: Any) -> None:
+            try:
+                check_binding(c, node)
+            except Exception:  # a broker hiccup here must not stop the consumer
+                log.exception("agent %s: binding check failed", node)
+
+        def stop(self, c: Any) -> None:
+            if self.tref is not None:
+                self.tref.cancel()
+                self.tref = None
+
+    return BindingGuard
+
+
+def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str) -> None:
+    """Build and start the runtime, run the worker until shutdown, then restore caps."""
+    rt = agent_runtime.build_runtime(config, node, broker_url=app.broker_url_resolved)
+    agent_runtime.install(rt)
+    # The check is a local look at the consumer (no I/O unless it must repair), so it runs more
+    # often than passes: a binding changed from Flower is back within a few seconds.
+    app.steps["consumer"].add(binding_guard_step(node, min(config.beat.reconcile_interval_s, BINDING_CHECK_S)))
+
+    def on_shutdown(**_: Any) -> None:
+        rt.stop()
+
+    signals.worker_shutdown.connect(on_shutdown, weak=False)
+    rt.start()
+    try:
+        app.worker_main(["worker", "-Q", node_queue(node), "-n", f"agent@{node}", "-P", "solo", "-c", "1",
+                         "--prefetch-multiplier", "1", "--loglevel", loglevel, "--without-mingle",
+                         "--without-gossip"])
+    finally:
+        rt.stop()  # idempotent: also when the worker never got to its shutdown signal

@@ -1,0 +1,133 @@
+"""`powerfleet agent`: run the node agent worker, or `agent once` for one (dry) pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.config.fleet import is_node_name
+
+app = typer.Typer(help="The GPU node agent: `agent --node N` runs it; `agent once` does one pass.",
+                  invoke_without_command=True, add_completion=False)
+
+
+def _check_node(node: str) -> None:
+    if not is_node_name(node):
+        fail(f"--node: {node!r} is not a valid Kubernetes node name")
+
+
+@app.callback()
+def agent(
+    ctx: typer.Context,
+    node: Optional[str] = typer.Option(None, "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run the node agent: a worker pinned to its own queue node.<NODE> that enforces pod power caps."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if node is None:
+        fail("--node: required (the Kubernetes node this agent runs on)")
+    _check_node(node)
+    config = fleet_config(ctx)
+    export_config_path(ctx)
+    worker_app = fleet_app(config)
+    from powerfleet.agent.worker import run_agent_worker
+
+    run_agent_worker(worker_app, config, node, loglevel)
+
+
+def _read_json(path: Path, option: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{option}: cannot read {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{option}: {path} is not UTF-8 text")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        fail(f"{option}: {path} is not JSON ({exc})")
+
+
+@app.command()
+def once(
+    ctx: typer.Context,
+    node: str = typer.Option(..., "--node", help="The node whose pass to run."),
+    proc_root: Optional[Path] = typer.Option(None, "--proc-root", help="Where /proc is (default agent.proc_root)."),
+    pods: Optional[Path] = typer.Option(None, "--pods", help="A PodList JSON (`kubectl get pods -o json`) instead of the cluster."),
+    gpus: Optional[Path] = typer.Option(None, "--gpus", help='JSON list of {"index","uuid","min_w","max_w","default_w","current_w","pids"} instead of NVML.'),
+    safe_default_watts: Optional[int] = typer.Option(None, "--safe-default-watts", min=1, max=100_000,
+                                                     help="Cap for invalid/conflicting annotations (default agent.safe_default_watts)."),
+    namespace: Optional[list[str]] = typer.Option(None, "--namespace", "-n", help="Only pods of this namespace (repeatable)."),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", help="Directory of managed_gpus.json (default agent.state_dir/NODE)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what the agent would do; touch nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the pass as JSON."),
+) -> None:
+    """One pass for NODE: per GPU, its pods, the decision and the cap. Exit 1 if the pass was skipped."""
+    _check_node(node)
+    config = fleet_config(ctx)
+    from powerfleet.agent.metrics import AgentMetrics
+    from powerfleet.agent.offline import pods_from_podlist
+    from powerfleet.agent.reconcile import NodeAgent
+    from powerfleet.agent.runtime import connect_cluster, node_pod_lister, node_state_dir, open_backend
+    from powerfleet.agent.simulated import SimulatedGpus, parse_devices
+    from powerfleet.agent.state import StateStore
+    from powerfleet.clock import SystemClock
+    from prometheus_client import CollectorRegistry
+
+    namespaces = list(namespace or config.agent.namespaces)
+    if pods is not None:
+        try:
+            listed = pods_from_podlist(_read_json(pods, "--pods"), node, namespaces)
+        except ValueError as exc:
+            fail(f"--pods: {pods}: {exc}")
+        list_pods = lambda: listed  # noqa: E731 - the file is read once, up front
+    else:
+        cluster, why = connect_cluster(config)
+        list_pods = node_pod_lister(cluster, node, namespaces, why)
+    if gpus is not None:
+        try:
+            devices = parse_devices(_read_json(gpus, "--gpus"))
+        except ValueError as exc:
+            fail(f"--gpus: {gpus}: {exc}")
+        open_gpus = lambda: SimulatedGpus(devices)  # noqa: E731
+    else:
+        open_gpus = open_backend(config, node)
+    agent = NodeAgent(node, open_gpus=open_gpus, list_pods=list_pods,
+                      proc_root=proc_root or config.agent.proc_root,
+                      state=StateStore(state_dir or node_state_dir(config.agent.state_dir, node)), clock=SystemClock(),
+                      safe_default_watts=safe_default_watts or config.agent.safe_default_watts,
+                      metrics=AgentMetrics(CollectorRegistry()))
+    if not dry_run:
+        agent.start()
+    report = agent.run_pass("once", dry_run=dry_run)
+    if not dry_run:
+        agent.close()  # a one-off pass leaves its caps in place
+    if as_json:
+        print_json(report.model_dump(mode="json", exclude={"trigger", "at", "duration_s"}))
+    else:
+        _print_human(report)
+    if report.skipped:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _print_human(report: Any) -> None:
+    mode = "dry run" if report.dry_run else "pass"
+    if report.skipped:
+        typer.echo(f"{report.node}: {mode} skipped, nothing changed: {report.skipped}")
+        return
+    typer.echo(f"{report.node}: {mode}, {len(report.gpus)} GPU(s)")
+    for g in report.gpus:
+        if g.error:
+            typer.echo(f"  GPU {g.index}: error: {g.error}")
+            continue
+        cap = "-" if g.cap_w is None else f"{g.cap_w} W"
+        clamp = f" (clamped to {g.clamped})" if g.clamped else ""
+        typer.echo(f"  GPU {g.index} {g.uuid}: {g.decision:<12} requested {g.requested_w if g.requested_w is not None else '-'}"
+                   f" -> cap {cap}{clamp} [{g.action}] pods={','.join(g.pods) or '-'}")
+

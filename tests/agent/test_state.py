@@ -1,0 +1,78 @@
+"""The managed-GPU state file: missing/empty is conclusive, anything odd is inconclusive."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from powerfleet.agent.state import StateStore, parse_state
+
+
+def test_missing_file_is_a_conclusive_empty_state(tmp_path: Path) -> None:
+    got = StateStore(tmp_path / "nowhere").load()
+    assert got.conclusive and got.uuids == frozenset()
+
+
+def test_empty_file_is_a_conclusive_empty_state(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.path.write_text("")
+    got = store.load()
+    assert got.conclusive and got.uuids == frozenset()
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"managed_uuids": ["GPU-1", "GP', "not JSON"),          # truncated
+    ('["GPU-1"]', "top level"),
+    ('{"managed_uuids": "GPU-1"}', "managed_uuids"),
+    ('{"managed_uuids": [1, 2]}', "managed_uuids"),
+    ('{"managed_uuids": [""]}', "managed_uuids"),
+    ("null", "top level"),
+])
+def test_malformed_or_wrong_types_are_inconclusive(tmp_path: Path, text: str, why: str) -> None:
+    store = StateStore(tmp_path)
+    store.path.write_text(text)
+    got = store.load()
+    assert not got.conclusive and why in got.problem and got.uuids == frozenset()
+
+
+def test_unreadable_and_non_utf8_files_are_inconclusive(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.path.write_bytes(b"\xff\xfe{")
+    assert not store.load().conclusive
+    store.path.unlink()
+    store.path.mkdir()  # reading a directory: OSError
+    assert not store.load().conclusive
+
+
+def test_save_is_atomic_and_round_trips(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    store.save({"GPU-b", "GPU-a"})
+    assert json.loads(store.path.read_text()) == {"version": 1, "managed_uuids": ["GPU-a", "GPU-b"]}
+    assert store.load().uuids == {"GPU-a", "GPU-b"}
+    assert [p.name for p in store.dir.iterdir()] == ["managed_gpus.json"]  # no temp file left
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = StateStore(tmp_path)
+    store.save({"GPU-a"})
+
+    def disk_full(*_a: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("powerfleet.agent.state.os.replace", disk_full)
+    with pytest.raises(OSError):
+        store.save({"GPU-b"})
+    monkeypatch.undo()
+    assert store.load().uuids == {"GPU-a"}
+    assert [p.name for p in tmp_path.iterdir()] == ["managed_gpus.json"]
+
+
+@given(st.text(max_size=200))
+def test_parser_never_raises(text: str) -> None:
+    got = parse_state(text)
+    assert got.conclusive or got.problem
