@@ -1,0 +1,52 @@
+"""`powerfleet budget ...` commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from powerfleet.cli.errors import EXIT_USAGE, fail
+
+app = typer.Typer(help="Power and GPU budgets: plan replica targets.", no_args_is_help=True)
+
+
+def _text_line(ans: dict[str, Any]) -> str:
+    if "error" in ans:
+        return f"error: {ans['error']}"
+    targets = " ".join(f"{r}={'-' if t is None else t}" for r, t in ans["targets"].items())
+    reasons = ",".join(ans["reasons"]) or "-"
+    return f"{targets} settled_w={ans['settled_w']} peak_w={ans['peak_w']} gpus={ans['gpus']} reasons={reasons}"
+
+
+@app.command("plan")
+def plan_cmd(
+    input_file: Annotated[Path, typer.Option("--input", help="JSON object, or JSON lines (one input each); '-' for stdin")],
+    json_out: Annotated[bool, typer.Option("--json", help="answer with JSON lines (docs/budget.md)")] = False,
+) -> None:
+    """Plan replica targets for one or more inputs; one answer line per input.
+
+    A null target (shown '-') means "leave as is". An input that cannot be planned answers an
+    error on its line, and the command exits 2 after answering every line.
+    """
+    from powerfleet.budget.io import answer, split_inputs
+
+    try:
+        text = sys.stdin.read() if str(input_file) == "-" else input_file.read_text()
+    except OSError as exc:
+        fail(f"cannot read {input_file}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{input_file} is not UTF-8 text")
+    inputs = split_inputs(text)
+    if not inputs:
+        fail(f"{input_file} holds no input")
+    failed = False
+    for raw in inputs:
+        ans = answer(raw)
+        failed = failed or "error" in ans
+        typer.echo(json.dumps(ans, sort_keys=True) if json_out else _text_line(ans))
+    if failed:
+        raise typer.Exit(EXIT_USAGE)
