@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from powerfleet.cli import budget_cmd, processes, retune_cmd, sim_cmd, taskapi, up, validate_cmd
+from powerfleet.cli import agent_cmd, budget_cmd, processes, retune_cmd, sim_cmd, taskapi, up, validate_cmd
 from powerfleet.cli.context import CliState
 
 app = typer.Typer(
@@ -27,13 +27,13 @@ def _root(
 
 
 app.command()(processes.worker)
-app.command()(processes.agent)
 app.command()(processes.beat)
 app.command()(processes.flower)
 app.command()(up.up)
 app.command()(up.demo)
 app.command()(taskapi.trigger)
 app.command()(taskapi.status)
+app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(sim_cmd.app, name="sim")
 app.add_typer(retune_cmd.app, name="retune")
 app.add_typer(validate_cmd.app, name="validate")
