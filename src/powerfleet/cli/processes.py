@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 from typing import Optional
@@ -11,27 +13,46 @@ import typer
 
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
-from powerfleet.config import FlowerConfig
+from powerfleet.cli.ports import require_free_port
+from powerfleet.config import FleetConfig, FlowerConfig
 from powerfleet.config.fleet import is_node_name
-from powerfleet.workers.routes import worker_prefetch
+from powerfleet.workers.routes import is_fleet_queue, worker_prefetch
+
+
+METRICS_PORT_HELP = "Serve /metrics on this port (overrides metrics.port; 0 disables)."
+
+
+def _metrics_port(config: FleetConfig, override: Optional[int]) -> int:
+    port = config.metrics.port if override is None else override
+    if port:
+        require_free_port(config.metrics.address, port, "--metrics-port" if override is not None else "metrics.port")
+    return port
 
 
 def _prepare_metrics(port: int, forks: bool) -> None:
     # Must run before prometheus_client is first imported (see powerfleet.metrics).
     if port and forks and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="powerfleet-metrics-")
+        path = tempfile.mkdtemp(prefix="powerfleet-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+        # Prefork children leave with os._exit, so only this (the parent) removes it.
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 
-def _run_worker(ctx: typer.Context, queues: str, name: str, concurrency: int, loglevel: str) -> None:
+def _run_worker(ctx: typer.Context, queues: str, name: str, concurrency: int, loglevel: str,
+                metrics_port: Optional[int] = None) -> None:
     config = fleet_config(ctx)
     export_config_path(ctx)
-    _prepare_metrics(config.metrics.port, forks=True)
+    port = _metrics_port(config, metrics_port)
+    _prepare_metrics(port, forks=True)
     app = fleet_app(config)
     from powerfleet.metrics.registry import serve_metrics
     from powerfleet.metrics.signals import install_outcome_metrics
 
+    from powerfleet.workers.logging import install_broker_retry_filter
+
     install_outcome_metrics()
-    serve_metrics(config.metrics.port, config.metrics.address)
+    install_broker_retry_filter()
+    serve_metrics(port, config.metrics.address)
     prefetch = worker_prefetch(queues.split(","), config.prefetch_multiplier)
     app.worker_main(["worker", "-Q", queues, "--prefetch-multiplier", str(prefetch), "-n", name, "-c", str(concurrency), "-P", "prefork",
                      "--loglevel", loglevel, "--without-mingle", "--without-gossip"])
@@ -41,43 +62,50 @@ def worker(
     ctx: typer.Context,
     queues: str = typer.Option("control,sweep", "--queues", "-Q", help="Comma-separated queues to consume."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Worker node name (default fleet@<host>)."),
-    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Prefork processes."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, max=256, help="Prefork processes."),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
 ) -> None:
     """Run a worker consuming the given queues (control, sweep, node.<name>)."""
     qs = [q.strip() for q in queues.split(",") if q.strip()]
     if not qs:
         fail("--queues: give at least one queue name")
-    _run_worker(ctx, ",".join(qs), name or f"fleet@{socket.gethostname()}", concurrency, loglevel)
+    bad = [q for q in qs if not is_fleet_queue(q)]
+    if bad:
+        fail(f"--queues: {bad[0]!r} is not a fleet queue (control, sweep or node.<node name>)")
+    _run_worker(ctx, ",".join(qs), name or f"fleet@{socket.gethostname()}", concurrency, loglevel, metrics_port)
 
 
 def agent(
     ctx: typer.Context,
     node: str = typer.Option(..., "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
 ) -> None:
     """Run the node agent: a worker pinned to its own queue node.<NODE>, one process."""
     if not is_node_name(node):
         fail(f"--node: {node!r} is not a valid Kubernetes node name")
     # A stable name (not the pod name) so direct messages survive pod replacement.
-    _run_worker(ctx, f"node.{node}", f"agent@{node}", 1, loglevel)
+    _run_worker(ctx, f"node.{node}", f"agent@{node}", 1, loglevel, metrics_port)
 
 
 def beat(
     ctx: typer.Context,
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
 ) -> None:
     """Run beat. A Redis lock (RedBeat) keeps a second beat on standby until the first stops."""
     config = fleet_config(ctx)
     export_config_path(ctx)
+    port = _metrics_port(config, metrics_port)
     app = fleet_app(config)
     from powerfleet.metrics.registry import serve_metrics
     from powerfleet.metrics.signals import install_tick_metrics
     from powerfleet.workers.app import TICK_FAMILIES
 
     install_tick_metrics(TICK_FAMILIES)
-    serve_metrics(config.metrics.port, config.metrics.address)
-    app.start(["beat", "--loglevel", loglevel, "--scheduler", "redbeat.RedBeatScheduler"])
+    serve_metrics(port, config.metrics.address)
+    app.start(["beat", "--loglevel", loglevel, "--scheduler", "powerfleet.beat.scheduler:FleetScheduler"])
 
 
 def flower(
@@ -92,8 +120,11 @@ def flower(
     """
     config = fleet_config(ctx)
     export_config_path(ctx)
+    if port is not None and not 1 <= port <= 65535:
+        fail(f"--port: {port} is not a port (1-65535)")
     fc = FlowerConfig(address=address or config.flower.address, port=port or config.flower.port,
                       basic_auth=config.flower.basic_auth)
+    require_free_port(fc.address, fc.port, "--port" if port is not None else "flower.port")
     fleet_app(config)  # validates the broker before Flower's own retry loop hides the problem
     argv = ["-A", "powerfleet.workers.entry", "flower", f"--address={fc.address}", f"--port={fc.port}"]
     os.environ.update(flower_environment(fc))

@@ -31,18 +31,46 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
     else:
         url = config.broker.url
         typer.echo(f"broker {redact(url)}", err=True)
-    launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "fleet@up")
+    metrics = MetricsPorts(config.metrics.port)
+    launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "fleet@up", env=metrics.env("worker"))
     for node in config.nodes:
-        launcher.spawn(f"agent-{node}", "agent", "--node", node)
-    launcher.spawn("beat", "beat")
+        launcher.spawn(f"agent-{node}", "agent", "--node", node, env=metrics.env(f"agent-{node}"))
+    launcher.spawn("beat", "beat", env=metrics.env("beat"))
     launcher.spawn("flower", "flower")
+    if metrics.assigned:
+        typer.echo("metrics: " + ", ".join(f"{name} http://{config.metrics.address}:{port}/metrics"
+                                           for name, port in metrics.assigned.items()), err=True)
     return launcher, url
+
+
+class MetricsPorts:
+    """One /metrics port per fleet process: ``metrics.port`` is the base, each process the next.
+
+    Every process of `up` reads the same config, so without this they would all bind the
+    same port and all but the first would die.
+    """
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.assigned: dict[str, int] = {}
+
+    def env(self, name: str) -> dict[str, str]:
+        if self.base == 0:
+            return {}
+        port = self.base + len(self.assigned)
+        if port > 65535:
+            fail(f"metrics.port {self.base}: too few ports above it for {len(self.assigned) + 1} processes")
+        self.assigned[name] = port
+        return {"POWERFLEET_METRICS__PORT": str(port)}
 
 
 def _wait_for_signal(stop: threading.Event, duration_s: float | None, launcher, on_tick=None) -> None:  # type: ignore[no-untyped-def]
     deadline = None if duration_s is None else time.monotonic() + duration_s
     while not stop.is_set():
         if deadline is not None and time.monotonic() >= deadline:
+            return
+        if launcher.redis is not None and not launcher.redis.running:
+            typer.echo("powerfleet: embedded redis-server exited; stopping the fleet", err=True)
             return
         dead = launcher.dead_children()
         if dead:

@@ -116,9 +116,9 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "timezone": "UTC",
         "enable_utc": True,
         # Beat: RedBeat keeps the schedule in Redis and holds a lock, so a second beat waits.
-        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_scheduler": "powerfleet.beat.scheduler:FleetScheduler",
         "redbeat_redis_url": broker_url,
-        "redbeat_key_prefix": "powerfleet:redbeat",
+        "redbeat_key_prefix": "powerfleet:redbeat:",
         "redbeat_lock_timeout": config.beat.lock_timeout_s,
         "beat_max_loop_interval": config.beat.max_loop_interval_s,
         "beat_schedule": beat_schedule(config),

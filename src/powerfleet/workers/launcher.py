@@ -37,17 +37,19 @@ class Launcher:
         self.env["POWERFLEET_BROKER__URL"] = self.redis.url
         return self.redis.url
 
-    def child_env(self) -> dict[str, str]:
+    def child_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.env)
+        env.update(extra or {})
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def spawn(self, name: str, *cli_args: str) -> Child:
+    def spawn(self, name: str, *cli_args: str, env: dict[str, str] | None = None) -> Child:
+        """Start ``powerfleet <cli_args>``; ``env`` adds variables for this child only."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", *cli_args], env=self.child_env(),
+            proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", *cli_args], env=self.child_env(env),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         child = Child(name, proc, log)

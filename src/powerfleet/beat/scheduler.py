@@ -1,0 +1,61 @@
+"""Beat's scheduler: RedBeat, kept alive through a broker outage.
+
+RedBeat extends its Redis lock on every tick; when Redis is unreachable that raises, and
+Celery's beat service exits with a chained traceback dozens of lines long. A lost broker
+is an outage to wait out, not a crash: this scheduler logs one warning per retry and ticks
+again. When Redis returns without our lock (it restarted empty, or the outage outlasted
+the lock), another beat may already lead, so this one re-takes the lock without blocking
+and stands by until it holds it again: never two leaders.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import LockError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redbeat import RedBeatScheduler
+
+from powerfleet.workers.logging import one_line
+
+logger = logging.getLogger("powerfleet.beat")
+BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class FleetScheduler(RedBeatScheduler):
+    _standing_by = False
+
+    def tick(self, min: Any = min, **kwargs: Any) -> float:
+        retry_s = float(self.max_interval)
+        try:
+            if self._standing_by and not self._retake_lock():
+                return retry_s
+            return super().tick(min=min, **kwargs)
+        except LockError:
+            logger.warning("beat: lost the RedBeat lock (Redis restarted or the outage outlasted it); "
+                           "standing by until it is free, retrying every %gs", retry_s)
+            self._standing_by = True
+            return retry_s
+        except BROKER_ERRORS as exc:
+            logger.warning("beat: broker unreachable (%s); retrying in %gs", one_line(exc), retry_s)
+            return retry_s
+
+    def _retake_lock(self) -> bool:
+        if self.lock is None or not self.lock.acquire(blocking=False):
+            return False
+        # A Redis that lost our lock may have lost the schedule too (it restarted empty):
+        # write the static entries again, as at start-up (idempotent).
+        self.setup_schedule()
+        logger.warning("beat: holds the RedBeat lock again; ticking")
+        self._standing_by = False
+        return True
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except (LockError, *BROKER_ERRORS) as exc:
+            # The lock expires on its own; nothing else to release without a broker.
+            logger.warning("beat: could not release the RedBeat lock at exit (%s)", one_line(exc))
+            self.lock = None

@@ -1,0 +1,102 @@
+"""`powerfleet up` with /metrics on (one port per process) and losing its embedded Redis."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import redis
+
+from powerfleet.beat.ticklog import TickLog
+from powerfleet.broker.embedded import free_loopback_port
+from tests.waiting import wait_for
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    env.update(extra)
+    return env
+
+
+def _free_port_run(n: int) -> int:
+    """A base port with n free ports above it (probed, not guaranteed, like free_loopback_port)."""
+    import socket
+
+    for _ in range(50):
+        base = free_loopback_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+def _start_up(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+    err = tmp_path / "up.err"
+    with open(err, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "up", "--log-dir", str(tmp_path / "logs")],
+                                env=_clean_env(POWERFLEET_FLOWER__PORT=str(free_loopback_port()), **env),
+                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    return proc, err
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_up_with_metrics_gives_each_process_its_own_port(tmp_path) -> None:
+    base = _free_port_run(4)
+    proc, err = _start_up(tmp_path, POWERFLEET_METRICS__PORT=str(base), POWERFLEET_NODES="[m-a, m-b]",
+                          POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1")
+    try:
+        line = wait_for(lambda: (m := re.search(r"^metrics: (.*)$", err.read_text(), re.M)) and m.group(1),
+                        "up to print its metrics ports")
+        ports = {name: int(port) for name, port in re.findall(r"(\S+) http://127\.0\.0\.1:(\d+)/metrics", line)}
+        assert ports == {"worker": base, "agent-m-a": base + 1, "agent-m-b": base + 2, "beat": base + 3}
+        for name, port in ports.items():
+            body = wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text,
+                            f"{name} to serve /metrics on {port}")
+            assert "powerfleet_" in body
+        # Beat's counter moves on its own port: the processes are really separate endpoints.
+        wait_for(lambda: 'powerfleet_ticks_sent_total{family="reconcile"}' in
+                 httpx.get(f"http://127.0.0.1:{base + 3}/metrics", timeout=2).text, "beat to count a tick")
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+        assert "Address already in use" not in logs
+        assert "Traceback" not in logs + err.read_text()
+    finally:
+        _stop(proc)
+
+
+def test_up_stops_in_one_line_when_its_redis_dies(tmp_path) -> None:
+    proc, err = _start_up(tmp_path, POWERFLEET_NODES="[r-a]", POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1")
+    try:
+        url = wait_for(lambda: (m := re.search(r"embedded redis-server at (\S+)", err.read_text())) and m.group(1),
+                       "up to start its embedded Redis")
+        wait_for(lambda: len(TickLog(redis.Redis.from_url(url)).origins("reconcile")) >= 1, "a reconcile tick",
+                 timeout_s=60)
+        redis.Redis.from_url(url).shutdown(nosave=True)
+        code = proc.wait(timeout=60)
+        assert code == 1
+        text = err.read_text()
+        assert "embedded redis-server exited; stopping the fleet" in text
+        assert "Traceback" not in text
+    finally:
+        _stop(proc)
