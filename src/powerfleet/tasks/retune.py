@@ -1,64 +1,175 @@
-"""Retune tasks: the tick that launches each closed, not-yet-launched window exactly once."""
+"""Retune tasks: thin JSON wrappers over ``powerfleet.retune.control`` and ``.live``.
+
+| task | queue | arguments (JSON object) |
+|---|---|---|
+| ``powerfleet.retune.tick`` | control | ``{}`` or ``{"now": epoch_s}`` (replays and tests) |
+| ``powerfleet.retune.window`` | control | ``{"dgd", "window"}`` (+ ``leader``, ``term``, ``generation`` from the tick) |
+| ``powerfleet.sweep.shard`` | sweep | ``{"sid", "spec"}`` (sent by the window step) |
+| ``powerfleet.retune.harvest`` | control | ``{"sid"}`` |
+| ``powerfleet.retune.apply`` / ``.rollback`` / ``.promote`` | control | ``{"dgd"}`` |
+"""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
+from celery import signals
 from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
-from powerfleet.retune.windows import dedupe_key, window, windows_to_launch
-from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
+from powerfleet.cluster.leases import connect
+from powerfleet.cluster.router import RouterClient
+from powerfleet.retune import control, live
+from powerfleet.retune.context import Ports
+from powerfleet.retune.fanin import ShardSpec
+from powerfleet.retune.settings import configured
+from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
+from powerfleet.workers.routes import SWEEP_QUEUE
 
-_ENABLED_AT = "powerfleet:retune:enabled_at"
-_LAST_LAUNCHED = "powerfleet:retune:last_launched"
+_DGD = Field(min_length=1, max_length=253)
+_clusters: dict[str | None, Any] = {}
+_consumers: dict[str, tuple[float, list[str]]] = {}
+
+
+class TickArgs(TaskArgs):
+    now: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 class WindowArgs(TaskArgs):
-    dgd: str = Field(min_length=1, max_length=253)
+    dgd: str = _DGD
     window: int
+    leader: str | None = None
+    term: int | None = Field(None, ge=1)
+    generation: str | None = None
 
 
-class RetuneTickResult(TaskArgs):
-    at: float
-    launched: list[WindowArgs]
+class DeploymentArgs(TaskArgs):
+    dgd: str = _DGD
 
 
-class WindowResult(TaskArgs):
-    dgd: str
-    window: int
-    start: float
-    end: float
+class HarvestArgs(TaskArgs):
+    sid: str = Field(min_length=1, max_length=600)
 
 
-@fleet_task("powerfleet.retune.tick", NoArgs, acks_late=False)
-def retune_tick(self: Any, params: NoArgs) -> RetuneTickResult:
-    r = fleet_redis(self.app)
-    now = clock.now()
-    cfg = self.app.fleet_config.retune
-    launched: list[WindowArgs] = []
-    for dgd in cfg.deployments:
-        # First sighting of a retune-enabled deployment fixes its enable time.
-        r.hsetnx(_ENABLED_AT, dgd, repr(now))
-        enabled_at = float(r.hget(_ENABLED_AT, dgd))
-        last = r.hget(_LAST_LAUNCHED, dgd)
-        due = windows_to_launch(now, enabled_at, int(last) if last is not None else None,
-                                cfg.window_interval_s, cfg.window_phase_s)
-        for w in due:
-            # SET NX per (deployment, window): a second tick or a second beat cannot relaunch.
-            if r.set(dedupe_key(dgd, w.index), repr(now), nx=True, ex=7 * 86400):
-                self.app.send_task("powerfleet.retune.window", kwargs={"dgd": dgd, "window": w.index})
-                launched.append(WindowArgs(dgd=dgd, window=w.index))
-            r.hset(_LAST_LAUNCHED, dgd, w.index)
-    detail = ", ".join(f"launched {x.dgd} window {x.window}" for x in launched) or "no closed window to launch"
-    TickLog(r).record("retune", now, self.request.origin, detail)
-    return RetuneTickResult(at=now, launched=launched)
+class ShardArgs(TaskArgs):
+    sid: str = Field(min_length=1, max_length=600)
+    spec: ShardSpec
+
+
+@dataclass
+class _At:
+    """The task's clock, with ``now`` pinned when the caller gave one (replays, tests)."""
+
+    at: float | None
+
+    def now(self) -> float:
+        return self.at if self.at is not None else clock.now()
+
+    def monotonic(self) -> float:
+        return clock.monotonic()
+
+
+def _sweep_consumers(app: Any) -> list[str]:
+    """Workers consuming ``sweep`` (cached 30 s per process: one broadcast, 2 s reply window)."""
+    hit = _consumers.get("sweep")
+    if hit is not None and time.monotonic() - hit[0] < 30:
+        return hit[1]
+    replies = app.control.inspect(timeout=2.0).active_queues() or {}
+    names = sorted(w for w, qs in replies.items() if any(q.get("name") == SWEEP_QUEUE for q in qs or []))
+    if names:
+        _consumers["sweep"] = (time.monotonic(), names)
+    return names
+
+
+def ports_for(task: Any, at: float | None = None) -> Ports:
+    app = task.app
+    cfg = app.fleet_config.retune
+    cluster = _clusters.get(cfg.kubeconfig)
+    if cluster is None:
+        cluster = _clusters[cfg.kubeconfig] = connect(cfg.kubeconfig)
+    identity = task.request.hostname or "powerfleet"
+    return Ports(
+        r=fleet_redis(app), cluster=cluster, router=RouterClient(leader=identity), clock=_At(at),
+        identity=identity,
+        send=lambda name, kwargs, opts: app.send_task(name, kwargs=kwargs, **opts),
+        sweep_consumers=lambda: _sweep_consumers(app),
+    )
+
+
+def _run(task: Any, fn: Any, *args: Any, at: float | None = None) -> Any:
+    ports = ports_for(task, at)
+    try:
+        return fn(task.app.fleet_config.retune, ports, *args)
+    finally:
+        ports.router.close()
+
+
+@fleet_task("powerfleet.retune.tick", TickArgs, acks_late=False)
+def retune_tick(self: Any, params: TickArgs) -> dict[str, Any]:
+    ports = ports_for(self, params.now)
+    now = ports.clock.now()
+    try:
+        deployments = control.tick(self.app.fleet_config.retune, ports, now)
+    finally:
+        ports.router.close()
+    launched = [{"dgd": d["deployment"], "window": k} for d in deployments for k in d.get("launched", [])]
+    detail = ", ".join(f"launched {x['dgd']} window {x['window']}" for x in launched) or "no closed window to launch"
+    TickLog(ports.r).record("retune", now, self.request.origin, detail)
+    return {"at": now, "launched": launched, "deployments": deployments}
 
 
 @fleet_task("powerfleet.retune.window", WindowArgs, acks_late=True)
-def retune_window(self: Any, params: WindowArgs) -> WindowResult:
-    """Entry point of one retune window; the cut/sweep/harvest pipeline attaches here."""
-    cfg = self.app.fleet_config.retune
-    w = window(params.window, cfg.window_interval_s, cfg.window_phase_s)
-    return WindowResult(dgd=params.dgd, window=w.index, start=w.start, end=w.end)
+def retune_window(self: Any, params: WindowArgs) -> dict[str, Any]:
+    return _run(self, lambda cfg, ports: live.launch_window(
+        cfg, ports, params.dgd, params.window, leader=params.leader, term=params.term, generation=params.generation))
+
+
+@fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True)
+def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
+    return _run(self, lambda cfg, ports: live.run_shard(ports, params.sid, params.spec, redelivered=redelivered))
+
+
+@fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True)
+def retune_harvest(self: Any, params: HarvestArgs) -> dict[str, Any]:
+    return _run(self, live.harvest, params.sid)
+
+
+@fleet_task("powerfleet.retune.apply", DeploymentArgs, acks_late=True)
+def retune_apply(self: Any, params: DeploymentArgs) -> dict[str, Any]:
+    return _run(self, control.apply_now, params.dgd)
+
+
+@fleet_task("powerfleet.retune.rollback", DeploymentArgs, acks_late=True)
+def retune_rollback(self: Any, params: DeploymentArgs) -> dict[str, Any]:
+    return _run(self, control.rollback, params.dgd)
+
+
+@fleet_task("powerfleet.retune.promote", DeploymentArgs, acks_late=True)
+def retune_promote(self: Any, params: DeploymentArgs) -> dict[str, Any]:
+    return _run(self, control.promote, params.dgd)
+
+
+@signals.worker_shutdown.connect(weak=False)
+def _release_leases(sender: Any = None, **kw: Any) -> None:
+    """Graceful shutdown releases every retune Lease this worker holds."""
+    app = getattr(sender, "app", None)
+    cfg = getattr(getattr(app, "fleet_config", None), "retune", None)
+    if cfg is None or not configured(cfg):
+        return
+    identity = getattr(sender, "hostname", None) or "powerfleet"
+    try:
+        cluster = _clusters.get(cfg.kubeconfig) or connect(cfg.kubeconfig)
+    except Exception:  # no cluster reachable at shutdown: the Lease expires on its own
+        return
+    ports = Ports(r=fleet_redis(app), cluster=cluster, router=RouterClient(), clock=clock, identity=identity,
+                  send=lambda *a: None, sweep_consumers=lambda: [])
+    try:
+        control.release_all(cfg, ports)
+    except Exception:  # shutting down: never block the exit on the API server
+        pass
+    finally:
+        ports.router.close()

@@ -1,0 +1,126 @@
+"""The router actuator: bring every frontend's ``/router_policy`` to its target, safely.
+
+* Each frontend's initial settings are saved (fenced) before this process first PATCHes it,
+  including a frontend that appears later.
+* PATCH is revision-checked; a conflict re-reads and retries once. Before every PATCH the
+  leader term is checked, so a superseded leader writes nothing.
+* Targets: during a rollback, each frontend's saved initial settings; in active mode, the
+  decided settings (a frontend whose initial ``overlap_score_credit`` is 0 keeps 0); in
+  advisory mode nothing is written. A manual change is therefore reverted at the next round.
+* Convergence is reported per frontend from what the frontend answered, never assumed: a
+  frontend with no saved initial settings that still holds retuned values is not converged
+  by a rollback. One frontend failing never stops the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from powerfleet.cluster.router import RevisionConflict, RouterClient, RouterError, RouterPolicyState
+from powerfleet.retune.leadership import Leadership, StateStore, Term
+from powerfleet.retune.premises import Frontend
+from powerfleet.retune.state import Policy, RetuneState
+
+
+@dataclass(frozen=True)
+class FrontendReport:
+    pod: str
+    url: str
+    converged: bool
+    wrote: bool = False
+    revision: int | None = None
+    error: str | None = None
+    policy: Policy | None = None
+
+
+def same(a: Policy | None, b: Policy | None) -> bool:
+    if a is None or b is None:
+        return False
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=0, abs_tol=1e-9) for k in a)
+
+
+def read_all(router: RouterClient, frontends: list[Frontend]) -> tuple[dict[str, RouterPolicyState], dict[str, str]]:
+    got: dict[str, RouterPolicyState] = {}
+    errors: dict[str, str] = {}
+    for fe in frontends:
+        try:
+            got[fe.pod] = router.get(fe.url)
+        except RouterError as exc:
+            errors[fe.pod] = str(exc)
+    return got, errors
+
+
+def target_for(state: RetuneState, pod: str, promote: Policy | None = None) -> Policy | None:
+    """What ``pod`` should hold now, or None when nothing may be written to it."""
+    if state.rollback == "intent":
+        return state.initial.get(pod)
+    want = promote if promote is not None else (state.desired if state.mode == "active" else None)
+    if want is None:
+        return None
+    init = state.initial.get(pod)
+    if init is not None and init.get("overlap_score_credit") == 0:
+        want = {**want, "overlap_score_credit": 0.0}
+    return dict(want)
+
+
+class Actuator:
+    def __init__(self, router: RouterClient, store: StateStore, leadership: Leadership, term: Term) -> None:
+        self.router, self.store, self.leadership, self.term = router, store, leadership, term
+
+    def save_initials(self, state: RetuneState, current: dict[str, RouterPolicyState]) -> RetuneState:
+        """Save unseen frontends' settings as their initial ones, before anything is written.
+
+        Not during a rollback, and not for a frontend already on the decided values: those
+        values are ours (a PATCH whose save was lost), and learning them as "initial" would
+        let a rollback call a retuned router converged.
+        """
+        if state.rollback == "intent":
+            return state
+        new = {pod: st.policy for pod, st in current.items()
+               if pod not in state.initial and not same(st.policy, state.desired)}
+        if not new:
+            return state
+        return self.store.update(self.term, lambda s: s.model_copy(update={"initial": {**new, **s.initial}}))
+
+    def reconcile(self, frontends: list[Frontend], state: RetuneState,
+                  promote: Policy | None = None) -> tuple[RetuneState, list[FrontendReport]]:
+        current, errors = read_all(self.router, frontends)
+        state = self.save_initials(state, current)  # before any PATCH (fenced)
+        reports = []
+        for fe in frontends:
+            if fe.pod in errors:
+                reports.append(FrontendReport(fe.pod, fe.url, False, error=errors[fe.pod]))
+                continue
+            reports.append(self._one(fe, state, current[fe.pod], promote))
+        return state, reports
+
+    def _one(self, fe: Frontend, state: RetuneState, cur: RouterPolicyState,
+             promote: Policy | None) -> FrontendReport:
+        target = target_for(state, fe.pod, promote)
+        if target is None:
+            if state.rollback == "intent":
+                retuned = state.desired is not None and same(cur.policy, state.desired)
+                why = "no saved initial settings" + ("; still on retuned values" if retuned else "")
+                return FrontendReport(fe.pod, fe.url, not retuned, revision=cur.revision, error=why, policy=cur.policy)
+            conv = state.desired is None or same(cur.policy, state.desired)
+            return FrontendReport(fe.pod, fe.url, conv, revision=cur.revision, policy=cur.policy)
+        wrote = False
+        for attempt in (1, 2):
+            if same(cur.policy, target):
+                return FrontendReport(fe.pod, fe.url, True, wrote, cur.revision, policy=cur.policy)
+            self.leadership.check(self.term)  # a superseded leader PATCHes nothing
+            try:
+                cur = self.router.patch(fe.url, target, cur.revision)
+                wrote = True
+            except RevisionConflict as exc:
+                if attempt == 2:
+                    return FrontendReport(fe.pod, fe.url, False, wrote, cur.revision, error=str(exc))
+                try:
+                    cur = self.router.get(fe.url)
+                except RouterError as exc2:
+                    return FrontendReport(fe.pod, fe.url, False, wrote, error=str(exc2))
+            except RouterError as exc:
+                return FrontendReport(fe.pod, fe.url, False, wrote, cur.revision, error=str(exc))
+        ok = same(cur.policy, target)
+        return FrontendReport(fe.pod, fe.url, ok, wrote, cur.revision, policy=cur.policy)

@@ -1,0 +1,206 @@
+"""The leader's control round per deployment, and the operator's verbs.
+
+``tick`` (every ``beat.retune_interval_s``) per configured deployment: claim or renew the
+leadership Lease; on a new term (or a corrupt/missing state) rewrite the state under the new
+term; follow mode and configuration changes; reconcile every router (manual changes are
+reverted within one round); launch the newest closed window; harvest sweeps past their
+deadline. ``promote``, ``rollback`` and ``apply`` are the same steps on demand. Disabling or
+removing a deployment's retune rolls its routers back, then deletes its state, Leases and
+sweep leftovers, and only while this process holds the term.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.context import Deployment, Ports
+from powerfleet.retune.fanin import PREFIX
+from powerfleet.retune.leadership import Fenced, Term
+from powerfleet.retune.live import HARVEST_TASK, actuate
+from powerfleet.retune.metrics import CORRUPT_STATE, TERM
+from powerfleet.retune.settings import SettingsError, configured
+from powerfleet.retune.state import DecisionRecord, RetuneState
+from powerfleet.retune.windows import dedupe_key, windows_to_launch
+
+WINDOW_TASK = "powerfleet.retune.window"
+ENABLED_AT = "powerfleet:retune:enabled_at"
+LAST_LAUNCHED = "powerfleet:retune:last_launched"
+KNOWN = PREFIX + "known"
+
+
+class NotLeader(Exception):
+    """Another process holds this deployment's Lease; the verb did nothing."""
+
+
+def _lead(dep: Deployment) -> tuple[Term, RetuneState, str | None]:
+    """Claim or renew; rewrite the state under a new term or when it is missing or corrupt."""
+    t, holder, acquired = dep.leadership.claim()
+    if t is None:
+        TERM.labels(dep.name).set(0)
+        raise NotLeader(f"{dep.name}: the retune Lease is held by {holder!r}")
+    TERM.labels(dep.name).set(t.term)
+    state, corrupt = dep.store.read()
+    if corrupt:
+        CORRUPT_STATE.labels(dep.name).inc()
+    if acquired or corrupt or state is None or state.term != t.term:
+        state = dep.store.update(t, lambda s: s, replace_corrupt=True)
+    assert state is not None
+    return t, state, corrupt
+
+
+def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:
+    s = dep.settings
+    if state.mode == "active" and s.mode == "advisory" and state.desired is not None:
+        # Switching to advisory rolls every router back to its saved initial settings.
+        state = dep.store.update(t, lambda x: x.model_copy(update={"mode": "advisory", "rollback": "intent"}))
+    elif state.mode != s.mode:
+        state = dep.store.update(t, lambda x: x.model_copy(update={"mode": s.mode}))
+    if state.generation != s.generation:
+        state = dep.store.update(t, lambda x: x.model_copy(update={"generation": s.generation}))
+    return state
+
+
+def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list[dict[str, Any]]) -> RetuneState:
+    if state.rollback == "intent" and routers and all(r["converged"] for r in routers):
+        return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
+                                                                  "desired_window": None}))
+    return state
+
+
+def _launch_due(cfg: RetuneConfig, ports: Ports, dep: Deployment, t: Term, now: float) -> list[int]:
+    s, r = dep.settings, ports.r
+    r.hsetnx(ENABLED_AT, dep.name, repr(now))
+    enabled_at = float(r.hget(ENABLED_AT, dep.name))
+    last = r.hget(LAST_LAUNCHED, dep.name)
+    launched = []
+    for w in windows_to_launch(now, enabled_at, int(last) if last is not None else None, s.interval_s, s.phase_s):
+        if r.set(dedupe_key(dep.name, w.index), repr(now), nx=True, ex=7 * 86400):
+            ports.send(WINDOW_TASK, {"dgd": dep.name, "window": w.index, "leader": t.identity, "term": t.term,
+                                     "generation": s.generation}, {})
+            launched.append(w.index)
+        r.hset(LAST_LAUNCHED, dep.name, w.index)
+    return launched
+
+
+def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
+    try:
+        dep = Deployment.open(cfg, ports, name)
+    except SettingsError as exc:
+        return {"deployment": name, "status": "invalid-settings", "error": str(exc)}
+    if not dep.settings.enabled:
+        return cleanup(cfg, ports, dep)
+    try:
+        t, state, corrupt = _lead(dep)
+    except NotLeader as exc:
+        return {"deployment": name, "status": "standby", "reason": str(exc)}
+    ports.r.sadd(KNOWN, name)
+    try:
+        state = _follow_config(dep, t, state)
+        routers = actuate(dep, ports, t, state)
+        state = _finish_rollback(dep, t, state, routers)
+        launched = _launch_due(cfg, ports, dep, t, now)
+        overdue = [rec.sid for rec in ports.fanin.active(name) if now >= rec.deadline]
+        for sid in overdue:
+            ports.send(HARVEST_TASK, {"sid": sid}, {})
+    except Fenced as exc:
+        TERM.labels(name).set(0)
+        return {"deployment": name, "status": "fenced", "reason": str(exc)}
+    return {"deployment": name, "status": "leader", "term": t.term, "mode": state.mode, "launched": launched,
+            "harvest": overdue, "routers": routers, "corrupt_state_replaced": corrupt}
+
+
+def tick(cfg: RetuneConfig, ports: Ports, now: float) -> list[dict[str, Any]]:
+    names = set(configured(cfg))
+    out = [tick_deployment(cfg, ports, n, now) for n in sorted(names)]
+    for gone in sorted(m.decode() for m in ports.r.smembers(KNOWN)):
+        if gone not in names:  # retune removed from the config: roll back and clean up
+            try:
+                out.append(cleanup(cfg, ports, Deployment.open(cfg, ports, gone)))
+            except SettingsError as exc:
+                out.append({"deployment": gone, "status": "invalid-settings", "error": str(exc)})
+    return out
+
+
+def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
+    """Retune disabled or removed: roll routers back, then delete state, Leases and leftovers."""
+    if dep.leadership.current() is None and dep.store.read() == (None, None):
+        ports.r.srem(KNOWN, dep.name)
+        return {"deployment": dep.name, "status": "disabled"}
+    try:
+        t, state, _ = _lead(dep)
+    except NotLeader as exc:
+        return {"deployment": dep.name, "status": "standby", "reason": str(exc)}
+    try:
+        if state.rollback != "done" and state.initial:
+            state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
+            routers = actuate(dep, ports, t, state)
+            if not routers or not all(r["converged"] for r in routers):
+                return {"deployment": dep.name, "status": "rolling-back", "routers": routers}
+        purged = ports.fanin.purge(dep.name)
+        dep.store.delete(t)
+    except Fenced as exc:
+        return {"deployment": dep.name, "status": "fenced", "reason": str(exc)}
+    ports.r.hdel(ENABLED_AT, dep.name)
+    ports.r.hdel(LAST_LAUNCHED, dep.name)
+    ports.r.srem(KNOWN, dep.name)
+    TERM.labels(dep.name).set(0)
+    return {"deployment": dep.name, "status": "cleaned", "results_deleted": purged}
+
+
+def promote(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+    """Apply the last advisory recommendation to every router (once, even in advisory mode)."""
+    dep = Deployment.open(cfg, ports, name)
+    t, state, _ = _lead(dep)
+    adv = state.advisory
+    if adv is None or adv.params is None:
+        return {"deployment": name, "status": "nothing-to-promote"}
+    now = ports.clock.now()
+    rec = DecisionRecord(window=-1, outcome="promoted", mode=state.mode, params=dict(adv.params),
+                         improvement_pct=adv.improvement_pct, reason=f"promoted the advisory decision of window {adv.window}",
+                         term=t.term, generation=dep.settings.generation, at=now)
+    state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(update={
+        "desired": dict(adv.params or {}), "desired_window": adv.window, "advisory": None, "rollback": "none"}))
+    routers = actuate(dep, ports, t, state, promote=state.desired)
+    return {"deployment": name, "status": "promoted", "window": adv.window, "params": adv.params, "routers": routers}
+
+
+def rollback(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+    """Two phases: save the intent, then write each router's initial settings (revision-checked)."""
+    dep = Deployment.open(cfg, ports, name)
+    t, state, _ = _lead(dep)
+    now = ports.clock.now()
+    rec = DecisionRecord(window=-1, outcome="rollback", mode=state.mode, reason="rollback to the initial settings",
+                         term=t.term, generation=dep.settings.generation, at=now)
+    state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(
+        update={"rollback": "intent"}))
+    routers = actuate(dep, ports, t, state)
+    state = _finish_rollback(dep, t, state, routers)
+    return {"deployment": name, "status": "rolled-back" if state.rollback == "done" else "rolling-back",
+            "routers": routers}
+
+
+def apply_now(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+    """One reconcile round now: write the decided settings (active mode), report convergence."""
+    dep = Deployment.open(cfg, ports, name)
+    t, state, _ = _lead(dep)
+    state = _follow_config(dep, t, state)
+    routers = actuate(dep, ports, t, state)
+    state = _finish_rollback(dep, t, state, routers)
+    return {"deployment": name, "status": "reconciled", "mode": state.mode, "desired": state.desired,
+            "routers": routers}
+
+
+def release_all(cfg: RetuneConfig, ports: Ports) -> list[str]:
+    """Graceful shutdown: give up every Lease this process holds."""
+    out = []
+    for name in configured(cfg):
+        try:
+            dep = Deployment.open(cfg, ports, name)
+        except SettingsError:
+            continue
+        if dep.leadership.release():
+            out.append(name)
+    return out
+
+

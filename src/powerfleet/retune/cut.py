@@ -1,0 +1,257 @@
+"""The window cut: merge the frontends' gzip trace segments of one window into one file.
+
+Frontends write Mooncake JSON lines (``timestamp`` in epoch ms) as gzip segments under
+``<trace_dir>/segments/<dgd>/<pod>/``. The cut streams every segment, keeps the records whose
+timestamp falls in [start, end), and writes them to ``<trace_dir>/windows/<dgd>/w<k>.jsonl.gz``
+(mode 0600, published by an atomic rename).
+
+Memory does not grow with the window: input is read in fixed chunks, and each input gzip
+member's kept lines are compressed straight into one output member. A member that turns out
+corrupt (bad header, deflate error, CRC or length mismatch, truncation) is rolled back by
+truncating the output to where that member began; it is skipped and counted, and reading
+resumes at the next gzip header. Nothing from a corrupt member reaches the window file.
+
+Deployment and pod names must be DNS names, and every path is resolved and checked to stay
+inside the trace directory, so no name (``..``, ``/``, a symlink) can make a path escape it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from powerfleet.sim.trace import GZIP_MAGIC, parse_line
+
+_CHUNK = 1 << 16
+_DNS = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class CutError(ValueError):
+    """The cut could not run (bad name, unreadable directory); one line."""
+
+
+@dataclass
+class CutResult:
+    path: str | None  # None: the window had no traffic, no file was written
+    requests: int = 0
+    segments: int = 0
+    corrupt_members: int = 0
+    malformed_lines: int = 0
+    bytes_read: int = 0
+    issues: list[str] = field(default_factory=list)
+
+
+def safe_name(name: str, what: str) -> str:
+    if not _DNS.match(name) or ".." in name:
+        raise CutError(f"{what} {name!r} is not a DNS name; refusing to build a path from it")
+    return name
+
+
+def _inside(root: Path, p: Path) -> bool:
+    try:
+        return p.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
+
+
+def segments_dir(trace_dir: str | Path, dgd: str) -> Path:
+    root = Path(trace_dir)
+    d = root / "segments" / safe_name(dgd, "deployment")
+    if d.exists() and not _inside(root, d):
+        raise CutError(f"segments of {dgd!r} resolve outside the trace directory")
+    return d
+
+
+def window_path(trace_dir: str | Path, dgd: str, k: int) -> Path:
+    return Path(trace_dir) / "windows" / safe_name(dgd, "deployment") / f"w{int(k)}.jsonl.gz"
+
+
+class _Out:
+    """Gzip output, one member per accepted input member, with rollback to a mark."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.comp: zlib._Compress | None = None
+        self.mark = 0
+        self.pending = 0  # lines written in the open member
+
+    def begin(self) -> None:
+        self.mark = self.fh.tell()
+        self.comp = zlib.compressobj(6, zlib.DEFLATED, 31)
+        self.pending = 0
+
+    def line(self, raw: bytes) -> None:
+        assert self.comp is not None
+        self.fh.write(self.comp.compress(raw + b"\n"))
+        self.pending += 1
+
+    def commit(self) -> int:
+        assert self.comp is not None
+        n = self.pending
+        if n:
+            self.fh.write(self.comp.flush())
+        else:
+            self.rollback()  # an empty member is noise; drop it
+        self.comp = None
+        return n
+
+    def rollback(self) -> None:
+        self.fh.seek(self.mark)
+        self.fh.truncate()
+        self.comp, self.pending = None, 0
+
+
+class _Filter:
+    def __init__(self, lo_ms: float, hi_ms: float, res: CutResult, out: _Out) -> None:
+        self.lo, self.hi, self.res, self.out = lo_ms, hi_ms, res, out
+        self.rest = b""
+
+    def feed(self, data: bytes) -> None:
+        buf = self.rest + data
+        lines = buf.split(b"\n")
+        self.rest = lines.pop()
+        for ln in lines:
+            self._one(ln)
+
+    def end(self) -> None:
+        if self.rest.strip():
+            self._one(self.rest)
+        self.rest = b""
+
+    def _one(self, raw: bytes) -> None:
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            return
+        try:
+            req = parse_line(raw, 0)
+        except ValueError:
+            self.res.malformed_lines += 1
+            return
+        if self.lo <= req.timestamp_ms < self.hi:
+            self.out.line(raw)
+
+
+def _next_magic(fh: BinaryIO, start: int) -> int | None:
+    pos = start
+    fh.seek(pos)
+    tail = b""
+    while True:
+        chunk = fh.read(_CHUNK)
+        if not chunk:
+            return None
+        buf = tail + chunk
+        i = buf.find(GZIP_MAGIC)
+        if i >= 0:
+            return pos - len(tail) + i
+        tail = buf[-2:]
+        pos += len(chunk)
+
+
+def _cut_gzip(fh: BinaryIO, size: int, flt: _Filter, out: _Out, res: CutResult, name: str) -> None:
+    pos = 0
+    while pos < size:
+        fh.seek(pos)
+        if fh.read(3) != GZIP_MAGIC:
+            nxt = _next_magic(fh, pos + 1)
+            res.corrupt_members += 1
+            res.issues.append(f"{name}: bytes at {pos} are not a gzip member; skipped")
+            if nxt is None:
+                return
+            pos = nxt
+            continue
+        fh.seek(pos)
+        d = zlib.decompressobj(wbits=31)
+        out.begin()
+        kept_before = res.requests
+        cur, ok, err = pos, False, "truncated (no end of member)"
+        try:
+            while True:
+                chunk = fh.read(_CHUNK)
+                if not chunk:
+                    break
+                cur += len(chunk)
+                res.bytes_read += len(chunk)
+                flt.feed(d.decompress(chunk))
+                if d.eof:
+                    ok = True
+                    cur -= len(d.unused_data)
+                    break
+        except zlib.error as exc:
+            err = f"corrupt ({exc})"
+        if ok:
+            flt.end()
+            res.requests = kept_before + out.commit()
+            pos = cur
+            continue
+        flt.rest = b""
+        out.rollback()
+        res.corrupt_members += 1
+        res.issues.append(f"{name}: gzip member at byte {pos} {err}; skipped")
+        nxt = _next_magic(fh, pos + 1)
+        if nxt is None:
+            return
+        pos = nxt
+
+
+def _cut_plain(fh: BinaryIO, flt: _Filter, out: _Out, res: CutResult) -> None:
+    out.begin()
+    while chunk := fh.read(_CHUNK):
+        res.bytes_read += len(chunk)
+        flt.feed(chunk)
+    flt.end()
+    res.requests += out.commit()
+
+
+def _segment_files(root: Path, seg_dir: Path) -> list[Path]:
+    files: list[Path] = []
+    if not seg_dir.is_dir():
+        return files
+    for pod_dir in sorted(seg_dir.iterdir()):
+        if pod_dir.is_symlink() or not pod_dir.is_dir() or not _DNS.match(pod_dir.name):
+            continue
+        for f in sorted(pod_dir.iterdir()):
+            if f.is_symlink() or not f.is_file() or not _inside(root, f):
+                continue
+            if f.name.endswith((".jsonl", ".jsonl.gz", ".gz")):
+                files.append(f)
+    return files
+
+
+def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: float) -> CutResult:
+    """Cut window ``k`` = [start_s, end_s) of ``dgd``; an empty window writes no file."""
+    root = Path(trace_dir)
+    if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
+        raise CutError(f"trace directory {str(root)!r} is not a readable directory")
+    seg_dir = segments_dir(root, dgd)
+    dest = window_path(root, dgd, k)
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = dest.with_name(dest.name + f".{os.getpid()}.tmp")
+    res = CutResult(path=None)
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+    try:
+        with os.fdopen(fd, "w+b") as fh_out:
+            out = _Out(fh_out)
+            flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out)
+            for f in _segment_files(root, seg_dir):
+                res.segments += 1
+                with f.open("rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    if fh.read(3) == GZIP_MAGIC:
+                        _cut_gzip(fh, size, flt, out, res, f"{f.parent.name}/{f.name}")
+                    else:
+                        fh.seek(0)
+                        _cut_plain(fh, flt, out, res)
+        if res.requests == 0:
+            tmp.unlink()
+            return res
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, dest)
+        res.path = str(dest)
+        return res
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,229 @@
+"""The sweep fan-in on Redis: sweep records, idempotent shard results, completion, GC.
+
+Why not a Celery chord: a chord's body fires only when *every* header task has returned,
+and its counter lives in backend keys (``.j``/``.t``) that, if lost or expired, leave the
+body never firing. Retune must decide with what arrived by the deadline, and survive a lost
+counter. So completion is derived, never counted:
+
+* ``sweep:<sid>``: the sweep record (JSON): window, term, generation, deadline, shard specs.
+* ``result:<key>``: one shard's result (JSON), keyed by ``key = sha256(spec, window)``; the
+  spec travels with it and is checked before a result is used (adoption or harvest).
+* ``done:<sid>``: a set of finished keys; only a hint (it triggers the harvest early). The
+  harvest re-derives completion from the result keys themselves, so losing the set loses
+  nothing: the tick harvests every sweep past its deadline.
+* ``readers:<sid>``: the keys of shards that are reading the window file right now; the file
+  is removed only when this set is empty (a killed shard's entry stays until it is redelivered
+  and finishes, or until the sweep is final and the visibility timeout has passed).
+* ``sweeps:<dgd>``: the sweeps not yet final, which the tick checks for deadlines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+PREFIX = "powerfleet:retune:"
+TTL_S = 7 * 86400
+Status = Literal["running", "decided", "abandoned", "dropped"]
+
+
+def _k(*parts: str) -> str:
+    return PREFIX + ":".join(parts)
+
+
+class ShardSpec(BaseModel):
+    """Everything a shard's result depends on; its hash is the shard's key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dgd: str
+    window: int
+    window_file: str
+    window_sha256: str
+    kind: Literal["shard", "probe"]
+    index: int
+    points: list[dict[str, float]]
+    objective: str
+    sla: dict[str, float] | None = None
+    replicas: int
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
+
+class ShardResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str
+    spec: ShardSpec
+    candidates: list[dict[str, Any]]  # retune.decision.Candidate dumps
+    error: str | None = None
+    host: str = ""
+    seconds: float = 0.0
+
+
+class SweepRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sid: str
+    dgd: str
+    window: int
+    term: int
+    identity: str
+    generation: str
+    mode: str
+    launched_at: float
+    deadline: float
+    window_file: str
+    requests: int
+    replicas: int
+    current: dict[str, float]
+    shards: list[ShardSpec]
+    status: Status = "running"
+    reason: str = ""
+    adopted: int = 0
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def keys(self) -> list[str]:
+        return [s.key() for s in self.shards]
+
+
+def sweep_id(dgd: str, window: int, generation: str, term: int) -> str:
+    return f"{dgd}:{window}:{generation}:{term}"
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class FanIn:
+    r: redis.Redis
+
+    # -- sweep records --
+    def register(self, rec: SweepRecord) -> bool:
+        """Store a new sweep; False if that sweep id exists already (a redelivered launch)."""
+        ok = self.r.set(_k("sweep", rec.sid), rec.model_dump_json(), nx=True, ex=TTL_S)
+        if ok:
+            self.r.sadd(_k("sweeps", rec.dgd), rec.sid)
+            self.r.sadd(_k("all", rec.dgd), rec.sid)
+        return bool(ok)
+
+    def sweep(self, sid: str) -> SweepRecord | None:
+        raw = self.r.get(_k("sweep", sid))
+        return SweepRecord.model_validate_json(raw) if raw else None
+
+    def save(self, rec: SweepRecord) -> None:
+        self.r.set(_k("sweep", rec.sid), rec.model_dump_json(), ex=TTL_S)
+        if rec.status != "running":
+            self.r.srem(_k("sweeps", rec.dgd), rec.sid)
+
+    def active(self, dgd: str) -> list[SweepRecord]:
+        out = []
+        for sid in sorted(self.r.smembers(_k("sweeps", dgd))):
+            rec = self.sweep(sid.decode() if isinstance(sid, bytes) else sid)
+            if rec is not None and rec.status == "running":
+                out.append(rec)
+        return out
+
+    def finish(self, rec: SweepRecord, status: Status, reason: str) -> SweepRecord:
+        done = rec.model_copy(update={"status": status, "reason": reason})
+        self.save(done)
+        return done
+
+    # -- shard results --
+    def result(self, key: str) -> ShardResult | None:
+        raw = self.r.get(_k("result", key))
+        if not raw:
+            return None
+        try:
+            return ShardResult.model_validate_json(raw)
+        except ValueError:
+            return None  # an unreadable result is recomputed, never used
+
+    def adoptable(self, spec: ShardSpec) -> ShardResult | None:
+        """An existing result for this exact spec (checked, not trusted by key alone)."""
+        res = self.result(spec.key())
+        return res if res is not None and res.spec == spec and res.error is None else None
+
+    def store(self, res: ShardResult) -> None:
+        # Shards are deterministic: a duplicate run writes the same result, so last write is fine.
+        self.r.set(_k("result", res.key), res.model_dump_json(), ex=TTL_S)
+
+    def mark_done(self, sid: str, key: str) -> int:
+        """Record a finished shard; returns how many of the sweep's shards are done (a hint)."""
+        pipe = self.r.pipeline()
+        pipe.sadd(_k("done", sid), key)
+        pipe.expire(_k("done", sid), TTL_S)
+        pipe.scard(_k("done", sid))
+        return int(pipe.execute()[-1])
+
+    def results(self, rec: SweepRecord) -> dict[str, ShardResult]:
+        """Results that exist and match their spec, by shard key."""
+        out = {}
+        for spec in rec.shards:
+            res = self.result(spec.key())
+            if res is not None and res.spec == spec:
+                out[spec.key()] = res
+        return out
+
+    def count_adopted(self, sid: str) -> None:
+        self.r.incr(_k("adopted", sid))
+        self.r.expire(_k("adopted", sid), TTL_S)
+
+    def adopted(self, sid: str) -> int:
+        return int(self.r.get(_k("adopted", sid)) or 0)
+
+    def harvest_claim(self, sid: str, hold_s: int) -> bool:
+        """One harvest at a time per sweep; the claim expires so a crashed harvest is retried."""
+        return bool(self.r.set(_k("harvesting", sid), "1", nx=True, ex=max(1, hold_s)))
+
+    def harvest_release(self, sid: str) -> None:
+        self.r.delete(_k("harvesting", sid))
+
+    # -- window file readers (reference counting for GC) --
+    def reading(self, sid: str, key: str, who: str) -> None:
+        """A shard starts reading the window file (``who``: host:pid, for operators and tests)."""
+        self.r.hset(_k("readers", sid), key, who)
+        self.r.expire(_k("readers", sid), TTL_S)
+
+    def read_done(self, sid: str, key: str) -> None:
+        self.r.hdel(_k("readers", sid), key)
+
+    def readers(self, sid: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(_k("readers", sid)).items()}
+
+    def gc_window_file(self, rec: SweepRecord, *, force: bool = False) -> bool:
+        """Remove a final sweep's window file when nothing reads it (or ``force``, after the VT)."""
+        if rec.status == "running" or (self.readers(rec.sid) and not force):
+            return False
+        try:
+            os.unlink(rec.window_file)
+        except FileNotFoundError:
+            pass
+        return True
+
+    def purge(self, dgd: str) -> int:
+        """Delete every sweep leftover of a deployment (retune disabled or removed)."""
+        n = 0
+        for sid in list(self.r.smembers(_k("all", dgd))):
+            sid_s = sid.decode() if isinstance(sid, bytes) else sid
+            rec = self.sweep(sid_s)
+            if rec is not None:
+                for key in rec.keys():
+                    n += int(self.r.delete(_k("result", key)))
+                try:
+                    os.unlink(rec.window_file)
+                except FileNotFoundError:
+                    pass
+            self.r.delete(_k("sweep", sid_s), _k("done", sid_s), _k("readers", sid_s), _k("harvesting", sid_s),
+                          _k("adopted", sid_s))
+        self.r.delete(_k("sweeps", dgd), _k("all", dgd))
+        return n

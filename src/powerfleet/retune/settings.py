@@ -1,0 +1,122 @@
+"""Per-deployment retune settings: fleet defaults < ``retune.per_deployment.<dgd>`` < the
+DGD's own ``powerfleet.nvidia.com/retune`` annotation (a JSON object of the same keys).
+
+``resolve`` validates what the config model cannot (the grid against the router domain, the
+SLA, the objective's needs) and stops with one clear ``SettingsError``: an invalid grid never
+leaves retune with nothing to search. ``generation`` fingerprints everything that changes
+what a sweep means, so work launched under an older configuration can be recognised and
+dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
+from powerfleet.retune.grid import DEFAULT_GRID, SweepGrid, parse_grid
+from powerfleet.retune.objectives import Objective, parse_objective
+from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
+
+DGD_ANNOTATION = "powerfleet.nvidia.com/retune"
+
+
+class SettingsError(ValueError):
+    """A deployment's retune settings are invalid; one line naming the key."""
+
+
+@dataclass(frozen=True)
+class DeploymentSettings:
+    dgd: str
+    namespace: str
+    enabled: bool
+    mode: str  # "active" | "advisory"
+    interval_s: int
+    phase_s: int
+    grid: SweepGrid
+    objective: Objective
+    sla: dict[str, float] | None
+    min_improvement_pct: float
+    max_shards: int
+    time_budget_s: float
+    shard_timeout_s: float
+    trace_dir: str
+    lease_duration_s: int
+    lease_renew_s: int
+    history: int
+    generation: str
+
+    def searched_credit_positive(self) -> bool:
+        spec = self.grid.overlap_score_credit
+        return spec is not None and any(v > 0 for v in spec.values())
+
+
+def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
+    raw = annotations.get(DGD_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({exc.msg})") from None
+    try:
+        return RetuneDeploymentConfig.model_validate(obj)
+    except ValidationError as exc:
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: {first_error(exc)}") from None
+
+
+def _merged(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None) -> dict[str, Any]:
+    base: dict[str, Any] = {k: getattr(cfg, k) for k in RetuneDeploymentConfig.model_fields if k != "enabled"}
+    base["window_interval_s"], base["window_phase_s"] = cfg.window_interval_s, cfg.window_phase_s
+    base["enabled"] = dgd in cfg.deployments
+    for layer in (cfg.per_deployment.get(dgd), extra):
+        if layer is not None:
+            base.update({k: v for k, v in layer.model_dump().items() if v is not None})
+    return base
+
+
+def configured(cfg: RetuneConfig) -> list[str]:
+    """Every deployment the fleet config names for retune (enabled or explicitly disabled)."""
+    return sorted(set(cfg.deployments) | set(cfg.per_deployment))
+
+
+def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = None) -> DeploymentSettings:
+    m = _merged(cfg, dgd, extra)
+    where = f"retune settings of {dgd!r}"
+    if not 0 <= m["window_phase_s"] < m["window_interval_s"]:
+        raise SettingsError(f"{where}: window_phase_s must be in [0, window_interval_s)")
+    try:
+        grid = DEFAULT_GRID if m["grid"] is None else parse_grid(m["grid"])
+        points = grid.points(RouterPolicy())  # every value inside the router domain
+        sla = parse_sla(m["sla"])
+        objective = parse_objective(m["objective"])
+    except ValueError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+    if not points:
+        raise SettingsError(f"{where}: the grid has no point to search")
+    if objective in (Objective.goodput, Objective.goodputPerGpu) and sla is None:
+        raise SettingsError(f"{where}: objective {objective.value} needs an sla")
+    if m["time_budget_s"] <= m["shard_timeout_s"]:
+        raise SettingsError(f"{where}: time_budget_s ({m['time_budget_s']:g}) must exceed shard_timeout_s "
+                            f"({m['shard_timeout_s']:g}) so a sweep can finish inside its budget")
+    if m["time_budget_s"] >= m["window_interval_s"]:
+        raise SettingsError(f"{where}: time_budget_s must be shorter than the window interval, or sweeps overlap")
+    sweep_keys = {"grid": grid.model_dump(exclude_none=True), "objective": objective.value,
+                  "sla": sla.model_dump(exclude_none=True) if sla else None,
+                  "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
+                  "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
+                  "trace_dir": m["trace_dir"]}
+    generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
+    return DeploymentSettings(
+        dgd=dgd, namespace=m["namespace"], enabled=bool(m["enabled"]), mode=m["mode"],
+        interval_s=m["window_interval_s"], phase_s=m["window_phase_s"], grid=grid, objective=objective,
+        sla=sweep_keys["sla"], min_improvement_pct=float(m["min_improvement_percentage"]),
+        max_shards=m["max_shards"], time_budget_s=float(m["time_budget_s"]),
+        shard_timeout_s=float(m["shard_timeout_s"]), trace_dir=m["trace_dir"],
+        lease_duration_s=cfg.lease_duration_s, lease_renew_s=cfg.lease_renew_s, history=cfg.history,
+        generation=generation,
+    )

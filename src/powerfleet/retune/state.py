@@ -1,0 +1,132 @@
+"""The retune state saved in the state Lease: strict JSON in, strict JSON out.
+
+The state survives restarts and leader handovers: the router settings saved before the first
+write to each frontend (``initial``), the settings decided for the routers (``desired``), the
+last window decided (so none is decided twice or skipped again), the last advisory
+recommendation, the rollback phase and a bounded decision history.
+
+Every number rejects booleans, NaN, infinities and strings; any such value, bad JSON or a
+wrong type raises ``StateCorrupt``. A corrupt state is reported and replaced on the next
+successful claim, never a crash loop (``leadership.StateStore``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from powerfleet.sim.policy import POLICY_FIELDS, first_error
+
+STATE_SCHEMA = "powerfleet.retune.state/v1"
+Policy = dict[str, float]
+
+
+class StateCorrupt(ValueError):
+    """The saved state could not be parsed; the message says where."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True)
+
+
+class DecisionRecord(_Strict):
+    """One window's outcome as saved in the history (a deep copy, never shared)."""
+
+    window: int
+    outcome: Literal["apply", "keep", "no-traffic", "abandoned", "advisory", "dropped", "promoted", "rollback"]
+    mode: Literal["active", "advisory"]
+    params: Policy | None = None
+    improvement_pct: float | None = None
+    reason: str
+    failure_reason: str | None = None
+    candidates: int = 0
+    candidates_failed: int = 0
+    probe_score: float | None = None
+    best_score: float | None = None
+    replicas: int | None = None
+    replicas_verified: bool = False
+    term: int
+    generation: str
+    at: float
+
+
+class RetuneState(_Strict):
+    schema_: str = Field(STATE_SCHEMA, alias="schema")
+    term: int = Field(0, ge=0)
+    generation: str = ""
+    mode: Literal["active", "advisory"] = "active"
+    initial: dict[str, Policy] = Field(default_factory=dict)  # frontend pod -> settings before our first write
+    desired: Policy | None = None  # what every router should hold (active mode)
+    desired_window: int | None = None
+    last_window: int | None = None  # last window decided, kept, or abandoned
+    advisory: DecisionRecord | None = None  # last recommendation not applied
+    rollback: Literal["none", "intent", "done"] = "none"
+    history: list[DecisionRecord] = Field(default_factory=list)
+    updated: float = 0.0
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True,
+                              populate_by_name=True)
+
+    def with_decision(self, rec: DecisionRecord, keep: int) -> RetuneState:
+        """A new state with ``rec`` appended (deep-copied) to the bounded history."""
+        hist = [*self.history, rec.model_copy(deep=True)][-keep:]
+        return self.model_copy(update={"history": hist})
+
+
+def _reject_constant(name: str) -> Any:
+    raise StateCorrupt(f"state holds {name}, which is not a number")
+
+
+def _walk_numbers(obj: Any, path: str) -> None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise StateCorrupt(f"state {path or '(top)'}: number is not finite")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk_numbers(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _walk_numbers(v, f"{path}[{i}]")
+
+
+def _check_policies(state: RetuneState) -> None:
+    named = [("desired", state.desired)] + [(f"initial.{k}", v) for k, v in state.initial.items()]
+    for where, pol in named:
+        if pol is not None and set(pol) != set(POLICY_FIELDS):
+            raise StateCorrupt(f"state {where}: must hold exactly the eight router parameters")
+
+
+def parse_state(text: str | None) -> RetuneState | None:
+    """``None`` for no state yet; ``StateCorrupt`` for anything that is not a valid state."""
+    if text is None:
+        return None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except StateCorrupt:
+        raise
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise StateCorrupt(f"state is not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise StateCorrupt("state must be a JSON object")
+    _walk_numbers(obj, "")
+    if obj.get("schema") != STATE_SCHEMA:
+        raise StateCorrupt(f"state schema must be {STATE_SCHEMA!r}")
+    try:
+        state = RetuneState.model_validate(obj)
+    except ValidationError as exc:
+        raise StateCorrupt(f"state {first_error(exc)}") from None
+    _check_policies(state)
+    return state
+
+
+def dump_state(state: RetuneState) -> str:
+    _check_policies(state)
+    return json.dumps(state.model_dump(mode="json", by_alias=True), sort_keys=True, allow_nan=False)
+
+
+def deep_copy_details(details: dict[str, Any]) -> dict[str, Any]:
+    """Decision details handed to metrics and history are copies, never shared with the caller."""
+    return copy.deepcopy(details)

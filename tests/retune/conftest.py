@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from powerfleet.broker.embedded import EmbeddedRedis
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.router import RouterClient
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.context import Ports
+from powerfleet.twin.apiserver import ApiServer
+from tests.retune.world import GRID, INTERVAL, World
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    with ApiServer() as api:
+        (tmp_path / "traces").mkdir()
+        w = World(api, tmp_path / "traces", api.write_kubeconfig(tmp_path / "kubeconfig"))
+        try:
+            yield w
+        finally:
+            w.stop()
+
+
+@pytest.fixture
+def kube(world: World) -> Iterator[KubeCluster]:
+    k = KubeCluster.from_kubeconfig(str(world.kubeconfig))
+    yield k
+    k.close()
+
+
+def retune_config(world: World, deployments: list[str], **over: Any) -> RetuneConfig:
+    base: dict[str, Any] = dict(deployments=deployments, window_interval_s=INTERVAL, trace_dir=str(world.trace_dir),
+                                kubeconfig=str(world.kubeconfig), grid=GRID, objective="ttft",
+                                min_improvement_percentage=0.0, max_shards=2, time_budget_s=40, shard_timeout_s=30,
+                                lease_duration_s=30, lease_renew_s=5)
+    base.update(over)
+    return RetuneConfig.model_validate(base)
+
+
+class Outbox:
+    """A ``send`` that records messages instead of publishing (for in-process steps)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+
+    def __call__(self, name: str, kwargs: dict[str, Any], opts: dict[str, Any]) -> None:
+        self.sent.append((name, kwargs, opts))
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        return [kw for n, kw, _ in self.sent if n == name]
+
+
+def make_ports(url: str, kube: KubeCluster, identity: str, clock: FakeClock, send: Any = None) -> Ports:
+    r = redis.Redis.from_url(url)
+    return Ports(r=r, cluster=kube, router=RouterClient(leader=identity), clock=clock, identity=identity,
+                 send=send or Outbox(), sweep_consumers=lambda: ["sweep@test"])

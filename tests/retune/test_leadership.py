@@ -1,0 +1,169 @@
+"""Lease leadership and fenced state against the loopback API server, with real frontends and Redis.
+
+Two "processes" are two identities with their own clocks: expiry is measured on each one's
+own monotonic clock, so time moves only when a test says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.objects import Lease
+from powerfleet.retune import control
+from powerfleet.retune.context import Deployment
+from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
+from powerfleet.retune.live import actuate
+from powerfleet.retune.state import RetuneState, parse_state
+from tests.retune.conftest import make_ports, retune_config
+
+T0 = 1_800_000_000.0
+DECIDED = {"overlap_score_credit": 1.0, "overlap_score_credit_decay": 0.0, "prefill_load_scale": 4.0,
+           "temperature": 0.0, "host_cache_hit_weight": 0.75, "disk_cache_hit_weight": 0.25,
+           "shared_cache_multiplier": 0.0, "decode_active_request_weight": 0.0}
+
+
+def _decide(cfg: Any, ports: Any, name: str = "llama") -> RetuneState:
+    """Save a decision as a harvest would (fenced), under the current term."""
+    dep = Deployment.open(cfg, ports, name)
+    t, _, _ = dep.leadership.claim()
+    assert t is not None
+    return dep.store.update(t, lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1}))
+
+
+def test_handover_and_a_paused_stale_leader_is_fenced(world, kube, redis_url) -> None:
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ca, cb = FakeClock(T0, 100.0), FakeClock(T0, 5000.0)
+    a, b = make_ports(redis_url, kube, "ctl-a", ca), make_ports(redis_url, kube, "ctl-b", cb)
+
+    first = control.tick_deployment(cfg, a, "llama", T0)
+    assert (first["status"], first["term"]) == ("leader", 1)
+    _decide(cfg, a)
+    assert control.tick_deployment(cfg, a, "llama", T0)["routers"][0]["converged"]
+    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    # A pauses here, holding term 1 and a state it read.
+    dep_a = Deployment.open(cfg, a, "llama")
+    term_a = dep_a.term_of("ctl-a", 1)
+    state_a, _ = dep_a.store.read()
+
+    assert control.tick_deployment(cfg, b, "llama", T0)["status"] == "standby"  # B's timer starts now
+    cb.advance(cfg.lease_duration_s - 1)
+    assert control.tick_deployment(cfg, b, "llama", T0)["status"] == "standby"  # not yet expired for B
+    cb.advance(1)
+    took = control.tick_deployment(cfg, b, "llama", T0 + 30)
+    assert (took["status"], took["term"]) == ("leader", 2)
+    assert parse_state(kube.get_lease("default", state_lease_name("llama")).annotations[STATE_ANNOTATION]).desired == DECIDED
+
+    # An operator changes one router by hand; the stale leader resumes with its old term.
+    pod = sorted(fes)[0]
+    manual = fes[pod]
+    manual.patch(b'{"revision": %d, "policy": {"temperature": 0.5}}' % manual.revision, "operator")
+    writes_before = {p: len(fe.writes) for p, fe in fes.items()}
+    with pytest.raises(Fenced):
+        dep_a.store.update(term_a, lambda s: s.model_copy(update={"desired": None}))
+    assert state_a is not None
+    with pytest.raises(Fenced):
+        actuate(dep_a, a, term_a, state_a)
+    assert all(len(fe.writes) == writes_before[p] for p, fe in fes.items())  # not one PATCH from A
+    assert not any(w.leader == "ctl-a" for fe in fes.values() for w in fe.writes[writes_before[pod]:])
+
+    # The new leader reverts the manual change within one round.
+    again = control.tick_deployment(cfg, b, "llama", T0 + 40)
+    assert all(r["converged"] for r in again["routers"])
+    assert manual.policy.temperature == 0.0 and manual.writes[-1].leader == "ctl-b"
+    # A's own tick sees B's Lease and stays out.
+    assert control.tick_deployment(cfg, a, "llama", T0 + 40)["status"] == "standby"
+
+
+def test_a_corrupt_state_is_reported_and_replaced_on_the_next_claim(world, kube, redis_url) -> None:
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    assert control.tick_deployment(cfg, ports, "llama", T0)["status"] == "leader"
+    for bad in ('{"schema": "powerfleet.retune.state/v1", "term": 1, "updated": NaN}',
+                '{"schema": "powerfleet.retune.state/v1", "term": true}', "not json", '{"schema": "x"}'):
+        lease = kube.get_lease("default", state_lease_name("llama"))
+        kube.update_lease(lease.model_copy(update={"annotations": {STATE_ANNOTATION: bad}}))
+        out = control.tick_deployment(cfg, ports, "llama", T0)
+        assert out["status"] == "leader" and out["corrupt_state_replaced"], bad
+        text = kube.get_lease("default", state_lease_name("llama")).annotations[STATE_ANNOTATION]
+        assert parse_state(text).term == out["term"]
+
+
+def test_shutdown_releases_the_lease_and_a_peer_takes_it_at_once(world, kube, redis_url) -> None:
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    a = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    b = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
+    assert control.tick_deployment(cfg, a, "llama", T0)["term"] == 1
+    assert control.release_all(cfg, a) == ["llama"]
+    assert kube.get_lease("default", leader_lease_name("llama")).holder_identity is None
+    assert control.tick_deployment(cfg, b, "llama", T0)["term"] == 2
+
+
+def test_rollback_restores_initials_and_never_calls_retuned_routers_converged(world, kube, redis_url) -> None:
+    fes = world.add_deployment("llama", pods=2)
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    control.tick_deployment(cfg, ports, "llama", T0)
+    _decide(cfg, ports)
+    control.tick_deployment(cfg, ports, "llama", T0)
+    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    # Lose one frontend's saved initial settings, as after a SIGTERM between its PATCH and the save.
+    dep = Deployment.open(cfg, ports, "llama")
+    t, _, _ = dep.leadership.claim()
+    lost = sorted(fes)[1]
+    dep.store.update(t, lambda s: s.model_copy(update={"initial": {k: v for k, v in s.initial.items() if k != lost}}))
+    out = control.rollback(cfg, ports, "llama")
+    by_pod = {r["pod"]: r for r in out["routers"]}
+    kept = sorted(fes)[0]
+    assert by_pod[kept]["converged"] and fes[kept].policy.temperature == 1.0
+    assert not by_pod[lost]["converged"] and "still on retuned values" in by_pod[lost]["error"]
+    assert out["status"] == "rolling-back"
+    assert dep.store.read()[0].rollback == "intent"  # phase one persisted; it stays until all converge
+
+
+def test_disabling_retune_rolls_back_then_deletes_state_and_leases(world, kube, redis_url) -> None:
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    control.tick_deployment(cfg, ports, "llama", T0)
+    _decide(cfg, ports)
+    control.tick_deployment(cfg, ports, "llama", T0)
+    off = retune_config(world, ["llama"], per_deployment={"llama": {"enabled": False}})
+    out = control.tick(off, ports, T0 + 10)
+    assert out[0]["status"] == "cleaned"
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+    for name in (leader_lease_name("llama"), state_lease_name("llama")):
+        with pytest.raises(Exception, match="404"):
+            kube.get_lease("default", name)
+
+
+def test_switching_to_advisory_rolls_routers_back(world, kube, redis_url) -> None:
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    control.tick_deployment(cfg, ports, "llama", T0)
+    _decide(cfg, ports)
+    control.tick_deployment(cfg, ports, "llama", T0)
+    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    adv = retune_config(world, ["llama"], mode="advisory")
+    out = control.tick_deployment(adv, ports, "llama", T0 + 10)
+    assert out["mode"] == "advisory" and all(r["converged"] for r in out["routers"])
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+    writes = sum(len(fe.writes) for fe in fes.values())
+    manual = fes[sorted(fes)[0]]
+    manual.patch(b'{"revision": %d, "policy": {"temperature": 0.25}}' % manual.revision, "operator")
+    control.tick_deployment(adv, ports, "llama", T0 + 20)
+    assert manual.policy.temperature == 0.25  # advisory writes nothing
+    assert sum(len(fe.writes) for fe in fes.values()) == writes + 1
+
+
+def test_lease_writes_carry_the_resource_version(world, kube) -> None:
+    made = kube.create_lease(Lease(name="x", namespace="default", holder_identity="a", lease_transitions=1))
+    kube.update_lease(made.model_copy(update={"holder_identity": "b"}))
+    with pytest.raises(Exception, match="409"):
+        kube.update_lease(made.model_copy(update={"holder_identity": "c"}))
