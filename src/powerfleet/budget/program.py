@@ -1,0 +1,191 @@
+"""One deployment's budget evaluation as a pure program (the reconcile contract, docs/budget.md).
+
+``evaluate(snapshot)`` takes everything read for one evaluation (one DGD read, one pod LIST,
+the admitted record, the pending proposal, the group allowance) and returns a ``Result``: the
+complete desired ``status.budget``, the replica counts to write, an admission record to
+persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
+replicas first (events about them only after that write changed something), then the status
+once, skipped when unchanged, then the status-transition events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
+from powerfleet.cluster.dgd import DGD, RolloutPhase
+from powerfleet.cluster.errors import DGDInputError
+from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
+from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
+
+ROLLING = (RolloutPhase.PENDING, RolloutPhase.IN_PROGRESS, RolloutPhase.FAILED)
+
+
+@dataclass(frozen=True)
+class DeploymentBudget:
+    power_limit_w: int
+    max_gpus: int = -1
+    min_gpus: int = -1
+    min_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> minimum (default 1)
+
+
+@dataclass(frozen=True)
+class GroupLimit:
+    group: str | None  # None: the deployment sits on no budgeted group
+    limit_w: int | None  # None with a group: no allowance was computed (scale-ups are blocked)
+    minimum_w: int = 0
+    current_w: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    dgd: DGD
+    pods: Sequence[PodInfo] | None  # None: the pod LIST failed (scale-ups blocked)
+    budget: DeploymentBudget
+    admitted: AdmittedPowerInputs | None
+    proposal: Mapping[str, int] | None  # role -> count
+    group: GroupLimit | None = None
+    was_rolling: bool = False
+    now: str = ""  # RFC 3339, for lastTransitionTime
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+@dataclass
+class Result:
+    status: dict[str, Any]
+    replicas: dict[str, int] = field(default_factory=dict)  # component -> count to write
+    admit: AdmittedPowerInputs | None = None
+    status_events: list[Event] = field(default_factory=list)  # emit after the status write changed it
+    scale_events: list[Event] = field(default_factory=list)  # emit after the replica write changed them
+    rolling: bool = False
+    warnings: list[str] = field(default_factory=list)  # log lines (the rolling hold once per stretch)
+    plan: Plan | None = None
+
+
+def _status(snap: Snapshot, ready: bool, reason: str, message: str, **figures: Any) -> dict[str, Any]:
+    return {"observedGeneration": snap.dgd.generation, "ready": "True" if ready else "False", "reason": reason,
+            "message": message, **figures}
+
+
+def _finish(snap: Snapshot, previous: Mapping[str, Any], res: Result) -> Result:
+    """Carry lastTransitionTime when (ready, reason) did not change; queue the transition event."""
+    st = res.status
+    changed = (previous.get("ready"), previous.get("reason")) != (st["ready"], st["reason"])
+    st["lastTransitionTime"] = snap.now if changed or "lastTransitionTime" not in previous else previous["lastTransitionTime"]
+    if changed:
+        res.status_events.insert(0, Event(st["reason"], st["message"], "Normal" if st["ready"] == "True" else "Warning"))
+    elif previous.get("reasons") != st.get("reasons") and st.get("reasons"):
+        res.status_events.insert(0, Event("BudgetReasons", "; ".join(st["reasons"])))
+    return res
+
+
+def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, rolling: bool) -> dict[str, RoleFacts]:
+    facts: dict[str, RoleFacts] = {}
+    for role, rp in admitted.power.roles.items():
+        st = snap.dgd.status.components.get(rp.component)
+        proposed = (snap.proposal or {}).get(role.value)
+        facts[role.value] = RoleFacts(
+            watts_per_replica=rp.watts_per_replica, gpus_per_replica=rp.gpus_per_pod * rp.node_count,
+            min_replicas=snap.budget.min_replicas.get(role.value, 1),
+            ready=st.ready_replicas if st is not None else None, proposed=proposed, rolling=rolling)
+    return facts
+
+
+def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence[str]) -> tuple[bool, list[str]]:
+    """Rolling covers rollout phases InProgress, Pending and Failed and terminating pods; an
+    unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
+    why: list[str] = []
+    if dgd.status.rollout in ROLLING:
+        why.append(f"deployment rollout {dgd.status.rollout.value}")
+    for name in components:
+        st = dgd.status.components.get(name)
+        if st is not None and st.rollout in ROLLING:
+            why.append(f"{name} rollout {st.rollout.value}")
+    if pods is None:
+        why.append("pods could not be read")
+    else:
+        by = partition_pods(dgd, pods)
+        for name in components:
+            if any(p.terminating for p in by.get(name, [])):
+                why.append(f"{name} has terminating pods")
+    return bool(why), why
+
+
+def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
+    """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
+    previous = previous or {}
+    dgd = snap.dgd
+    admitted, admit_now = snap.admitted, None
+    if admitted is None:
+        try:
+            settlement = settle(dgd, snap.pods) if snap.pods is not None else None
+        except DGDInputError as exc:
+            return _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(exc))))
+        if settlement is None or settlement.state is SettlementState.PENDING:
+            why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
+            return _finish(snap, previous, Result(_status(snap, False, "AwaitingSettlement",
+                                                          f"caps are admitted only from a settled deployment: {why}")))
+        if settlement.state is SettlementState.FAILED:
+            return _finish(snap, previous, Result(_status(snap, False, "RolloutFailed", "; ".join(settlement.reasons))))
+        admitted = admit_now = admit_power_inputs(dgd)
+    else:
+        violations = check_power_inputs_unchanged(admitted, dgd)
+        if violations:
+            msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
+            return _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
+    components = [rp.component for rp in admitted.power.roles.values()]
+    rolling, rolling_why = rolling_state(dgd, snap.pods, components)
+    own = snap.budget.power_limit_w
+    limit, group_note, hold_ups = own, "", False
+    minimum = sum(snap.budget.min_replicas.get(r.value, 1) * rp.watts_per_replica
+                  for r, rp in admitted.power.roles.items())
+    if snap.group is not None and snap.group.group is not None:
+        g = snap.group
+        if g.limit_w is None:
+            # Without a group allowance growth cannot be proven safe: hold scale-ups.
+            hold_ups, group_note = True, f"group {g.group}: no allowance, scale-ups blocked"
+        elif g.limit_w >= minimum:
+            limit = min(own, g.limit_w)
+        else:
+            # Shrink toward the minimum footprint; never grow into watts the group does not have.
+            limit, hold_ups = min(own, minimum), g.current_w < minimum
+            group_note = f"group {g.group}: allowance {g.limit_w} W is below the minimum footprint {minimum} W"
+    facts = _facts(snap, admitted, rolling or hold_ups)
+    try:
+        result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
+    except PlanError as exc:
+        return _finish(snap, previous, Result(_status(snap, False, "Refused", str(exc)), admit=admit_now))
+    res = Result(status={}, admit=admit_now, rolling=rolling, plan=result)
+    by_role = {role.value: rp.component for role, rp in admitted.power.roles.items()}
+    for role, target in result.targets.items():
+        comp = dgd.component(by_role[role])
+        if target is not None and comp is not None and comp.replicas != target:
+            res.replicas[comp.name] = target
+            res.scale_events.append(Event("Scaled", f"{comp.name} replicas {comp.replicas} -> {target} ({role})"))
+    reasons = list(result.reasons)
+    if rolling and any(t is None for r, t in result.targets.items() if facts[r].proposed is not None):
+        if not snap.was_rolling:
+            res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(rolling_why)}")
+    failed = [w for w in rolling_why if w.endswith(RolloutPhase.FAILED.value)]
+    if group_note:
+        reasons.append(group_note)
+    message = "; ".join([*(f"rollout failed: {w}" for w in failed), *reasons]) or "within budget"
+    res.status = _status(
+        snap, not failed, "RolloutFailed" if failed else "Planned", message,
+        powerLimitWatts=limit, ownLimitWatts=own, group=snap.group.group if snap.group else None,
+        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
+        targets={by_role[r]: t for r, t in result.targets.items()}, reasons=list(result.reasons),
+        rolling=rolling)
+    if admit_now is not None:
+        res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
+            f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))
+    return _finish(snap, previous, res)

@@ -1,0 +1,56 @@
+"""Group budgets: max-min fair shares over minimum footprints, growth only into free watts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.budget.groups import Member, allocate, water_fill
+
+
+def test_water_fill_is_max_min_fair():
+    assert water_fill({"a": 10, "b": 100, "c": 100}, 90) == {"a": 10, "b": 40, "c": 40}
+    assert water_fill({"a": 3, "b": 3}, 5) == {"a": 3, "b": 2}  # leftover unit in name order
+    assert water_fill({"a": 5}, 0) == {"a": 0} and water_fill({}, 10) == {}
+
+
+def test_shares_grant_minimums_first_and_growth_only_into_free_watts():
+    members = {
+        "a": Member(minimum_w=1000, demand_w=6000, current_w=5000, own_limit_w=10_000),
+        "b": Member(minimum_w=1000, demand_w=6000, current_w=2000, own_limit_w=10_000),
+    }
+    res = allocate(8000, members)
+    assert res.allowances["a"].share_w == 4000 and res.allowances["b"].share_w == 4000
+    # a is above its share: it must shrink to 4000 now; b may grow only into the 1000 W free now
+    assert res.allowances["a"].limit_w == 4000
+    assert res.allowances["b"].growth_w == 1000 and res.allowances["b"].limit_w == 3000
+
+
+def test_minimums_that_do_not_fit_refuse_growth():
+    res = allocate(1500, {"a": Member(1000, 2000, 800, 5000), "b": Member(1000, 2000, 1000, 5000)})
+    assert not res.feasible and res.allowances["a"].limit_w == 800
+
+
+members_st = st.dictionaries(
+    st.sampled_from("abcdef"),
+    st.builds(lambda mn, extra, cur, own: Member(mn, mn + extra, cur, own),
+              st.integers(0, 3000), st.integers(0, 8000), st.integers(0, 9000), st.integers(0, 20_000)),
+    min_size=1)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 30_000), members_st)
+def test_group_invariants(budget, members):
+    res = allocate(budget, members)
+    if not res.feasible:
+        return
+    assert sum(a.share_w for a in res.allowances.values()) <= budget
+    for k, a in res.allowances.items():
+        m = members[k]
+        assert a.share_w >= m.minimum_w  # everyone keeps its minimum footprint
+        assert a.limit_w <= min(m.own_limit_w, a.share_w)
+    # Each deployment's transition peak is at most max(current, limit); their sum fits whenever the
+    # group's current draw fits.
+    current = sum(m.current_w for m in members.values())
+    if current <= budget:
+        assert sum(max(m.current_w, res.allowances[k].limit_w) for k, m in members.items()) <= budget

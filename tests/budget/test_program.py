@@ -1,0 +1,96 @@
+"""The evaluation program: admission, drift, planning, the desired status and its events (pure)."""
+
+from __future__ import annotations
+
+from powerfleet.budget.program import DeploymentBudget, GroupLimit, Snapshot, evaluate
+from powerfleet.cluster.dgd import parse_dgd
+from powerfleet.cluster.immutability import admit_power_inputs
+from powerfleet.cluster.objects import PodInfo
+from tests.cluster.builders import disagg, pod_obj
+
+# prefill: 2 GPUs x 350 W = 700 W/replica (2 replicas); decode: 4 GPUs x 300 W x 2 nodes = 2400 W/replica (1)
+
+
+def settled(**comp_overrides):
+    comps = {"prefill": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}},
+             "decode": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "rollout": {"phase": "Completed"}}}
+    comps.update(comp_overrides)
+    return {"observedGeneration": 1, "rollingUpdate": {"phase": "Completed"}, "components": comps}
+
+
+def pods(decode_cap="300"):
+    def info(obj):
+        m = obj["metadata"]
+        return PodInfo(name=m["name"], namespace="default", labels=m["labels"], annotations=m["annotations"],
+                       phase="Running", node_name="gpu-0")
+    return [info(pod_obj("p0", comp="prefill", cap="350")), info(pod_obj("p1", comp="prefill", cap="350")),
+            info(pod_obj("d0", comp="decode", cap=decode_cap)), info(pod_obj("d0w", comp="decode", cap=decode_cap))]
+
+
+def snap(dgd_obj, *, admitted=None, proposal=None, pod_list="default", limit=8000, group=None, was_rolling=False):
+    return Snapshot(dgd=parse_dgd(dgd_obj), pods=pods() if pod_list == "default" else pod_list,
+                    budget=DeploymentBudget(power_limit_w=limit), admitted=admitted, proposal=proposal,
+                    group=group, was_rolling=was_rolling, now="2026-11-30T10:00:00Z")
+
+
+def test_nothing_is_scaled_before_admission_from_a_settled_snapshot():
+    pending = evaluate(snap(disagg(status={**settled(), "observedGeneration": 0}), proposal={"prefill": 4}))
+    assert pending.status["reason"] == "AwaitingSettlement" and pending.replicas == {} and pending.admit is None
+    assert [e.reason for e in pending.status_events] == ["AwaitingSettlement"]
+    ok = evaluate(snap(disagg(status=settled()), proposal={"prefill": 4}))
+    assert ok.admit is not None and ok.status["reason"] == "Planned"
+    # 4 x 700 + 1 x 2400 = 5200 W <= 8000: prefill 2 -> 4, decode left as is
+    assert ok.replicas == {"prefill": 4} and ok.status["targets"] == {"prefill": 4, "decode": None}
+    assert [e.reason for e in ok.status_events] == ["Planned", "PowerInputsAdmitted"]
+    assert [e.message for e in ok.scale_events] == ["prefill replicas 2 -> 4 (prefill)"]
+
+
+def test_a_changed_annotation_after_admission_fails_closed():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    res = evaluate(snap(disagg(decode_cap="250", status=settled()), admitted=admitted, proposal={"prefill": 4},
+                        pod_list=pods("250")))
+    assert res.status["ready"] == "False" and res.status["reason"] == "PowerInputsChanged"
+    assert res.replicas == {} and "'300' -> '250'" in res.status["message"]
+
+
+def test_unchanged_status_keeps_its_transition_time_and_queues_no_event():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    first = evaluate(snap(disagg(status=settled()), admitted=admitted))
+    again = evaluate(snap(disagg(status=settled()), admitted=admitted), previous={**first.status,
+                                                                                 "lastTransitionTime": "earlier"})
+    assert again.status == {**first.status, "lastTransitionTime": "earlier"} and again.status_events == []
+
+
+def test_power_clamp_and_an_over_limit_proposal():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 10, "decode": 2}, limit=6000))
+    assert res.status["settledWatts"] <= 6000 and "power_budget_clamped" in res.status["reasons"]
+
+
+def test_rolling_or_unreadable_pods_block_scale_ups_and_warn_once_per_stretch():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    rolling = settled(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1, "rollout": {"phase": "InProgress"}})
+    res = evaluate(snap(disagg(status=rolling), admitted=admitted, proposal={"prefill": 4}))
+    assert res.replicas == {} and res.rolling and len(res.warnings) == 1
+    assert res.status["targets"]["prefill"] is None and "rollout_scale_up_held" in res.status["reasons"]
+    assert evaluate(snap(disagg(status=rolling), admitted=admitted, proposal={"prefill": 4}, was_rolling=True)).warnings == []
+    blind = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 4, "decode": 0}, pod_list=None))
+    # prefill held (None); decode raised to its minimum 1, which is its count already: no write
+    assert blind.replicas == {} and blind.status["targets"] == {"prefill": None, "decode": 1}
+
+
+def test_failed_rollout_is_reported_at_once():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    failed = settled(decode={"replicas": 1, "readyReplicas": 1, "rollout": {"phase": "Failed", "message": "crash"}})
+    res = evaluate(snap(disagg(status=failed), admitted=admitted))
+    assert res.status["reason"] == "RolloutFailed" and res.status_events[0].type == "Warning"
+
+
+def test_group_allowance_limits_and_missing_allowance_blocks_growth():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    capped = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 6},
+                           group=GroupLimit("rack-a", 5000, minimum_w=3100, current_w=3800)))
+    assert capped.status["powerLimitWatts"] == 5000 and capped.replicas == {"prefill": 3}
+    blocked = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 6},
+                            group=GroupLimit("rack-a", None)))
+    assert blocked.replicas == {} and "no allowance" in blocked.status["message"]
