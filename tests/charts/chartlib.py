@@ -24,34 +24,46 @@ KUBE_VERSION = "1.32.0"
 
 # Value sets every structural test runs against.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # In-chart Redis, beat, workers, agents; Flower off; metrics off.
+    # In-chart Redis, beat, workers (budget on), agents, metrics; Flower, retune, monitoring off.
     "default": {},
-    # External broker, Flower with auth, metrics on, cluster-wide worker RBAC, custom limits.
+    # Everything on: external broker, Flower with auth, retune with a trace volume, cluster-wide
+    # worker RBAC, namespace-restricted agents, ServiceMonitor and dashboard, an image digest.
     "external": {
+        "image": {"tag": "", "digest": "sha256:" + "ab" * 32},
         "broker": {"existingSecret": {"name": "fleet-broker", "key": "url", "resultBackendKey": "results"}},
         "redis": {"enabled": False},
-        "flower": {"enabled": True, "basicAuthSecret": {"name": "fleet-flower-auth"}},
-        "metrics": {"port": 9808},
+        "flower": {"enabled": True, "basicAuthSecret": {"name": "fleet-flower-auth"},
+                   "networkPolicy": {"extraFrom": [{"namespaceSelector": {"matchLabels": {"name": "ingress"}}}]}},
+        "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                    "dashboard": {"enabled": True}},
         "rbac": {"watchAllNamespaces": True},
+        "retune": {"enabled": True, "traceVolume": {"persistentVolumeClaim": {"claimName": "traces"}}},
         "imagePullSecrets": [{"name": "regcred"}],
         "config": {
             "nodes": ["gpu-node-a", "gpu-node-b"],
             "limits": {"sweep": {"soft_s": 1100, "hard_s": 1200.5}},
             "beat": {"reconcile_interval_s": 10},
-            "retune": {"deployments": ["llama"]},
         },
         "worker": {"replicas": 3, "concurrency": 4, "resources": {"limits": {"memory": "2Gi"}}},
-        "agent": {"runtimeClassName": "nvidia", "tolerations": [{"key": "dedicated", "operator": "Equal",
-                                                                 "value": "gpu", "effect": "NoSchedule"}]},
+        "agent": {"namespaces": ["llm-a", "llm-b"], "safeDefaultWatts": 450,
+                  "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]},
     },
-    # Control-only workers, no agents, persistent Redis with the password from an existing Secret.
-    "control-only": {
-        "worker": {"queues": ["control"]},
+    # Sweep-only workers (no API), no agents, no budget, no metrics, no NetworkPolicy, existing
+    # ServiceAccount for beat, persistent Redis with the password from an existing Secret.
+    "sweep-only": {
+        "worker": {"queues": ["sweep"]},
         "agent": {"enabled": False},
+        "budget": {"enabled": False},
+        "metrics": {"port": 0},
+        "networkPolicy": {"enabled": False},
+        "beat": {"serviceAccount": {"create": False, "name": "fleet-beat"}},
         "redis": {"auth": {"existingSecret": "my-redis", "existingSecretKey": "pw"},
                   "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb"},
     },
 }
+
+# Kinds from CRDs: kubernetes-validate has no schema for them (checked by their own tests).
+CRD_KINDS = {"ServiceMonitor"}
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,6 +107,14 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
 
 def workloads(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+
+
+def component_of(obj: dict[str, Any]) -> str:
+    return obj["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def annotations_of(workload: dict[str, Any]) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"].get("annotations") or {}
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.charts.chartlib import HELM_SKIP_REASON, env_of, find, objects, one, pod_spec, workloads
+from tests.charts.chartlib import (
+    HELM_SKIP_REASON,
+    annotations_of,
+    component_of,
+    env_of,
+    find,
+    objects,
+    one,
+    pod_spec,
+    workloads,
+)
 
 helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
 
@@ -27,9 +37,9 @@ def test_beat_is_one_replica_with_recreate(variant: tuple[str, dict[str, Any]]) 
     assert _container(beat)["args"][0] == "beat"
 
 
-def test_beat_replicas_cannot_be_raised_through_values() -> None:
-    beat = one(objects({"beat": {"replicas": 3}, "worker": {"replicas": 2}}), "Deployment", "beat")
-    assert beat["spec"]["replicas"] == 1
+def test_beat_has_no_replicas_value() -> None:
+    with pytest.raises(helm.HelmValuesError, match="additional properties 'replicas' not allowed"):
+        objects({"beat": {"replicas": 3}})
 
 
 def test_agent_daemonset_runs_on_gpu_nodes_with_host_pid() -> None:
@@ -39,6 +49,7 @@ def test_agent_daemonset_runs_on_gpu_nodes_with_host_pid() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     assert spec["hostPID"] is True
     assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["runtimeClassName"] == "nvidia"
     c = _container(ds)
     assert c["command"] == ["powerfleet"]
     assert c["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
@@ -48,20 +59,53 @@ def test_agent_daemonset_runs_on_gpu_nodes_with_host_pid() -> None:
     assert [e["name"] for e in c["env"]][0] == "NODE_NAME"
     assert c["securityContext"]["privileged"] is True
     assert "securityContext" not in spec or not spec["securityContext"].get("runAsNonRoot")
-    probe = " ".join(c["livenessProbe"]["exec"]["command"])
-    assert 'inspect ping -d "agent@${NODE_NAME}"' in probe
-    # Node tasks' hard limit is 30 s by default.
-    assert spec["terminationGracePeriodSeconds"] > 30
+    # Node tasks' hard limit is 30 s by default; shutdown restores caps, so at least 60 s.
+    assert spec["terminationGracePeriodSeconds"] >= 60
+
+
+def test_agent_state_and_proc_are_host_paths_and_named_in_its_config() -> None:
+    objs = objects({"agent": {"stateDir": "/var/lib/pf-agent", "safeDefaultWatts": 450}})
+    ds = one(objs, "DaemonSet", "agent")
+    volumes = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    mounts = {m["name"]: m for m in _container(ds)["volumeMounts"]}
+    assert volumes["state"]["hostPath"] == {"path": "/var/lib/pf-agent", "type": "DirectoryOrCreate"}
+    assert mounts["state"]["mountPath"] == "/var/lib/pf-agent" and not mounts["state"].get("readOnly")
+    assert volumes["host-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}
+    agent_cfg = yaml.safe_load(one(objs, "ConfigMap", "config")["data"]["agent.yaml"])["agent"]
+    assert agent_cfg["state_dir"] == mounts["state"]["mountPath"]
+    assert agent_cfg["proc_root"] == mounts["host-proc"]["mountPath"]
+    assert agent_cfg["safe_default_watts"] == 450
+    assert volumes["config"]["configMap"]["items"] == [{"key": "agent.yaml", "path": "powerfleet.yaml"}]
+
+
+def test_agent_is_ready_over_http_and_has_no_liveness_probe() -> None:
+    objs = objects({})
+    c = _container(one(objs, "DaemonSet", "agent"))
+    assert "livenessProbe" not in c and "startupProbe" not in c
+    probe = c["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": "probe"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    agent_cfg = yaml.safe_load(one(objs, "ConfigMap", "config")["data"]["agent.yaml"])["agent"]
+    # The kubelet probes the pod IP, so the agent binds every address on that port.
+    assert agent_cfg["probe_port"] == ports["probe"] == 8081
+    assert agent_cfg["probe_address"] == "0.0.0.0"
+
+
+def test_agent_resources_are_small_and_guaranteed() -> None:
+    resources = _container(one(objects({}), "DaemonSet", "agent"))["resources"]
+    assert resources["requests"] == resources["limits"], "Guaranteed QoS needs requests == limits"
+    assert set(resources["limits"]) == {"cpu", "memory"}
 
 
 def test_agent_extra_tolerations_keep_the_gpu_toleration() -> None:
     values = {"agent": {"tolerations": [{"key": "x", "operator": "Exists"}], "priorityClassName": "",
-                        "runtimeClassName": "nvidia"}}
+                        "runtimeClassName": ""}}
     spec = pod_spec(one(objects(values), "DaemonSet", "agent"))
     assert spec["tolerations"][0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert {"key": "x", "operator": "Exists"} in spec["tolerations"]
     assert "priorityClassName" not in spec
-    assert spec["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in spec
 
 
 def test_worker_command_names_the_worker_after_its_pod() -> None:
@@ -85,7 +129,7 @@ def test_worker_probe_can_be_switched_off() -> None:
     ({"config": {"limits": {"sweep": {"soft_s": 1100, "hard_s": 1200.5},
                             "node": {"soft_s": 40, "hard_s": 45}}}}, 1201 + 60, 45 + 30),
     ({"worker": {"queues": ["control"]}}, 90 + 60, 60),                             # no sweep: control's 90 s
-    ({"worker": {"terminationGracePeriodSeconds": 900}, "agent": {"terminationGracePeriodSeconds": 31}}, 900, 31),
+    ({"worker": {"terminationGracePeriodSeconds": 900}, "agent": {"terminationGracePeriodSeconds": 61}}, 900, 61),
 ])
 def test_grace_period_outlasts_the_hard_time_limit(values: dict[str, Any], worker_grace: int, agent_grace: int) -> None:
     objs = objects(values)
@@ -96,56 +140,101 @@ def test_grace_period_outlasts_the_hard_time_limit(values: dict[str, Any], worke
 def test_grace_period_at_or_below_the_hard_limit_fails() -> None:
     with pytest.raises(helm.HelmRenderError, match=r"worker.terminationGracePeriodSeconds \(660\) must exceed"):
         objects({"worker": {"terminationGracePeriodSeconds": 660}})
-    with pytest.raises(helm.HelmRenderError, match=r"agent.terminationGracePeriodSeconds \(30\) must exceed"):
-        objects({"agent": {"terminationGracePeriodSeconds": 30}})
+    with pytest.raises(helm.HelmRenderError, match=r"agent.terminationGracePeriodSeconds \(70\) must exceed"):
+        objects({"agent": {"terminationGracePeriodSeconds": 70},
+                 "config": {"limits": {"node": {"soft_s": 60, "hard_s": 80}}}})
 
 
 def test_metrics_port_is_exposed_only_when_enabled() -> None:
-    for workload in workloads(objects({})):
-        assert "ports" not in _container(workload) or all(
-            p["name"] != "metrics" for p in _container(workload)["ports"])
-    objs = objects({"metrics": {"port": 9808}})
+    for workload in workloads(objects({"metrics": {"port": 0}})):
+        assert all(p["name"] != "metrics" for p in _container(workload).get("ports", []))
+    objs = objects({})
     exposed = set()
     for workload in workloads(objs):
         ports = {p["name"]: p["containerPort"] for p in _container(workload).get("ports", [])}
         if "metrics" in ports:
             assert ports["metrics"] == 9808
-            exposed.add(workload["metadata"]["labels"]["app.kubernetes.io/component"])
-    assert exposed == {"beat", "worker", "agent"}
-    config = yaml.safe_load(one(objs, "ConfigMap", "config")["data"]["powerfleet.yaml"])
+            exposed.add(component_of(workload))
+    # The agent serves its metrics on its probe port, beside /readyz.
+    assert exposed == {"beat", "worker"}
+    config = yaml.safe_load(one(objs, "ConfigMap", "config")["data"]["fleet.yaml"])
     assert config["metrics"] == {"port": 9808, "address": "0.0.0.0"}
 
 
-def test_config_is_mounted_and_pods_roll_when_it_changes() -> None:
+def _checksum(objs: list[dict[str, Any]], kind: str, component: str) -> str:
+    return annotations_of(one(objs, kind, component))["checksum/config"]
+
+
+def test_each_pod_mounts_its_own_config_file_and_rolls_only_when_it_changes() -> None:
     objs = objects({})
     cm = one(objs, "ConfigMap", "config")
-    sums = set()
+    assert set(cm["data"]) == {"fleet.yaml", "agent.yaml"}
+    files = {}
     for workload in workloads(objs):
-        if workload["metadata"]["labels"]["app.kubernetes.io/component"] == "redis":
+        component = component_of(workload)
+        if component == "redis":
+            assert "checksum/config" not in annotations_of(workload)
             continue
-        spec = pod_spec(workload)
-        vols = {v["name"]: v for v in spec["volumes"]}
+        vols = {v["name"]: v for v in pod_spec(workload)["volumes"]}
         assert vols["config"]["configMap"]["name"] == cm["metadata"]["name"]
+        (item,) = vols["config"]["configMap"]["items"]
+        assert item["path"] == "powerfleet.yaml"
+        files[component] = item["key"]
         mounts = {m["name"]: m for m in _container(workload)["volumeMounts"]}
         assert mounts["config"]["mountPath"] == "/etc/powerfleet" and mounts["config"]["readOnly"] is True
-        sums.add(workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
-    assert len(sums) == 1
-    changed = one(objects({"config": {"nodes": ["gpu-a"]}}), "Deployment", "worker")
-    assert changed["spec"]["template"]["metadata"]["annotations"]["checksum/config"] not in sums
+    assert files == {"beat": "fleet.yaml", "worker": "fleet.yaml", "agent": "agent.yaml"}
+
+    # A retune setting rolls the workers and beat, not the agents.
+    retuned = objects({"config": {"retune": {"window_interval_s": 600}}})
+    assert _checksum(retuned, "Deployment", "worker") != _checksum(objs, "Deployment", "worker")
+    assert _checksum(retuned, "Deployment", "beat") != _checksum(objs, "Deployment", "beat")
+    assert _checksum(retuned, "DaemonSet", "agent") == _checksum(objs, "DaemonSet", "agent")
+    # An agent setting rolls the agents, not the workers.
+    capped = objects({"agent": {"safeDefaultWatts": 400}})
+    assert _checksum(capped, "DaemonSet", "agent") != _checksum(objs, "DaemonSet", "agent")
+    assert _checksum(capped, "Deployment", "worker") == _checksum(objs, "Deployment", "worker")
+    # What both read (the reconcile interval) rolls both.
+    faster = objects({"config": {"beat": {"reconcile_interval_s": 5}}})
+    assert _checksum(faster, "DaemonSet", "agent") != _checksum(objs, "DaemonSet", "agent")
+    assert _checksum(faster, "Deployment", "worker") != _checksum(objs, "Deployment", "worker")
 
 
-def test_rendered_config_is_a_valid_fleet_config(variant: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+def test_agent_config_holds_only_the_sections_the_agent_reads(tmp_path: Path) -> None:
+    from powerfleet.config import load_config
+
+    values = {"config": {"retune": {"window_interval_s": 600}, "beat": {"reconcile_interval_s": 5},
+                         "nodes": ["gpu-a"]}}
+    data = one(objects(values), "ConfigMap", "config")["data"]
+    agent = yaml.safe_load(data["agent.yaml"])
+    assert set(agent) == {"agent", "beat", "nodes"}
+    path = tmp_path / "agent.yaml"
+    path.write_text(data["agent.yaml"])
+    config = load_config(path, environ={"POWERFLEET_BROKER__URL": "redis://:pw@r:6379/0"})
+    assert config.beat.reconcile_interval_s == 5 and config.nodes == ["gpu-a"]
+    assert config.retune.window_interval_s != 600  # left out: the agent does not read it
+
+
+@pytest.mark.parametrize("file", ["fleet.yaml", "agent.yaml"])
+def test_rendered_config_is_a_valid_fleet_config(variant: tuple[str, dict[str, Any]], tmp_path: Path,
+                                                 file: str) -> None:
     from powerfleet.config import load_config
 
     _, values = variant
-    objs = objects(values)
+    data = one(objects(values), "ConfigMap", "config")["data"]
+    if file not in data:
+        assert values.get("agent", {}).get("enabled") is False
+        return
     path = tmp_path / "powerfleet.yaml"
-    path.write_text(one(objs, "ConfigMap", "config")["data"]["powerfleet.yaml"])
+    path.write_text(data[file])
     env = {"POWERFLEET_BROKER__URL": "redis://:pw@pf-powerfleet-redis.fleet.svc:6379/0"}
     config = load_config(path, environ=env)
     assert config.broker.url == env["POWERFLEET_BROKER__URL"]
     assert config.nodes == values.get("config", {}).get("nodes", [])
-    assert config.metrics.port == values.get("metrics", {}).get("port", 0)
+    if file == "fleet.yaml":
+        assert config.metrics.port == values.get("metrics", {}).get("port", 9808)
+    else:
+        assert config.agent.safe_default_watts == values.get("agent", {}).get("safeDefaultWatts", 500)
+        assert config.agent.namespaces == values.get("agent", {}).get("namespaces", [])
 
 
 def test_every_command_line_parses_with_the_real_cli(variant: tuple[str, dict[str, Any]]) -> None:
@@ -170,5 +259,5 @@ def test_every_command_line_parses_with_the_real_cli(variant: tuple[str, dict[st
 
 def test_disabled_components_render_nothing() -> None:
     objs = objects({"beat": {"enabled": False}, "worker": {"enabled": False}, "agent": {"enabled": False}})
-    assert {o["kind"] for o in objs} == {"ConfigMap", "Secret", "ServiceAccount", "Service", "StatefulSet"}
+    assert {component_of(o) for o in objs} == {"config", "redis"}
     assert not find(objs, "Role") and not find(objs, "ClusterRole")

@@ -45,22 +45,72 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* Every pod of this release carries these; the NetworkPolicies admit exactly them. */}}
+{{- define "powerfleet.releasePodLabels" -}}
+app.kubernetes.io/name: {{ include "powerfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* repository:tag or repository@digest (the schema admits exactly one of them). */}}
 {{- define "powerfleet.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccount a component runs as; call with (dict "root" $ "component" "worker"). */}}
+{{- define "powerfleet.serviceAccountName" -}}
+{{- $sa := (index .root.Values .component).serviceAccount }}
+{{- if $sa.create }}
+{{- default (include "powerfleet.componentName" .) $sa.name }}
+{{- else }}
+{{- default "default" $sa.name }}
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccount object when serviceAccount.create; token mounted only when `token` is true. */}}
+{{- define "powerfleet.serviceAccount" -}}
+{{- $sa := (index .root.Values .component).serviceAccount }}
+{{- if $sa.create }}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "powerfleet.serviceAccountName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "powerfleet.labels" . | nindent 4 }}
+  {{- with $sa.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+automountServiceAccountToken: {{ .token }}
+---
+{{- end }}
 {{- end }}
 
 {{- define "powerfleet.configMapName" -}}
 {{- include "powerfleet.componentName" (dict "root" . "component" "config") }}
 {{- end }}
 
+{{/* ---------- Features: who needs the Kubernetes API ---------- */}}
+
+{{/* "true" when the workers consume the control queue (where budget and retune run). */}}
+{{- define "powerfleet.workerRunsControl" -}}
+{{- ternary "true" "" (and .Values.worker.enabled (has "control" .Values.worker.queues)) }}
+{{- end }}
+
+{{/* "true" when the workers call the Kubernetes API at all (their token is mounted only then). */}}
+{{- define "powerfleet.workerNeedsApi" -}}
+{{- ternary "true" "" (and (include "powerfleet.workerRunsControl" . | eq "true") (or .Values.budget.enabled .Values.retune.enabled)) }}
+{{- end }}
+
 {{/* ---------- Config ---------- */}}
 
-{{/*
-The FleetConfig written to the ConfigMap: .Values.config plus `metrics` from .Values.metrics.
-Fails on anything secret (broker URLs, Flower credentials): those come from Secrets.
-*/}}
-{{- define "powerfleet.fleetConfig" -}}
-{{- $cfg := deepCopy (.Values.config | default dict) }}
+{{/* Keys the chart writes into the FleetConfig from its own values; `config` must not set them. */}}
+{{- define "powerfleet.checkConfig" -}}
+{{- $cfg := .Values.config | default dict }}
 {{- $broker := get $cfg "broker" | default dict }}
 {{- if or (get $broker "url") (get $broker "result_backend") }}
 {{- fail "config.broker.url / config.broker.result_backend must not be set: a broker URL carries a password and would land in a ConfigMap. Put it in a Secret and set broker.existingSecret.name (or use redis.enabled=true)." }}
@@ -72,11 +122,47 @@ Fails on anything secret (broker URLs, Flower credentials): those come from Secr
 {{- if hasKey $cfg "metrics" }}
 {{- fail "config.metrics must not be set: use .Values.metrics.port (the chart sets the bind address and the container ports from it)." }}
 {{- end }}
-{{- $port := int .Values.metrics.port }}
-{{- if or (lt $port 0) (gt $port 65535) }}
-{{- fail (printf "metrics.port must be 0..65535, got %d" $port) }}
+{{- $agent := get $cfg "agent" | default dict }}
+{{- range $key, $value := dict "safe_default_watts" "agent.safeDefaultWatts" "state_dir" "agent.stateDir" "proc_root" "agent.hostProcPath" "namespaces" "agent.namespaces" "probe_port" "agent.readinessProbe.port" "probe_address" "agent.readinessProbe.port" "kubeconfig" "the in-cluster ServiceAccount" }}
+{{- if hasKey $agent $key }}
+{{- fail (printf "config.agent.%s must not be set: use %s (the chart mounts and grants what it names)." $key $value) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The full FleetConfig (fleet.yaml): .Values.config plus `metrics`. Beat, workers, Flower. */}}
+{{- define "powerfleet.fleetConfig" -}}
+{{- include "powerfleet.checkConfig" . }}
+{{- $cfg := deepCopy (.Values.config | default dict) }}
+{{- $port := int .Values.metrics.port }}
 {{- $_ := set $cfg "metrics" (dict "port" $port "address" (ternary "0.0.0.0" "127.0.0.1" (gt $port 0))) }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+The agent's FleetConfig (agent.yaml): only the sections the agent process reads, plus the
+agent settings the chart owns. Other sections (retune, budget, flower) stay out, so changing
+them does not roll the agents.
+*/}}
+{{- define "powerfleet.agentSections" -}}
+{{- list "broker" "beat" "limits" "nodes" "agent" | toJson }}
+{{- end }}
+
+{{- define "powerfleet.agentConfig" -}}
+{{- $full := include "powerfleet.fleetConfig" . | fromYaml }}
+{{- $cfg := dict }}
+{{- range (include "powerfleet.agentSections" . | fromJsonArray) }}
+{{- if hasKey $full . }}{{ $_ := set $cfg . (get $full .) }}{{ end }}
+{{- end }}
+{{- $agent := deepCopy (get $cfg "agent" | default dict) }}
+{{- $_ := set $agent "safe_default_watts" .Values.agent.safeDefaultWatts }}
+{{- $_ := set $agent "state_dir" .Values.agent.stateDir }}
+{{- $_ := set $agent "proc_root" "/host/proc" }}
+{{- $_ := set $agent "namespaces" .Values.agent.namespaces }}
+{{- /* /readyz (and the agent's own /metrics) for the kubelet and Prometheus. */}}
+{{- $_ := set $agent "probe_port" (int .Values.agent.readinessProbe.port) }}
+{{- $_ := set $agent "probe_address" "0.0.0.0" }}
+{{- $_ := set $cfg "agent" $agent }}
 {{- toYaml $cfg }}
 {{- end }}
 
@@ -104,7 +190,7 @@ Fails on anything secret (broker URLs, Flower credentials): those come from Secr
 {{- end }}
 {{- end }}
 
-{{/* ---------- Environment ---------- */}}
+{{/* ---------- Secrets ---------- */}}
 
 {{- define "powerfleet.redisSecretName" -}}
 {{- if .Values.redis.auth.existingSecret }}
@@ -117,6 +203,66 @@ Fails on anything secret (broker URLs, Flower credentials): those come from Secr
 {{- define "powerfleet.redisSecretKey" -}}
 {{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecretKey }}{{ else }}redis-password{{ end }}
 {{- end }}
+
+{{/*
+The in-chart Redis password: redis.auth.password, else the one already in the cluster's Secret
+(kept across upgrades), else a new random one. Memoised in .Values for this render, so the
+Secret and the checksum/secret annotations see the same value.
+*/}}
+{{- define "powerfleet.redisPassword" -}}
+{{- if not (hasKey .Values.redis.auth "_rendered") }}
+{{- $password := .Values.redis.auth.password }}
+{{- if not $password }}
+{{- $name := include "powerfleet.componentName" (dict "root" . "component" "redis") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- if and $existing (index ($existing.data | default dict) "redis-password") }}
+{{- $password = index $existing.data "redis-password" | b64dec }}
+{{- else }}
+{{- $password = randAlphaNum 32 }}
+{{- end }}
+{{- end }}
+{{- if not (regexMatch "^[A-Za-z0-9._~-]+$" $password) }}
+{{- fail "redis.auth.password: use URL-safe characters only (A-Z a-z 0-9 . _ ~ -); it is placed in the broker URL" }}
+{{- end }}
+{{- $_ := set .Values.redis.auth "_rendered" $password }}
+{{- end }}
+{{- .Values.redis.auth._rendered }}
+{{- end }}
+
+{{/* The Secret the chart creates for its Redis (only without redis.auth.existingSecret). */}}
+{{- define "powerfleet.redisSecret" -}}
+{{- $c := dict "root" . "component" "redis" }}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ include "powerfleet.componentName" $c }}
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "powerfleet.labels" $c | nindent 4 }}
+type: Opaque
+data:
+  redis-password: {{ include "powerfleet.redisPassword" . | b64enc | quote }}
+{{- end }}
+
+{{/*
+Pod annotations that roll a pod when what it reads changes: `checksum/config` over its own
+config file only, and `checksum/secret` when it reads a Secret the chart renders. Secrets the
+chart does not render (broker.existingSecret, flower.basicAuthSecret, redis.auth.existingSecret)
+are yours to rotate: `kubectl rollout restart` afterwards (docs/deploy.md).
+Call with (dict "root" $ "config" "fleet"|"agent"|"" "secret" true|false).
+*/}}
+{{- define "powerfleet.checksums" -}}
+{{- if eq .config "fleet" }}
+checksum/config: {{ include "powerfleet.fleetConfig" .root | sha256sum }}
+{{- else if eq .config "agent" }}
+checksum/config: {{ include "powerfleet.agentConfig" .root | sha256sum }}
+{{- end }}
+{{- if and .secret .root.Values.redis.enabled (not .root.Values.redis.auth.existingSecret) }}
+checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* ---------- Environment ---------- */}}
 
 {{/* POWERFLEET_BROKER__URL (and the result backend) from a Secret; never a literal URL with a password. */}}
 {{- define "powerfleet.brokerEnv" -}}
@@ -156,6 +302,7 @@ Fails on anything secret (broker URLs, Flower credentials): those come from Secr
 {{ include "powerfleet.brokerEnv" . | trim }}
 {{- end }}
 
+{{/* The config volume: one file of the ConfigMap (fleet.yaml or agent.yaml) as powerfleet.yaml. */}}
 {{- define "powerfleet.configVolumeMounts" -}}
 - name: config
   mountPath: /etc/powerfleet
@@ -167,12 +314,19 @@ Fails on anything secret (broker URLs, Flower credentials): those come from Secr
 {{- define "powerfleet.configVolumes" -}}
 - name: config
   configMap:
-    name: {{ include "powerfleet.configMapName" . }}
+    name: {{ include "powerfleet.configMapName" .root }}
+    items:
+      - key: {{ .file }}
+        path: powerfleet.yaml
 - name: tmp
   emptyDir: {}
 {{- end }}
 
-{{/* Pod annotation that rolls the pods when the config changes. */}}
-{{- define "powerfleet.configChecksum" -}}
-checksum/config: {{ include "powerfleet.fleetConfig" . | sha256sum }}
+{{/* The metrics container port, when metrics are on. */}}
+{{- define "powerfleet.metricsPort" -}}
+{{- if gt (int .Values.metrics.port) 0 }}
+- name: metrics
+  containerPort: {{ int .Values.metrics.port }}
+  protocol: TCP
+{{- end }}
 {{- end }}

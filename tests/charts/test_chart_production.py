@@ -1,0 +1,152 @@
+"""Production shape: resources, disruption budgets, network policies, the Redis StatefulSet's
+headless Service and memory bound, secret checksums, metrics Services and the ServiceMonitor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.charts.chartlib import (
+    HELM_SKIP_REASON,
+    annotations_of,
+    component_of,
+    find,
+    objects,
+    one,
+    pod_spec,
+    workloads,
+)
+
+helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
+
+RELEASE_PODS = {"app.kubernetes.io/name": "powerfleet", "app.kubernetes.io/instance": "pf"}
+
+
+def test_every_container_has_requests_and_limits(variant: tuple[str, dict[str, Any]]) -> None:
+    _, values = variant
+    for workload in workloads(objects(values)):
+        for c in pod_spec(workload)["containers"]:
+            resources = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(resources.get(kind, {})) or (
+                    kind == "limits" and "memory" in resources.get(kind, {})), (component_of(workload), resources)
+
+
+def test_workers_and_redis_have_disruption_budgets() -> None:
+    objs = objects({})
+    worker_pdb = one(objs, "PodDisruptionBudget", "worker")
+    assert worker_pdb["spec"]["maxUnavailable"] == 1
+    assert worker_pdb["spec"]["selector"]["matchLabels"] == one(objs, "Deployment", "worker")["spec"]["selector"][
+        "matchLabels"]
+    redis_pdb = one(objs, "PodDisruptionBudget", "redis")
+    assert redis_pdb["spec"]["minAvailable"] == 1
+    assert redis_pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert redis_pdb["spec"]["selector"]["matchLabels"] == one(objs, "StatefulSet", "redis")["spec"]["selector"][
+        "matchLabels"]
+    off = objects({"worker": {"pdb": {"enabled": False}}, "redis": {"pdb": {"enabled": False}}})
+    assert not find(off, "PodDisruptionBudget")
+
+
+def _allowed_peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    (rule,) = policy["spec"]["ingress"]
+    return rule["from"]
+
+
+def test_only_release_pods_reach_redis_and_flower() -> None:
+    objs = objects({"flower": {"enabled": True, "basicAuthSecret": {"name": "fa"},
+                               "networkPolicy": {"extraFrom": [{"namespaceSelector": {}}]}}})
+    redis_np = one(objs, "NetworkPolicy", "redis")
+    assert redis_np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    assert redis_np["spec"]["policyTypes"] == ["Ingress"]
+    assert _allowed_peers(redis_np) == [{"podSelector": {"matchLabels": RELEASE_PODS}}]
+    assert redis_np["spec"]["ingress"][0]["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    flower_np = one(objs, "NetworkPolicy", "flower")
+    assert _allowed_peers(flower_np) == [{"podSelector": {"matchLabels": RELEASE_PODS}}, {"namespaceSelector": {}}]
+    # Every fleet pod carries the labels the policies admit.
+    for workload in workloads(objs):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert RELEASE_PODS.items() <= labels.items(), component_of(workload)
+    assert not find(objects({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_redis_statefulset_has_a_headless_governing_service() -> None:
+    objs = objects({})
+    sts = one(objs, "StatefulSet", "redis")
+    services = {s["metadata"]["name"]: s for s in find(objs, "Service", "redis")}
+    governing = services[sts["spec"]["serviceName"]]
+    assert governing["spec"]["clusterIP"] == "None"
+    assert governing["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    # Clients use the ClusterIP Service the broker URL names.
+    assert services["pf-powerfleet-redis"]["spec"]["type"] == "ClusterIP"
+
+
+def test_redis_is_bounded_and_never_evicts() -> None:
+    (c,) = pod_spec(one(objects({"redis": {"maxmemory": "300mb"}}), "StatefulSet", "redis"))["containers"]
+    script = c["args"][0]
+    assert '--maxmemory "300mb"' in script
+    assert "--maxmemory-policy noeviction" in script
+
+
+def _secret_checksums(objs: list[dict[str, Any]]) -> dict[str, str]:
+    return {component_of(w): annotations_of(w).get("checksum/secret", "") for w in workloads(objs)}
+
+
+def test_a_rotated_chart_secret_rolls_every_pod_that_reads_it() -> None:
+    first = _secret_checksums(objects({"redis": {"auth": {"password": "a" * 20}}}))
+    second = _secret_checksums(objects({"redis": {"auth": {"password": "b" * 20}}}))
+    assert set(first) == {"beat", "worker", "agent", "redis"}
+    for component in first:
+        assert first[component] and first[component] != second[component], component
+    # The same password renders the same checksum (no roll on an unrelated upgrade).
+    assert first == _secret_checksums(objects({"redis": {"auth": {"password": "a" * 20}}}))
+
+
+def test_no_secret_checksum_for_secrets_the_chart_does_not_render() -> None:
+    external = objects({"redis": {"enabled": False}, "broker": {"existingSecret": {"name": "b"}}})
+    assert all(v == "" for v in _secret_checksums(external).values())
+    existing = objects({"redis": {"auth": {"existingSecret": "mine"}}})
+    assert all(v == "" for v in _secret_checksums(existing).values())
+
+
+def test_metrics_services_select_each_component_and_the_service_monitor_selects_them() -> None:
+    objs = objects({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    services = [s for s in find(objs, "Service") if s["metadata"]["labels"].get("powerfleet.io/metrics") == "true"]
+    by_component = {component_of(s): s for s in services}
+    assert set(by_component) == {"beat", "worker", "agent"}
+    for component, svc in by_component.items():
+        kind = "DaemonSet" if component == "agent" else "Deployment"
+        assert svc["spec"]["clusterIP"] == "None"
+        assert svc["spec"]["selector"] == one(objs, kind, component)["spec"]["selector"]["matchLabels"]
+    assert {p["name"] for p in by_component["agent"]["spec"]["ports"]} == {"probe"}
+    assert {p["name"] for p in by_component["worker"]["spec"]["ports"]} == {"metrics"}
+    sm = one(objs, "ServiceMonitor", "metrics")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/instance": "pf", "powerfleet.io/metrics": "true"}
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["fleet"]}
+    assert {e["port"] for e in sm["spec"]["endpoints"]} == {"metrics", "probe"}
+    for svc in services:
+        assert svc["metadata"]["labels"].items() >= sm["spec"]["selector"]["matchLabels"].items()
+    assert not find(objects({}), "ServiceMonitor")
+
+
+def test_without_metrics_only_the_agent_probe_is_scraped() -> None:
+    services = [s for s in find(objects({"metrics": {"port": 0}}), "Service")
+                if s["metadata"]["labels"].get("powerfleet.io/metrics") == "true"]
+    assert [(component_of(s), [p["name"] for p in s["spec"]["ports"]]) for s in services] == [("agent", ["probe"])]
+
+
+def test_retune_mounts_the_trace_volume_on_the_workers_only_when_enabled() -> None:
+    volume = {"persistentVolumeClaim": {"claimName": "traces"}}
+    objs = objects({"retune": {"enabled": True, "traceVolume": volume, "traceMountPath": "/traces"}})
+    worker = one(objs, "Deployment", "worker")
+    vols = {v["name"]: v for v in pod_spec(worker)["volumes"]}
+    assert vols["traces"] == {"name": "traces", **volume}
+    mounts = {m["name"]: m for m in pod_spec(worker)["containers"][0]["volumeMounts"]}
+    assert mounts["traces"] == {"name": "traces", "mountPath": "/traces"}
+    for other in ("beat", "agent"):
+        kind = "DaemonSet" if other == "agent" else "Deployment"
+        assert "traces" not in {v["name"] for v in pod_spec(one(objs, kind, other))["volumes"]}
+    disabled = objects({"retune": {"enabled": False, "traceVolume": volume}})
+    assert "traces" not in {v["name"] for v in pod_spec(one(disabled, "Deployment", "worker"))["volumes"]}

@@ -1,0 +1,171 @@
+"""RBAC: every verb granted is one the Kubernetes adapter calls for that role, and every call the
+adapter makes for a role is granted; the shape of each Role (namespaced where it can be)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.charts.chartlib import HELM_SKIP_REASON, find, objects, one
+from tests.charts.rbac_calls import SRC, Perm, references, scan_adapter
+
+helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
+
+# Which adapter methods (src/powerfleet/cluster) each feature's code calls. Checked against
+# the code below: a method listed here must be called there, and vice versa.
+ROLE_METHODS: dict[str, set[str]] = {
+    "agent": {"list_pods", "watch_pods"},
+    "budget": {"get_dgd", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods", "watch_pods",
+               "record_event"},
+    "retune": {"list_pods", "get_dgd_object"},
+    "leases": {"get_lease", "create_lease", "update_lease", "delete_lease"},
+}
+# Where each feature's code lives (under src/powerfleet).
+ROLE_CODE: dict[str, list[str]] = {
+    "agent": ["agent", "tasks/agent.py"],
+    "budget": ["budget", "tasks/budget.py"],
+    "retune": ["retune", "tasks/retune.py"],
+    "leases": ["retune", "tasks/retune.py"],
+}
+# Adapter methods no fleet process calls, so no role is granted them (and none may call them).
+NOT_CALLED_BY_THE_FLEET: dict[str, str] = {
+    "list_events": "tests and the twin read recorded events back",
+}
+
+ALL_ON = {"retune": {"enabled": True}, "budget": {"enabled": True}}
+ROLE_KINDS = ("Role", "ClusterRole")
+
+
+@pytest.fixture(scope="module")
+def adapter():  # type: ignore[no-untyped-def]
+    return scan_adapter()
+
+
+def _granted(role: dict[str, Any]) -> set[Perm]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def _needed(adapter: Any, *roles: str) -> set[Perm]:
+    return set().union(*(adapter.perms_of(m) for role in roles for m in ROLE_METHODS[role]))
+
+
+def test_every_client_call_in_the_adapter_is_mapped(adapter: Any) -> None:
+    assert adapter.unknown == [], "add these to CLIENT_CALLS in tests/charts/rbac_calls.py"
+    assert adapter.uses, "found no client call in src/powerfleet/cluster"
+
+
+def test_every_api_method_of_the_adapter_is_claimed_by_a_role_or_unused(adapter: Any) -> None:
+    claimed = set().union(*ROLE_METHODS.values()) | set(NOT_CALLED_BY_THE_FLEET)
+    assert adapter.api_methods() - claimed == set(), "an adapter call no role is granted"
+    assert claimed - adapter.api_methods() == set(), "a claimed method the adapter no longer has"
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_METHODS))
+def test_role_methods_match_what_the_role_code_calls(adapter: Any, role: str) -> None:
+    code = [SRC / p for p in ROLE_CODE[role]]
+    called = set(references(code, adapter.api_methods()))
+    if not called:
+        pytest.xfail(f"{role}: its code ({ROLE_CODE[role]}) calls no adapter method yet; grants follow ROLE_METHODS")
+    # `leases` and `retune` share their code; each claims its own part of what it calls.
+    sharing = [r for r in ROLE_METHODS if r != role and ROLE_CODE[r] == ROLE_CODE[role]]
+    others = set().union(*(ROLE_METHODS[r] for r in sharing)) if sharing else set()
+    assert ROLE_METHODS[role] - called == set(), f"{role}: declared but not called in {ROLE_CODE[role]}"
+    assert called - ROLE_METHODS[role] - others == set(), f"{role}: called but not declared in ROLE_METHODS"
+
+
+def test_nothing_in_the_fleet_calls_the_unclaimed_methods() -> None:
+    fleet = [p for p in SRC.iterdir() if p.name not in ("cluster", "twin")]
+    assert references(fleet, set(NOT_CALLED_BY_THE_FLEET)) == {}
+
+
+@pytest.mark.parametrize("watch_all", [False, True])
+def test_worker_grants_exactly_what_budget_and_retune_call(adapter: Any, watch_all: bool) -> None:
+    objs = objects({**ALL_ON, "rbac": {"watchAllNamespaces": watch_all}})
+    kind = "ClusterRole" if watch_all else "Role"
+    main = [r for r in find(objs, kind, "worker") if not r["metadata"]["name"].endswith("-leases")]
+    assert len(main) == 1
+    assert _granted(main[0]) == _needed(adapter, "budget", "retune") - _needed(adapter, "leases")
+    leases = [r for r in find(objs, "Role", "worker") if r["metadata"]["name"].endswith("-leases")]
+    assert len(leases) == 1, "Leases stay in a Role even in cluster-wide mode"
+    assert leases[0]["metadata"]["namespace"] == "fleet"
+    assert _granted(leases[0]) == _needed(adapter, "leases")
+
+
+def test_agent_grants_exactly_what_the_agent_calls(adapter: Any) -> None:
+    objs = objects({})
+    assert _granted(one(objs, "ClusterRole", "agent")) == _needed(adapter, "agent")
+    restricted = objects({"agent": {"namespaces": ["llm-a", "llm-b"]}})
+    assert not find(restricted, "ClusterRole", "agent") and not find(restricted, "ClusterRoleBinding", "agent")
+    roles = find(restricted, "Role", "agent")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-a", "llm-b"]
+    for role in roles:
+        assert _granted(role) == _needed(adapter, "agent")
+    for binding in find(restricted, "RoleBinding", "agent"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pf-powerfleet-agent", "namespace": "fleet"}]
+
+
+def test_everything_granted_is_called_and_everything_called_is_granted(adapter: Any) -> None:
+    """The union over all roles with every feature on equals the adapter's calls."""
+    objs = objects(ALL_ON)
+    granted = set().union(*(_granted(r) for r in objs if r["kind"] in ROLE_KINDS))
+    called = set().union(*(adapter.perms_of(m) for m in adapter.api_methods() - set(NOT_CALLED_BY_THE_FLEET)))
+    assert granted - called == set(), "granted but never called"
+    assert called - granted == set(), "called but never granted"
+
+
+@pytest.mark.parametrize(("values", "has_main", "has_leases", "token"), [
+    ({"budget": {"enabled": False}}, False, False, False),
+    ({"budget": {"enabled": False}, "retune": {"enabled": True}}, True, True, True),
+    ({"retune": {"enabled": False}}, True, False, True),
+    ({**ALL_ON, "worker": {"queues": ["sweep"]}}, False, False, False),  # shards never call the API
+])
+def test_worker_access_follows_the_features(values: dict[str, Any], has_main: bool, has_leases: bool,
+                                            token: bool) -> None:
+    objs = objects(values)
+    roles = find(objs, "Role", "worker")
+    assert any(not r["metadata"]["name"].endswith("-leases") for r in roles) is has_main
+    assert any(r["metadata"]["name"].endswith("-leases") for r in roles) is has_leases
+    assert len(find(objs, "RoleBinding", "worker")) == len(roles)
+    deploy = one(objs, "Deployment", "worker")
+    assert deploy["spec"]["template"]["spec"]["automountServiceAccountToken"] is token
+    assert one(objs, "ServiceAccount", "worker")["automountServiceAccountToken"] is token
+
+
+def test_no_rbac_rule_uses_a_wildcard_or_reads_secrets(variant: tuple[str, dict[str, Any]]) -> None:
+    _, values = variant
+    forbidden_resources = {"secrets", "serviceaccounts/token", "roles", "clusterroles", "rolebindings",
+                           "clusterrolebindings", "pods/exec", "nodes/proxy"}
+    forbidden_verbs = {"escalate", "bind", "impersonate", "deletecollection"}
+    roles = [o for o in objects(values) if o["kind"] in ROLE_KINDS]
+    for role in roles:
+        assert "aggregationRule" not in role
+        for rule in role["rules"]:
+            for field in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
+            assert "nonResourceURLs" not in rule
+            assert not forbidden_resources & set(rule["resources"]), (role["metadata"]["name"], rule)
+            assert not forbidden_verbs & set(rule["verbs"]), (role["metadata"]["name"], rule)
+
+
+def test_only_worker_and_agent_service_accounts_are_bound() -> None:
+    objs = objects({**ALL_ON, "flower": {"enabled": True, "basicAuthSecret": {"name": "a"}},
+                    "rbac": {"watchAllNamespaces": True}})
+    subjects = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    assert subjects == {"pf-powerfleet-worker", "pf-powerfleet-agent"}
+
+
+def test_bindings_follow_an_existing_service_account_name() -> None:
+    objs = objects({"worker": {"serviceAccount": {"create": False, "name": "ops-worker"}},
+                    "agent": {"serviceAccount": {"create": True, "name": "gpu-agent"}}})
+    assert not find(objs, "ServiceAccount", "worker")
+    assert one(objs, "ServiceAccount", "agent")["metadata"]["name"] == "gpu-agent"
+    assert one(objs, "RoleBinding", "worker")["subjects"][0]["name"] == "ops-worker"
+    assert one(objs, "ClusterRoleBinding", "agent")["subjects"][0]["name"] == "gpu-agent"
+    assert one(objs, "Deployment", "worker")["spec"]["template"]["spec"]["serviceAccountName"] == "ops-worker"
+
+
+def test_rbac_create_false_renders_no_rbac() -> None:
+    objs = objects({**ALL_ON, "rbac": {"create": False}})
+    assert not [o for o in objs if o["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")]
