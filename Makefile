@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test redis venv bench clean
+.PHONY: demo test redis venv bench clean image
 
 # redis-server comes from Debian's package (see docs/embedded-broker.md for why).
 redis:
@@ -32,6 +32,13 @@ test: redis venv
 bench: redis venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/sim.py
+
+# The container image (Dockerfile): the unit tests run inside it first (target test), then the
+# runtime image is tagged. Needs Docker with BuildKit.
+IMAGE ?= powerfleet:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build --target test -t $(IMAGE)-test .
+	docker build --target runtime -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
