@@ -153,14 +153,48 @@ def test_flower_refuses_a_public_address_without_credentials(fleet_env) -> None:
 
 def test_status_reports_workers_queues_and_ticks(control_worker, fleet_env, app) -> None:
     app.send_task("powerfleet.fleet.reconcile").get(timeout=30)
+    app.send_task("powerfleet.fleet.reconcile").get(timeout=30)
+    # A node task for a node nobody serves: invisible to Flower and `inspect`, not to status.
+    app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-zzz"})
     out = run_cli("status", "--json", env=fleet_env)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert "control" in data["workers"]["ctl@test"]
-    assert set(data["queues"]) >= {"control", "sweep", "node.a", "node.b"}
+    assert data["queues"]["node.gpu-node-zzz"] == 1
+    # The two reconcile ticks' orders for a and b wait in queues no agent consumes.
+    assert data["queues"]["node.a"] == 2 and data["queues"]["node.b"] == 2
+    assert data["agents"] == []
     assert set(data["ticks"]) == {"reconcile", "budget", "retune"}
+    assert data["ticks"]["reconcile"]["count"] == 2
     assert data["ticks"]["reconcile"]["age_s"] >= 0
     assert data["ticks"]["reconcile"]["detail"] == "agent.reconcile -> node.a, node.b"
-    assert data["ticks"]["budget"]["last"] is None
-    human = run_cli("status", env=fleet_env)
+    assert data["ticks"]["budget"] == {"count": 0, "last": None, "age_s": None, "detail": None}
+    human = run_cli("status", env={**fleet_env, "COLUMNS": "200"})
     assert human.returncode == 0 and "agent.reconcile -> node.a, node.b" in human.stdout
+    assert "node.gpu-node-zzz" in human.stdout and "NONE" in human.stdout
+
+
+def test_node_task_for_a_node_without_a_live_agent_is_refused(fleet_env, broker_url) -> None:
+    r = redis.Redis.from_url(broker_url)
+    out = run_cli("trigger", "powerfleet.agent.reconcile", "--args", '{"node": "gpu-node-zzz"}', env=fleet_env)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "no live agent serves node 'gpu-node-zzz'" in out.stderr
+    assert r.llen("node.gpu-node-zzz") == 0
+
+
+def test_beat_metrics_show_every_queue_depth(launcher: Launcher, app) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_loopback_port()
+    app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-zzz"})
+    launcher.spawn("beat", "beat", "--metrics-port", str(port))
+
+    def depth() -> float | None:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name == "powerfleet_queue_depth" and smp.labels == {"queue": "node.gpu-node-zzz"}:
+                    return smp.value
+        return None
+
+    assert wait_for(depth, "beat to export the stranded node queue's depth") == 1

@@ -6,6 +6,7 @@ import redis
 
 _LAST = "powerfleet:ticks:last"
 _DETAIL = "powerfleet:ticks:detail"
+_COUNT = "powerfleet:ticks:count"
 _ORIGINS = "powerfleet:ticks:origins:{family}"
 _KEEP = 200
 
@@ -20,6 +21,7 @@ class TickLog:
         with self._r.pipeline() as p:
             p.hset(_LAST, family, repr(at))
             p.hset(_DETAIL, family, detail)
+            p.hincrby(_COUNT, family, 1)
             p.lpush(key, origin or "unknown")
             p.ltrim(key, 0, _KEEP - 1)
             p.execute()
@@ -30,6 +32,10 @@ class TickLog:
 
     def last_details(self) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self._r.hgetall(_DETAIL).items()}
+
+    def counts(self) -> dict[str, int]:
+        """Ticks run per family since the broker's data began (not capped like origins)."""
+        return {k.decode(): int(v) for k, v in self._r.hgetall(_COUNT).items()}
 
     def origins(self, family: str) -> list[str]:
         return [o.decode() for o in self._r.lrange(_ORIGINS.format(family=family), 0, -1)]

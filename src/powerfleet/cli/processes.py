@@ -104,6 +104,12 @@ def beat(
     from powerfleet.workers.app import TICK_FAMILIES
 
     install_tick_metrics(TICK_FAMILIES)
+    if port:
+        from prometheus_client import REGISTRY
+
+        from powerfleet.metrics.queues import QueueDepthCollector
+
+        REGISTRY.register(QueueDepthCollector(app.broker_url_resolved))
     serve_metrics(port, config.metrics.address)
     app.start(["beat", "--loglevel", loglevel, "--scheduler", "powerfleet.beat.scheduler:FleetScheduler"])
 

@@ -132,22 +132,24 @@ def status(
     from powerfleet.beat.ticklog import TickLog
     from powerfleet.tasks.ports import fleet_redis
     from powerfleet.workers.app import TICK_FAMILIES
-    from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
+    from powerfleet.workers.routes import node_queue
 
     replies = app.control.inspect(timeout=timeout).active_queues() or {}
     workers = {name: sorted(q["name"] for q in qs) for name, qs in sorted(replies.items())}
-    queue_names = {CONTROL_QUEUE, SWEEP_QUEUE, *(node_queue(n) for n in config.nodes)}
-    for qs in workers.values():
-        queue_names.update(q for q in qs if not q.endswith(".dq2"))
     r = fleet_redis(app)
-    # LLEN ourselves: Flower only reports queues that live workers consume.
-    depths = {q: int(r.llen(q)) for q in sorted(queue_names)}
+    from powerfleet.agent.presence import live_agents
+    from powerfleet.metrics.queues import queue_depths
+
+    consumed = [q for qs in workers.values() for q in qs]
+    depths = queue_depths(r, [*consumed, *(node_queue(n) for n in config.nodes)])
+    agents = sorted(live_agents(r))
     now = time.time()
     ticklog = TickLog(r)
-    last, details = ticklog.last_ticks(), ticklog.last_details()
-    ticks = {f: {"last": last.get(f), "age_s": (round(now - last[f], 3) if f in last else None),
+    last, details, counts = ticklog.last_ticks(), ticklog.last_details(), ticklog.counts()
+    ticks = {f: {"count": counts.get(f, 0), "last": last.get(f),
+                 "age_s": (round(now - last[f], 3) if f in last else None),
                  "detail": details.get(f)} for f in TICK_FAMILIES}
-    data = {"schema": "powerfleet.status/v1", "workers": workers, "queues": depths, "ticks": ticks}
+    data = {"schema": "powerfleet.status/v1", "workers": workers, "agents": agents, "queues": depths, "ticks": ticks}
     if as_json:
         print_json(data)
         return
@@ -166,13 +168,18 @@ def status(
     q = Table(title="queues")
     q.add_column("queue")
     q.add_column("depth", justify="right")
+    q.add_column("consumer")
+    served = set(consumed)
     for name, depth in depths.items():
-        q.add_row(name, str(depth))
+        q.add_row(name, str(depth), "yes" if name in served else "NONE")
     console.print(q)
+    console.print(f"live agents: {', '.join(agents) or '(none)'}")
     k = Table(title="ticks")
     k.add_column("family")
+    k.add_column("ticks", justify="right")
     k.add_column("last tick (s ago)", justify="right")
     k.add_column("what it did")
     for f, info in ticks.items():
-        k.add_row(f, "never" if info["age_s"] is None else f"{info['age_s']:.1f}", info["detail"] or "")
+        k.add_row(f, str(info["count"]), "never" if info["age_s"] is None else f"{info['age_s']:.1f}",
+                  info["detail"] or "")
     console.print(k)

@@ -9,15 +9,19 @@ import typer
 
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 
-app = typer.Typer(help="validate commands", no_args_is_help=True)
+app = typer.Typer(help="Offline checks of inputs before they reach a cluster: `dgd-update` checks that a "
+                       "DGD update leaves every power-annotated component's power inputs unchanged.",
+                  no_args_is_help=True)
 
 
 def _read_dgd_file(path: Path) -> Any:
     """Read one DGD from a YAML or JSON file (JSON is YAML); any problem -> exit 2."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{path} is not UTF-8 text (a DGD is YAML or JSON)")
     from powerfleet.cluster.manifests import ManifestError, load_document
 
     try:
