@@ -18,13 +18,15 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from powerfleet.clock import Clock, SystemClock
-from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSION, parse_dgd
+from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSIONS, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
-from powerfleet.cluster.objects import EventInfo, Lease, ObjectRef, PodInfo
+from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo
 from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
 
 LIST_TIMEOUT_SECONDS = 20  # server-side timeout for LISTs
 REQUEST_TIMEOUT_SECONDS = 25.0  # client-side timeout for every call
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 @contextmanager
@@ -116,13 +118,15 @@ class KubeCluster:
     from writing.
     """
 
-    def __init__(self, api_client: client.ApiClient, *, clock: Clock | None = None, component: str = "powerfleet") -> None:
+    def __init__(self, api_client: client.ApiClient, *, clock: Clock | None = None, component: str = "powerfleet",
+                 dgd_version: str | None = None) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.clock = clock or SystemClock()
         self.component = component
+        self._dgd_version = dgd_version  # None: discovered on first use (dgd_version())
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, context: str | None = None, **kwargs: Any) -> KubeCluster:
@@ -139,10 +143,27 @@ class KubeCluster:
 
     # -- DGDs --
 
+    def served_dgd_versions(self) -> list[str]:
+        """The nvidia.com versions the cluster serves (API discovery), in DGD_VERSIONS order."""
+        with _api_errors("discover API groups"):
+            groups = client.ApisApi(self.api_client).get_api_versions(_request_timeout=REQUEST_TIMEOUT_SECONDS)
+        served = {v.version for g in groups.groups or [] if g.name == DGD_GROUP for v in g.versions or []}
+        return [v for v in DGD_VERSIONS if v in served]
+
+    def dgd_version(self) -> str:
+        """The DGD version this adapter reads and writes: v1beta1 when served, else v1alpha1."""
+        if self._dgd_version is None:
+            served = self.served_dgd_versions()
+            if not served:
+                raise NotFound(f"the cluster serves no {DGD_GROUP} DynamoGraphDeployment version "
+                               f"({', '.join(DGD_VERSIONS)}); is the Dynamo operator installed?", status=404)
+            self._dgd_version = served[0]
+        return self._dgd_version
+
     def get_dgd_object(self, namespace: str, name: str) -> dict[str, Any]:
         with _api_errors(f"get DGD {namespace}/{name}"):
             return self.custom.get_namespaced_custom_object(
-                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL, name, _request_timeout=REQUEST_TIMEOUT_SECONDS
             )
 
     def get_dgd(self, namespace: str, name: str) -> DGD:
@@ -152,12 +173,12 @@ class KubeCluster:
         with _api_errors(f"list DGDs in {namespace or 'all namespaces'}"):
             if namespace is None:
                 listed = self.custom.list_cluster_custom_object(
-                    DGD_GROUP, DGD_VERSION, DGD_PLURAL,
+                    DGD_GROUP, self.dgd_version(), DGD_PLURAL,
                     timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )
             else:
                 listed = self.custom.list_namespaced_custom_object(
-                    DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL,
+                    DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL,
                     timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )
         out: list[DGD | InvalidDGD] = []
@@ -176,40 +197,65 @@ class KubeCluster:
         """Merge-patch the status subresource; returns the stored object."""
         with _api_errors(f"patch DGD status {namespace}/{name}"):
             return self.custom.patch_namespaced_custom_object_status(
-                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, {"status": dict(status)},
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL, name, {"status": dict(status)},
+                _request_timeout=REQUEST_TIMEOUT_SECONDS, _content_type=MERGE_PATCH,
             )
 
     def patch_dgd_replicas(
-        self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None
+        self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None,
+        current: DGD | None = None,
     ) -> DGD:
-        """Set component replicas with an optimistic-concurrency UPDATE (stale -> Conflict).
+        """Write only the named components' replica counts (never a full update, so RBAC needs
+        ``patch`` but not ``update`` on DGDs).
 
-        ``spec.components`` is a list, which a merge patch would replace whole, so this reads the
-        object, changes only the named replicas and writes it back with its resourceVersion (or the
-        one given, to fence against what the caller last read).
+        The services map (v1alpha1) takes a merge patch. The components list (v1beta1) is a list a
+        merge patch would replace whole, so it takes a JSON patch that replaces each replicas
+        field by index, guarded by a ``test`` of the component's name there. ``resource_version``
+        fences the write against what the caller read (stale -> Conflict). ``current``: the DGD the
+        caller already read (saves a GET; its order locates the components).
         """
-        obj = self.get_dgd_object(namespace, name)
-        current = parse_dgd(obj)  # refuses a malformed DGD before writing anything
+        if current is None:
+            current = parse_dgd(self.get_dgd_object(namespace, name))  # refuses a malformed DGD first
         for comp, n in replicas.items():
             if current.component(comp) is None:
                 raise NotFound(f"DGD {namespace}/{name} has no component {comp!r}")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"replicas for {comp!r} must be a non-negative integer, got {n!r}")
-        if current.form == "components":
-            for item in obj["spec"]["components"]:
-                if item.get("name") in replicas:
-                    item["replicas"] = replicas[item["name"]]
+        body: Any
+        if current.form == "services":
+            body = {"spec": {"services": {comp: {"replicas": n} for comp, n in replicas.items()}}}
+            if resource_version is not None:
+                body["metadata"] = {"resourceVersion": resource_version}
+            ctype = MERGE_PATCH
         else:
-            for comp, n in replicas.items():
-                obj["spec"]["services"][comp]["replicas"] = n
-        if resource_version is not None:
-            obj["metadata"]["resourceVersion"] = resource_version
-        with _api_errors(f"update DGD replicas {namespace}/{name}"):
-            stored = self.custom.replace_namespaced_custom_object(
-                DGD_GROUP, DGD_VERSION, namespace, DGD_PLURAL, name, obj, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
+            body = [] if resource_version is None else [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
+            for i, c in enumerate(current.components):
+                if c.name in replicas:
+                    body.append({"op": "test", "path": f"/spec/components/{i}/name", "value": c.name})
+                    body.append({"op": "add", "path": f"/spec/components/{i}/replicas", "value": replicas[c.name]})
+            ctype = JSON_PATCH
+        with _api_errors(f"patch DGD replicas {namespace}/{name}"):
+            try:
+                stored = self.custom.patch_namespaced_custom_object(
+                    DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL, name, body,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS, _content_type=ctype,
+                )
+            except ApiException as exc:
+                if exc.status == 422 and ctype == JSON_PATCH:
+                    # a failed test op: the object changed since it was read (moved component, new version)
+                    raise Conflict(f"patch DGD replicas {namespace}/{name}: the DGD changed since it was read",
+                                   status=409) from exc
+                raise
         return parse_dgd(stored)
+
+    # -- nodes --
+
+    def list_nodes(self, *, label_selector: str | None = None) -> list[NodeInfo]:
+        with _api_errors(f"list nodes ({label_selector or ''})".strip()):
+            listed = self.core.list_node(label_selector=label_selector, timeout_seconds=LIST_TIMEOUT_SECONDS,
+                                         _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        return [NodeInfo(name=n.metadata.name, labels=dict(n.metadata.labels or {})) for n in listed.items]
 
     # -- pods --
 

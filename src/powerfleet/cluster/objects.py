@@ -25,6 +25,13 @@ class PodInfo(BaseModel):
         return self.phase not in ("Succeeded", "Failed")
 
 
+class NodeInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
 class Lease(BaseModel):
     """coordination.k8s.io/v1 Lease. ``resource_version`` is required for update/delete checks."""
 

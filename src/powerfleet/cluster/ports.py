@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from powerfleet.cluster.dgd import DGD
-from powerfleet.cluster.objects import EventInfo, Lease, ObjectRef, PodInfo
+from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo
 
 
 class ClusterError(Exception):
@@ -82,6 +82,8 @@ class ClusterReader(Protocol):
         timeout_seconds: int = 30,
     ) -> Iterator[PodEvent]: ...
 
+    def list_nodes(self, *, label_selector: str | None = None) -> list[NodeInfo]: ...
+
     def get_lease(self, namespace: str, name: str) -> Lease: ...
 
     def list_events(self, namespace: str, *, involved_name: str | None = None) -> list[EventInfo]: ...
@@ -92,7 +94,8 @@ class ClusterWriter(ClusterReader, Protocol):
     def patch_dgd_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def patch_dgd_replicas(
-        self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None
+        self, namespace: str, name: str, replicas: Mapping[str, int], *, resource_version: str | None = None,
+        current: DGD | None = None,
     ) -> DGD: ...
 
     def create_lease(self, lease: Lease) -> Lease: ...

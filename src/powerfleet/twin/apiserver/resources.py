@@ -32,6 +32,12 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "events", "Event"),
     ResourceType("events.k8s.io", "v1", "events", "Event"),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
+    # Both DGD versions share one store (the key is group + plural), without conversion: an
+    # object is returned in the form it was written (services map or components list).
+    ResourceType(
+        "nvidia.com", "v1beta1", "dynamographdeployments", "DynamoGraphDeployment",
+        status_subresource=True, delete_returns_object=True,
+    ),
     ResourceType(
         "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment",
         status_subresource=True, delete_returns_object=True,

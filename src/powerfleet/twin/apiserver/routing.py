@@ -23,11 +23,37 @@ def discovery(parts: list[str], registry: Registry) -> Obj | None:
     if parts == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     if parts == ["apis"]:
-        groups = sorted({(rt.group, rt.version) for rt in registry if rt.group})
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-             "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in groups]}
+        return {"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [_api_group(g, registry) for g in sorted({rt.group for rt in registry if rt.group})]}
+    if len(parts) == 2 and parts[0] == "apis" and any(rt.group == parts[1] for rt in registry):
+        return _api_group(parts[1], registry)
+    if len(parts) == 3 and parts[0] == "apis" or len(parts) == 2 and parts[0] == "api":
+        group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+        served = [rt for rt in registry if (rt.group, rt.version) == (group, version)]
+        if served:
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": served[0].api_version,
+                    "resources": [r for rt in served for r in _resources(rt)]}
     return None
+
+
+def _api_group(group: str, registry: Registry) -> Obj:
+    """One APIGroup: its versions in registration order; the first is preferred."""
+    versions: list[str] = []
+    for rt in registry:
+        if rt.group == group and rt.version not in versions:
+            versions.append(rt.version)
+    entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries, "preferredVersion": entries[0]}
+
+
+def _resources(rt: ResourceType) -> list[Obj]:
+    verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    out: list[Obj] = [{"name": rt.plural, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
+                       "kind": rt.kind, "verbs": verbs}]
+    if rt.status_subresource:
+        out.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
+                    "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+    return out
 
 
 def route(path: str, registry: Registry) -> Route | Obj:
