@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from powerfleet.cli import agent_cmd, budget_cmd, processes, retune_cmd, sim_cmd, taskapi, up, validate_cmd
+from powerfleet.cli import (agent_cmd, budget_cmd, demo_cmd, processes, retune_cmd, sim_cmd, taskapi, twin_cmd, up,
+                            validate_cmd)
 from powerfleet.cli.context import CliState
 
 app = typer.Typer(
@@ -30,7 +31,8 @@ app.command()(processes.worker)
 app.command()(processes.beat)
 app.command()(processes.flower)
 app.command()(up.up)
-app.command()(up.demo)
+app.command()(demo_cmd.demo)
+app.command()(twin_cmd.twin)
 app.command()(taskapi.trigger)
 app.command()(taskapi.status)
 app.add_typer(agent_cmd.app, name="agent")

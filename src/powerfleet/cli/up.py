@@ -1,4 +1,4 @@
-"""`powerfleet up` (the whole fleet in the foreground) and `powerfleet demo`."""
+"""`powerfleet up`: the whole fleet in the foreground (`powerfleet demo` is in demo_cmd)."""
 
 from __future__ import annotations
 
@@ -109,74 +109,3 @@ def up(
         launcher.stop()
     if not stop.is_set():
         raise typer.Exit(EXIT_FAILURE)
-
-
-DEMO_ENV = {
-    "POWERFLEET_NODES": "[twin-gpu-a, twin-gpu-b]",
-    "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "3",
-    "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "5",
-    "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "2",
-    "POWERFLEET_RETUNE__WINDOW_INTERVAL_S": "10",
-    "POWERFLEET_RETUNE__DEPLOYMENTS": "[demo-llm]",
-}
-
-
-def demo(
-    ctx: typer.Context,
-    duration: float = typer.Option(40.0, "--duration", min=5.0, help="Seconds to run before stopping."),
-    flower_port: int = typer.Option(0, "--flower-port", help="Flower port (0: a free one)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the tick summary as JSON at the end."),
-) -> None:
-    """The main job on embedded defaults: a private Redis and a small twin fleet, for a bounded time.
-
-    Until the digital twin lands it shows the fleet's ticks running, then stops and exits 0
-    when every tick family ran.
-    """
-    import os
-
-    from powerfleet.broker.embedded import free_loopback_port
-
-    env = dict(DEMO_ENV)
-    env["POWERFLEET_FLOWER__PORT"] = str(flower_port or free_loopback_port())
-    os.environ.update(env)
-    os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
-    config = fleet_config(ctx)
-    logs = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
-    stop = threading.Event()
-    _install_stop_handlers(stop)
-    launcher, url = _start_fleet(ctx, config, logs)
-    typer.echo(f"demo: nodes {', '.join(config.nodes)}; Flower http://127.0.0.1:{config.flower.port}; "
-               f"logs {logs}; running {duration:g}s", err=True)
-    import redis
-
-    from powerfleet.beat.ticklog import TickLog
-    from powerfleet.workers.app import TICK_FAMILIES
-
-    ticklog = TickLog(redis.Redis.from_url(url))
-    seen: dict[str, float] = {}
-    counts = {f: 0 for f in TICK_FAMILIES}
-    start = time.time()
-
-    def show_new_ticks() -> None:
-        details = ticklog.last_details()
-        for family, at in ticklog.last_ticks().items():
-            if seen.get(family) != at:
-                seen[family] = at
-                counts[family] = len(ticklog.origins(family))
-                # With --json, stdout carries only the JSON document; progress goes to stderr.
-                typer.echo(f"  t+{at - start:5.1f}s  {family:9s} tick #{counts[family]:<3d} {details.get(family, '')}",
-                           err=as_json)
-
-    try:
-        _wait_for_signal(stop, duration, launcher, show_new_ticks)
-        show_new_ticks()
-    finally:
-        launcher.stop()
-    if as_json:
-        from powerfleet.cli.errors import print_json
-
-        print_json({"schema": "powerfleet.demo/v1", "duration_s": duration, "ticks": counts})
-    missing = [f for f, n in counts.items() if n == 0]
-    if missing and not stop.is_set():
-        fail(f"demo: no {', '.join(missing)} tick ran; see the logs in {logs}", EXIT_FAILURE)
-    typer.echo("demo finished: " + ", ".join(f"{f} x{n}" for f, n in counts.items()), err=True)

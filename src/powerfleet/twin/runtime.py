@@ -4,7 +4,7 @@
 starts the operator loop (through the official client, like any controller), and a tick
 thread that once per ``tick_s``: syncs each node's processes and GPUs with the running pods,
 starts a ``TwinFrontend`` per running frontend pod (its router URL written on the pod as
-``powerfleet.io/router-url``), replays the traffic due to each deployment's frontends,
+``powerfleet.nvidia.com/router-url``), replays the traffic due to each deployment's frontends,
 turns the load into per-GPU draw under each GPU's current cap, closes retune windows, and
 records a ``Sample``. ``samples`` and ``windows`` are what the live view and report read.
 
@@ -35,8 +35,9 @@ from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces,
 from powerfleet.twin.writer import OperatorLoop
 
 log = logging.getLogger(__name__)
-ROUTER_URL_ANNOTATION = "powerfleet.io/router-url"
-METRICS_URL_ANNOTATION = "powerfleet.io/metrics-url"
+# Read by retune's premise checks (powerfleet.retune.premises) to find each frontend's router.
+ROUTER_URL_ANNOTATION = "powerfleet.nvidia.com/router-url"
+METRICS_URL_ANNOTATION = "powerfleet.nvidia.com/metrics-url"
 # What one GPU processes at full load (tokens/s): sets how the trace's rate becomes utilisation.
 PREFILL_CAPACITY_TPS = 25_000.0
 DECODE_CAPACITY_TPS = 1_000.0

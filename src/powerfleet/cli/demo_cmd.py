@@ -1,0 +1,152 @@
+"""`powerfleet demo`: the whole fleet against the digital twin, a scripted scenario, a live view, a report.
+
+What runs: the twin in this process (API server, operator, GPU nodes, frontends, traffic);
+an embedded Redis; beat, a control worker, two sweep workers, one agent per twin node and
+Flower as child processes configured (through POWERFLEET_* variables) to use the twin's
+kubeconfig, GPU files, proc roots and trace directory. The scenario (powerfleet.twin.scenario)
+starts once every worker answers a ping; checks and the report come at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from powerfleet.cli.context import fleet_config
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.config import FleetConfig
+from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+
+
+def _known(path: str) -> bool:
+    """Whether the fleet config has this dotted key (so the demo never sets one it lacks)."""
+    model: Any = FleetConfig
+    for part in path.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        model = fields[part].annotation
+    return True
+
+
+def _env(values: dict[str, str]) -> dict[str, str]:
+    return {"POWERFLEET_" + k.upper().replace(".", "__"): v for k, v in values.items() if _known(k)}
+
+
+def fleet_env(twin: Any, window_s: int, flower_port: int, work: Path) -> dict[str, str]:
+    nodes = twin.spec.node_names
+    values = {
+        "nodes": "[" + ", ".join(nodes) + "]",
+        "beat.reconcile_interval_s": "3",
+        "beat.budget_interval_s": "4",
+        "beat.retune_interval_s": "2",
+        "flower.port": str(flower_port),
+        "retune.deployments": "[llm-disagg, llm-agg]",
+        "retune.window_interval_s": str(window_s),
+        "retune.kubeconfig": str(twin.kubeconfig),
+        "retune.trace_dir": str(twin.trace_dir),
+        "retune.namespace": twin.spec.namespace,
+        "retune.time_budget_s": str(round(window_s * 0.8, 1)),
+        "retune.shard_timeout_s": str(round(window_s * 0.6, 1)),
+        "retune.lease_duration_s": "15",
+        "retune.lease_renew_s": "5",
+        "retune.max_shards": "2",
+        "agent.gpu_backend": "simulated",
+        "agent.simulated_dir": str(twin.root / "gpus"),
+        "agent.kubeconfig": str(twin.kubeconfig),
+        "agent.namespaces": f"[{twin.spec.namespace}]",
+        "budget.kubeconfig": str(twin.kubeconfig),
+    }
+    env = _env(values)
+    env["KUBECONFIG"] = str(twin.kubeconfig)
+    return env
+
+
+def agent_env(twin: Any, node: str, work: Path) -> dict[str, str]:
+    return _env({"agent.proc_root": str(twin.nodes[node].proc_root),
+                 "agent.state_dir": str(work / "agent-state" / node)})
+
+
+def demo(
+    ctx: typer.Context,
+    duration: float = typer.Option(180.0, "--duration", min=30.0, max=86400.0,
+                                   help="Seconds the scenario runs once the fleet is up."),
+    nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES, help="Twin GPU nodes (8 GPUs each)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for traffic thinning, telemetry noise and GPU ids."),
+    report: Path = typer.Option(Path("demo-report"), "--report", help="Directory for summary.json, plots, index.html."),
+    window: int = typer.Option(0, "--window", min=0, max=600,
+                               help="Retune window in seconds (0: 10 for runs under 120 s, else 20)."),
+    flower_port: int = typer.Option(0, "--flower-port", min=0, max=65535, help="Flower port (0: a free one)."),
+    plain: bool = typer.Option(False, "--plain", help="Plain log lines even on a terminal."),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout at the end."),
+) -> None:
+    """The main job on embedded defaults: the fleet keeps a twin GPU cluster in budget and its routers tuned.
+
+    Prints a live view, writes a report to --report, and exits 0 only when every check held
+    (1 naming the failed checks; 2 for bad options).
+    """
+    from powerfleet.broker.embedded import BrokerUnavailable, free_loopback_port
+    from powerfleet.twin.runtime import Twin, TwinOptions
+    from powerfleet.twin.topology import TwinSpec
+    from powerfleet.workers.launcher import Launcher
+
+    window_s = window or (10 if duration < 120 else 20)
+    if window_s < 10:
+        fail("--window: the retune window must be at least 10 s")
+    work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s)).start()
+    launcher = Launcher(log_dir=work / "logs")
+    try:
+        port = flower_port or free_loopback_port()
+        env = fleet_env(twin, window_s, port, work)
+        os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
+        os.environ.update(env)
+        config = fleet_config(ctx)
+        launcher.env.update(env)
+        try:
+            url = launcher.start_embedded_broker()
+        except BrokerUnavailable as exc:
+            fail(str(exc), EXIT_FAILURE)
+        flower_url = f"http://127.0.0.1:{port}"
+        typer.echo(f"demo: twin of {nodes} nodes x 8 GPUs in {twin.root}; kubeconfig {twin.kubeconfig}; "
+                   f"logs {work / 'logs'}; Flower {flower_url}", err=True)
+        _spawn_fleet(launcher, twin, work)
+        from powerfleet.cli.demo_run import DemoRun
+
+        run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
+                      duration_s=duration, window_s=window_s, plain=plain, stop=stop, work=work,
+                      meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s})
+        outcome = run.run()
+    finally:
+        launcher.stop()
+        twin.stop()
+    index = run.write_report(report.resolve())
+    if as_json:
+        print_json(run.summary)
+    typer.echo(f"demo report: {index}", err=True)
+    failed = [name for name, ok in run.summary["checks"].items() if not ok]
+    if outcome:
+        fail(f"demo: {outcome}; report {index}", EXIT_FAILURE)
+    if failed:
+        fail(f"demo: checks failed: {', '.join(failed)} (details in {report / 'summary.json'})", EXIT_FAILURE)
+    typer.echo("demo finished: every check held", err=True)
+
+
+def _spawn_fleet(launcher: Any, twin: Any, work: Path) -> None:
+    launcher.spawn("control", "worker", "--queues", "control", "--name", "control@demo")
+    for i in (1, 2):
+        launcher.spawn(f"sweep-{i}", "worker", "--queues", "sweep", "--name", f"sweep{i}@demo")
+    for node in twin.spec.node_names:  # each agent has its own node's proc root and state dir
+        launcher.spawn(f"agent-{node}", "agent", "--node", node, env=agent_env(twin, node, work))
+    launcher.spawn("beat", "beat")
+    launcher.spawn("flower", "flower")

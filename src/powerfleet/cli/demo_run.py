@@ -1,0 +1,211 @@
+"""One demo run: wait for the fleet, drive the scenario, feed the live view, then judge and report."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from powerfleet.beat.ticklog import TickLog
+from powerfleet.config import FleetConfig
+from powerfleet.twin import checks as C
+from powerfleet.twin.report import summary as build_summary
+from powerfleet.twin.report import write_report
+from powerfleet.twin.runtime import Twin
+from powerfleet.twin.scenario import DECIDED, Scenario
+from powerfleet.twin.view import ViewState, make_view
+from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
+
+FLEET_UP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class DemoRun:
+    twin: Twin
+    launcher: Any
+    config: FleetConfig
+    broker_url: str
+    flower_url: str
+    duration_s: float
+    window_s: int
+    plain: bool
+    stop: threading.Event
+    work: Path
+    meta: dict[str, Any]
+    state: ViewState = field(default_factory=ViewState)
+    summary: dict[str, Any] = field(default_factory=dict)
+    fleet_up_at: float | None = None
+    first_reconcile_at: float | None = None
+    ended_at: float = 0.0
+    _ticks_seen: dict[str, float] = field(default_factory=dict)
+    _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
+    _launched: set[tuple[str, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        from powerfleet.workers.app import create_app
+
+        self.app = create_app(self.config, self.broker_url)
+        self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=5)
+        self.ticklog = TickLog(self.redis)
+        self.scenario = Scenario(self.twin, self._send, lambda name: name in self.app.tasks, self._decision)
+        budgets = self.twin.budgets
+        self.state = ViewState(duration_s=self.duration_s, flower_url=self.flower_url, rack_budget_w=budgets,
+                               fleet_budget_w=sum(budgets.values()))
+
+    # -- ports the scenario uses --
+
+    def _send(self, name: str, kwargs: dict[str, Any]) -> None:
+        self.app.send_task(name, kwargs=kwargs)
+
+    def _decision(self, line: str) -> None:
+        self.state.decisions.append(line)
+
+    # -- the run --
+
+    def run(self) -> str | None:
+        """Returns None when the run went its length, else why it stopped early."""
+        view = make_view(self.plain)
+        with view:
+            reason = self._wait_for_fleet(view)
+            if reason is None:
+                reason = self._scenario(view)
+        self.ended_at = time.time()
+        return reason
+
+    def _expected_workers(self) -> int:
+        return 3 + len(self.twin.spec.node_names)
+
+    def _wait_for_fleet(self, view: Any) -> str | None:
+        started = time.time()
+        self._decision(f"waiting for {self._expected_workers()} workers to answer a ping")
+        while not self.stop.is_set():
+            dead = self._dead()
+            if dead:
+                return dead
+            try:
+                replies = self.app.control.ping(timeout=1.0) or []
+            except Exception:  # noqa: BLE001 - the broker may still be warming up
+                replies = []
+            if len(replies) >= self._expected_workers():
+                self.fleet_up_at = time.time()
+                self._decision(f"fleet up after {self.fleet_up_at - started:.0f} s: {len(replies)} workers")
+                return None
+            if time.time() - started > FLEET_UP_TIMEOUT_S:
+                return f"only {len(replies)} of {self._expected_workers()} workers answered within {FLEET_UP_TIMEOUT_S:.0f} s"
+            self._refresh(view, started)
+        return "interrupted"
+
+    def _scenario(self, view: Any) -> str | None:
+        assert self.fleet_up_at is not None
+        while not self.stop.is_set():
+            elapsed = time.time() - self.fleet_up_at
+            if elapsed >= self.duration_s:
+                return None
+            dead = self._dead()
+            if dead:
+                return dead
+            self.scenario.tick(elapsed / self.duration_s)
+            self._refresh(view, self.fleet_up_at)
+            self.stop.wait(1.0)
+        return "interrupted"
+
+    def _dead(self) -> str | None:
+        dead = self.launcher.dead_children()
+        if dead:
+            return "a fleet process stopped: " + ", ".join(f"{c.name} (exit {c.proc.returncode}, log {c.log})" for c in dead)
+        return None
+
+    # -- what the view shows --
+
+    def _refresh(self, view: Any, since: float) -> None:
+        s = self.state
+        s.elapsed_s = time.time() - since
+        samples = self.twin.snapshot_samples()
+        if samples:
+            last = samples[-1]
+            s.fleet_w, s.rack_w = last.fleet_w, dict(last.rack_w)
+            caps: dict[str, list[float]] = {}
+            for g in last.gpus:
+                caps.setdefault(g.node, []).append(g.cap_w)
+            s.caps = caps
+        queues = [CONTROL_QUEUE, SWEEP_QUEUE] + [node_queue(n) for n in self.twin.spec.node_names]
+        try:
+            with self.redis.pipeline() as p:
+                for q in queues:
+                    p.llen(q)
+                s.queues = dict(zip(queues, (int(n) for n in p.execute())))
+            for family, at in self.ticklog.last_ticks().items():
+                if self._ticks_seen.get(family) != at:
+                    self._ticks_seen[family] = at
+                    detail = self.ticklog.last_details().get(family, "")
+                    if family != "reconcile":  # every few seconds, always the same: not news
+                        self._decision(f"{family} tick: {detail}")
+                    elif self.first_reconcile_at is None:
+                        self.first_reconcile_at = at
+            for key in self.redis.scan_iter(match="powerfleet:retune:launched:*", count=500):
+                _, _, _, dgd, k = key.decode().split(":", 4)
+                self._launched.add((dgd, int(k)))
+        except redis.RedisError:
+            pass
+        for dgd, hist in self.scenario.retune_history().items():
+            for h in hist:
+                key = (dgd, int(h.get("window", -1)), str(h.get("outcome")))
+                if key not in self._decisions_seen:
+                    self._decisions_seen.add(key)
+                    self._decision(f"retune {dgd} window {key[1]}: {key[2]} ({h.get('reason', '')})")
+        s.steps = self.scenario.states()
+        view.update(s)
+
+    # -- judging and the report --
+
+    def _log_lines(self) -> list[tuple[str, str]]:
+        out = []
+        for log in sorted((self.work / "logs").glob("*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                out.append((log.stem, line))
+        return out
+
+    def judge(self) -> list[C.Check]:
+        self.scenario.finish()
+        samples = self.twin.snapshot_samples()
+        budgets = self.twin.budgets
+        # One reconcile interval, plus the twin's sampling period either side and a pass's own time.
+        lag = self.config.beat.reconcile_interval_s + 2 * self.twin.options.tick_s + 2.0
+        history = self.scenario.retune_history()
+        decided = [(d, int(h["window"])) for d, hs in history.items() for h in hs
+                   if h.get("outcome") in DECIDED and isinstance(h.get("window"), int)]
+        # A window launched within its time budget of the end may still be sweeping: not judged.
+        budget_s = self.window_s * 0.8 + self.window_s
+        running = [(d, k) for d, k in self._launched if (k + 1) * self.window_s > self.ended_at - budget_s]
+        checks = [
+            C.power_within_budget(samples, budgets, sum(budgets.values())),
+            # Judged from the first reconcile tick: before it no agent has been asked to act.
+            C.caps_match_annotations(samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
+            C.windows_decided(self._launched, decided, running),
+            C.no_task_failures(self._log_lines()),
+        ]
+        for step in self.scenario.steps:
+            checks.append(C.Check(step.name, step.outcome.state == "ok", step.outcome.detail))
+        return checks
+
+    def write_report(self, out: Path) -> Path:
+        checks = self.judge()
+        self.state.steps = self.scenario.states()
+        samples = self.twin.snapshot_samples()
+        windows = self.twin.snapshot_windows()
+        extra = {**self.meta, "traffic": self.twin.traffic_source, "speedup": self.twin.options.speedup,
+                 "flower_url": self.flower_url, "work_dir": str(self.work),
+                 "fleet_up_s": None if self.fleet_up_at is None else round(self.fleet_up_at - samples[0].t, 1)
+                 if samples else None,
+                 "steps": self.scenario.states(), "view": self.state.to_json(),
+                 "launched_windows": sorted(f"{d}#{k}" for d, k in self._launched),
+                 "twin": {"tick_errors": self.twin.tick_errors, "last_tick_error": self.twin.last_tick_error,
+                          "dropped_requests": self.twin.dropped}}
+        self.summary = build_summary(samples=samples, windows=windows, checks=checks,
+                                     rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
+                                     extra=extra)
+        return write_report(out, self.summary, samples, windows, self.twin.budgets)

@@ -1,0 +1,69 @@
+"""`powerfleet twin`: the digital twin alone, in the foreground, for pointing other commands at it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from powerfleet.cli.errors import fail, print_json
+from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+
+
+def twin(
+    nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES, help="GPU nodes (8 GPUs each)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed for traffic thinning, telemetry noise and GPU ids."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Where the twin keeps its files (default: a temp dir)."),
+    window: int = typer.Option(20, "--window", min=10, max=3600, help="Retune window (s) the frontends account by."),
+    traces: Optional[Path] = typer.Option(None, "--traces", help="Directory with the Mooncake traces."),
+    duration: float = typer.Option(0.0, "--duration", min=0.0, help="Stop after this many seconds (0: until Ctrl-C)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the twin's paths and URLs as JSON (twin.json)."),
+) -> None:
+    """Run the twin: a loopback Kubernetes API with GPU nodes, two DGDs, their pods, GPUs, frontends and traffic.
+
+    Prints the kubeconfig path and the frontends' URLs; point `powerfleet up` at it with the
+    printed POWERFLEET_* settings (or --kubeconfig where a command takes one). Ctrl-C stops it.
+    """
+    from powerfleet.twin.runtime import Twin, TwinOptions
+    from powerfleet.twin.topology import TwinSpec
+
+    if traces is not None and not traces.is_dir():
+        fail(f"--traces: {traces} is not a directory")
+    root = directory or Path(tempfile.mkdtemp(prefix="powerfleet-twin-"))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    tw = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=root, window_s=window, traces=traces)).start()
+    try:
+        # Frontends start once their pods run: wait for them before printing their URLs.
+        stop.wait(0)
+        waited = 0.0
+        while len(tw.frontends) < 2 and waited < 30 and not stop.is_set():
+            stop.wait(0.5)
+            waited += 0.5
+        manifest = tw.manifest()
+        tw.write_manifest()
+        if as_json:
+            print_json(manifest)
+        else:
+            typer.echo(f"twin: {nodes} nodes x {tw.spec.gpus_per_node} GPUs in {tw.root}")
+            typer.echo(f"kubeconfig: {tw.kubeconfig}")
+            typer.echo(f"API server: {tw.api.url}")
+            for name, fe in manifest["frontends"].items():
+                typer.echo(f"frontend {name}: router {fe['router_url']}/router_policy, metrics {fe['metrics_url']}")
+            typer.echo(f"point a fleet at it: POWERFLEET_AGENT__GPU_BACKEND=simulated "
+                       f"POWERFLEET_AGENT__SIMULATED_DIR={tw.root / 'gpus'} "
+                       f"POWERFLEET_AGENT__KUBECONFIG={tw.kubeconfig} POWERFLEET_RETUNE__KUBECONFIG={tw.kubeconfig} "
+                       f"POWERFLEET_RETUNE__TRACE_DIR={tw.trace_dir} (per agent: POWERFLEET_AGENT__PROC_ROOT="
+                       f"{tw.root / 'proc'}/<node>); paths in {tw.root / 'twin.json'}")
+            typer.echo("Ctrl-C stops the twin", err=True)
+        stop.wait(duration if duration > 0 else None)
+    finally:
+        tw.stop()
+    if not as_json:
+        typer.echo(json.dumps({"samples": len(tw.samples), "tick_errors": tw.tick_errors}), err=True)

@@ -1,0 +1,159 @@
+"""The demo report: ``summary.json``, PNG plots and an ``index.html`` that shows them.
+
+``summary.json`` (schema ``powerfleet.demo-report/v1``) holds every figure the live view
+showed (the final view state, per-rack and fleet power statistics, caps per GPU, the
+scenario's steps, retune windows with their TTFT) and ``checks``: one entry per check,
+``true`` when it held (``check_details`` says what was measured).
+
+Plots (matplotlib, Agg backend, no display needed):
+``power.png`` power per rack over time against its budget; ``caps.png`` the applied cap of
+every GPU over time; ``ttft.png`` mean TTFT per retune window, the frontend's settings
+(retuned) against the default settings replayed on the same window.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from powerfleet.twin.checks import Check
+from powerfleet.twin.frontends import WindowTtft
+from powerfleet.twin.runtime import Sample
+
+SCHEMA = "powerfleet.demo-report/v1"
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"min": 0.0, "mean": 0.0, "max": 0.0}
+    return {"min": round(min(values), 1), "mean": round(sum(values) / len(values), 1), "max": round(max(values), 1)}
+
+
+def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks: Sequence[Check],
+            rack_budget_w: Mapping[str, float], fleet_budget_w: float, extra: Mapping[str, Any]) -> dict[str, Any]:
+    t0 = samples[0].t if samples else 0.0
+    racks = sorted(rack_budget_w)
+    last = samples[-1] if samples else None
+    return {
+        "schema": SCHEMA,
+        **extra,
+        "power": {
+            "samples": len(samples),
+            "fleet_budget_w": fleet_budget_w,
+            "rack_budget_w": dict(rack_budget_w),
+            "fleet_w": _stats([s.fleet_w for s in samples]),
+            "rack_w": {r: _stats([s.rack_w.get(r, 0.0) for s in samples]) for r in racks},
+            "series": [{"t": round(s.t - t0, 2), "fleet_w": s.fleet_w, "rack_w": s.rack_w} for s in samples],
+        },
+        "caps_final": {f"{g.node}/{g.index}": {"cap_w": g.cap_w, "draw_w": g.draw_w, "pod": g.pod, "role": g.role}
+                       for g in (last.gpus if last else [])},
+        "retune_windows": [
+            {"dgd": w.dgd, "window": w.window, "requests": w.requests, "workers": w.workers,
+             "ttft_ms_retuned": w.ttft_ms_current, "ttft_ms_default": w.ttft_ms_default, "policy": w.policy}
+            for w in windows
+        ],
+        "checks": {c.name: c.ok for c in checks},
+        "check_details": {c.name: c.detail for c in checks},
+    }
+
+
+def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
+           rack_budget_w: Mapping[str, float]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[str] = []
+    t0 = samples[0].t if samples else 0.0
+    ts = [s.t - t0 for s in samples]
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, rack in enumerate(sorted(rack_budget_w)):
+        color = f"C{i}"
+        ax.plot(ts, [s.rack_w.get(rack, 0.0) for s in samples], color=color, label=f"{rack} draw")
+        ax.axhline(rack_budget_w[rack], color=color, linestyle="--", label=f"{rack} budget")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("GPU power (W)")
+    ax.set_title("Power per rack against its budget")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "power.png", dpi=100)
+    plt.close(fig)
+    made.append("power.png")
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    keys = sorted({f"{g.node}/{g.index}" for s in samples for g in s.gpus})
+    for key in keys:
+        series = [next((g.cap_w for g in s.gpus if f"{g.node}/{g.index}" == key), float("nan")) for s in samples]
+        ax.step(ts, series, where="post", linewidth=1)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("applied cap (W)")
+    ax.set_title(f"Applied power cap of each GPU ({len(keys)} GPUs)")
+    ax.set_ylim(0, 750)
+    fig.tight_layout()
+    fig.savefig(out / "caps.png", dpi=100)
+    plt.close(fig)
+    made.append("caps.png")
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, dgd in enumerate(sorted({w.dgd for w in windows})):
+        ws = [w for w in windows if w.dgd == dgd and w.ttft_ms_current is not None]
+        xs = list(range(len(ws)))
+        ax.plot(xs, [w.ttft_ms_current for w in ws], marker="o", color=f"C{i}", label=f"{dgd} retuned")
+        ax.plot(xs, [w.ttft_ms_default for w in ws], marker="x", linestyle="--", color=f"C{i}",
+                label=f"{dgd} default settings")
+    if not windows:
+        ax.text(0.5, 0.5, "no retune window closed", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("retune window")
+    ax.set_ylabel("mean TTFT (ms)")
+    ax.set_title("TTFT per window: the routers' settings against default settings, same requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=100)
+    plt.close(fig)
+    made.append("ttft.png")
+    return made
+
+
+def _html(data: Mapping[str, Any], images: Sequence[str]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td class={'ok' if ok else 'bad'}>{'held' if ok else 'FAILED'}</td>"
+        f"<td>{html.escape(str(data['check_details'].get(name, '')))}</td></tr>"
+        for name, ok in data["checks"].items())
+    steps = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
+                    for k, v in (data.get("steps") or {}).items())
+    figs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}"></figure>' for i in images)
+    p = data["power"]
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>powerfleet demo report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }} td, th {{ border: 1px solid #ccc; padding: .3em .6em; }}
+.ok {{ color: #070; font-weight: bold; }} .bad {{ color: #b00; font-weight: bold; }}
+img {{ max-width: 100%; border: 1px solid #ddd; }}
+</style></head><body>
+<h1>powerfleet demo report</h1>
+<p>{html.escape(str(data.get('nodes', '?')))} nodes, {html.escape(str(data.get('duration_s', '?')))} s,
+seed {html.escape(str(data.get('seed', '?')))}; traffic: {html.escape(str(data.get('traffic', '')))}.
+Fleet power mean {p['fleet_w']['mean']:.0f} W, peak {p['fleet_w']['max']:.0f} W of a {p['fleet_budget_w']:.0f} W budget.</p>
+<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>
+<h2>Scenario</h2><table><tr><th>step</th><th>outcome</th></tr>{steps}</table>
+<h2>Plots</h2>{figs}
+<p>All figures: <a href="summary.json">summary.json</a>.</p>
+</body></html>
+"""
+
+
+def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], windows: Sequence[WindowTtft],
+                 rack_budget_w: Mapping[str, float]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    images = _plots(out, samples, windows, rack_budget_w)
+    data = {**data, "images": images}
+    (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
+    (out / "index.html").write_text(_html(data, images))
+    return out / "index.html"

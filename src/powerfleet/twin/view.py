@@ -1,0 +1,125 @@
+"""The demo's live view: rich panels on a terminal, plain log lines otherwise.
+
+Both render the same ``ViewState``: fleet and per-rack power against budget, caps per node,
+queue depths, the last decisions, the scenario's steps and the Flower URL.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+
+@dataclass
+class ViewState:
+    elapsed_s: float = 0.0
+    duration_s: float = 0.0
+    flower_url: str = ""
+    fleet_w: float = 0.0
+    fleet_budget_w: float = 0.0
+    rack_w: dict[str, float] = field(default_factory=dict)
+    rack_budget_w: dict[str, float] = field(default_factory=dict)
+    caps: dict[str, list[float]] = field(default_factory=dict)  # node -> applied cap per GPU
+    queues: dict[str, int] = field(default_factory=dict)
+    decisions: list[str] = field(default_factory=list)  # newest last
+    steps: dict[str, str] = field(default_factory=dict)  # step -> "pending" | "running" | "ok" | "failed: ..."
+
+    def to_json(self) -> dict[str, Any]:
+        return {"elapsed_s": round(self.elapsed_s, 1), "fleet_w": self.fleet_w, "fleet_budget_w": self.fleet_budget_w,
+                "rack_w": self.rack_w, "rack_budget_w": self.rack_budget_w, "caps": self.caps,
+                "queues": self.queues, "decisions": self.decisions[-20:], "steps": self.steps,
+                "flower_url": self.flower_url}
+
+
+def _caps_text(caps: list[float]) -> str:
+    return " ".join(f"{c:.0f}" for c in caps)
+
+
+class PlainView:
+    """One status line every ``every_s`` seconds, and each new decision as it happens."""
+
+    def __init__(self, out: IO[str] | None = None, every_s: float = 5.0) -> None:
+        self.out = out or sys.stderr
+        self.every_s = every_s
+        self._last_line = -1e9
+        self._seen = 0
+
+    def __enter__(self) -> PlainView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, s: ViewState) -> None:
+        for line in s.decisions[self._seen:]:
+            self.out.write(f"  t+{s.elapsed_s:5.0f}s  {line}\n")
+        self._seen = len(s.decisions)
+        if s.elapsed_s - self._last_line >= self.every_s:
+            self._last_line = s.elapsed_s
+            racks = " ".join(f"{r} {w:.0f}/{s.rack_budget_w.get(r, 0):.0f}" for r, w in sorted(s.rack_w.items()))
+            queues = " ".join(f"{q}={n}" for q, n in sorted(s.queues.items()) if n or q in ("control", "sweep"))
+            self.out.write(f"  t+{s.elapsed_s:5.0f}s  power fleet {s.fleet_w:.0f}/{s.fleet_budget_w:.0f} W | {racks} | "
+                           f"queues {queues}\n")
+        self.out.flush()
+
+
+class RichView:
+    """A ``rich.live.Live`` dashboard, refreshed on every update."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = console or Console(stderr=True)
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> RichView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def update(self, s: ViewState) -> None:
+        self.live.update(render(s))
+
+
+def render(s: ViewState) -> Any:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    power = Table.grid(padding=(0, 1))
+    power.add_column(width=10)
+    power.add_column(width=30)
+    power.add_column()
+    rows = [("fleet", s.fleet_w, s.fleet_budget_w)] + [(r, w, s.rack_budget_w.get(r, 0.0)) for r, w in sorted(s.rack_w.items())]
+    for name, w, budget in rows:
+        bar = ProgressBar(total=max(budget, 1.0), completed=min(w, budget), width=30,
+                          complete_style="red" if w > budget else "green")
+        power.add_row(name, bar, f"{w:,.0f} / {budget:,.0f} W")
+    caps = Table("node", "applied cap per GPU (W)", box=None, padding=(0, 1))
+    for node, values in sorted(s.caps.items()):
+        caps.add_row(node, _caps_text(values))
+    queues = Table("queue", "depth", box=None, padding=(0, 1))
+    for q, n in sorted(s.queues.items()):
+        queues.add_row(q, str(n))
+    steps = Table("step", "state", box=None, padding=(0, 1))
+    for name, state in s.steps.items():
+        style = "green" if state == "ok" else "red" if state.startswith("failed") else "yellow"
+        steps.add_row(name, f"[{style}]{state}[/]")
+    decisions = "\n".join(s.decisions[-8:]) or "(none yet)"
+    head = f"powerfleet demo  t+{s.elapsed_s:.0f}s of {s.duration_s:.0f}s   Flower {s.flower_url}"
+    return Group(
+        Panel(power, title=head, title_align="left"),
+        Panel(caps, title="caps"), Panel(queues, title="queues"), Panel(steps, title="scenario"),
+        Panel(decisions, title="last decisions"),
+    )
+
+
+def make_view(force_plain: bool = False, is_tty: Callable[[], bool] | None = None) -> PlainView | RichView:
+    tty = (is_tty or sys.stderr.isatty)()
+    return PlainView() if force_plain or not tty else RichView()
