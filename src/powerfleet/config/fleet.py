@@ -200,6 +200,42 @@ class AgentConfig(_Strict):
         return self
 
 
+class DeploymentBudgetConfig(_Strict):
+    """One power-aware deployment's budget (docs/budget.md)."""
+
+    power_limit_w: int = Field(ge=1)  # projected ceiling over the requested caps, not measured draw
+    max_gpus: int = Field(-1, ge=-1)  # -1: no GPU ceiling
+    min_gpus: int = Field(-1, ge=-1)  # -1: no GPU floor
+    min_replicas: dict[Literal["prefill", "decode", "worker"], int] = Field(default_factory=dict)  # default 1
+
+
+class BudgetConfig(_Strict):
+    """The budget planner (docs/budget.md). Power awareness is opt-in: only the DGDs listed in
+    ``deployments`` ("namespace/name") are evaluated; the default is none."""
+
+    deployments: dict[str, DeploymentBudgetConfig] = Field(default_factory=dict)
+    group_label: str = "powerfleet.io/rack"  # node label whose value names a node's group (rack, PDU)
+    groups: dict[str, int] = Field(default_factory=dict)  # group -> watts shared by the pods on its nodes
+    kubeconfig: str | None = None  # None: the in-cluster service account
+
+    @field_validator("deployments")
+    @classmethod
+    def _namespaced(cls, v: dict[str, DeploymentBudgetConfig]) -> dict[str, DeploymentBudgetConfig]:
+        for key in v:
+            ns, sep, name = key.partition("/")
+            if not sep or not ns or not name or "/" in name:
+                raise ValueError(f"{key!r} must be 'namespace/name'")
+        return v
+
+    @field_validator("groups")
+    @classmethod
+    def _positive_watts(cls, v: dict[str, int]) -> dict[str, int]:
+        for group, watts in v.items():
+            if watts < 1:
+                raise ValueError(f"group {group!r}: budget must be at least 1 W")
+        return v
+
+
 class FleetConfig(_Strict):
     broker: BrokerConfig = BrokerConfig()
     beat: BeatConfig = BeatConfig()
@@ -208,10 +244,14 @@ class FleetConfig(_Strict):
     metrics: MetricsConfig = MetricsConfig()
     retune: RetuneConfig = RetuneConfig()
     agent: AgentConfig = AgentConfig()
+    budget: BudgetConfig = BudgetConfig()
     # GPU nodes always sent a reconcile pass (optional: live agents are found by their heartbeat).
     nodes: list[str] = Field(default_factory=list)
     # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).
     prefetch_multiplier: int = Field(4, ge=1, le=64)
+    # Tests and the twin only: tasks read "now" (epoch seconds) from this file instead of the
+    # system clock, so several worker processes see the same chosen instants.
+    clock_file: str | None = None
 
     @model_validator(mode="after")
     def _visibility_outlasts_tasks(self) -> "FleetConfig":
