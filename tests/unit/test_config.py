@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerfleet.config import ConfigError, load_config
+from powerfleet.config import ConfigError, FleetConfig, load_config
 
 
 def test_defaults_match_the_documented_intervals() -> None:
@@ -66,6 +66,12 @@ def test_arbitrary_file_text_gives_a_config_or_a_config_error(tmp_path_factory, 
         assert str(f) in str(exc)
 
 
+def _one_line_error_naming(exc: ConfigError, source: str) -> None:
+    text = str(exc)
+    assert "\n" not in text, text
+    assert text.startswith(source), (source, text)
+
+
 @settings(max_examples=200, deadline=None)
 @given(tree=st.dictionaries(st.sampled_from(["beat", "broker", "flower", "nodes", "limits", "retune", "x"]),
                             yaml_ish, max_size=4))
@@ -75,15 +81,37 @@ def test_arbitrary_structures_give_a_config_or_a_config_error(tmp_path_factory, 
     f = tmp_path_factory.mktemp("fuzz") / "c.yaml"
     f.write_text(yaml.safe_dump(tree))
     try:
-        load_config(f, environ={})
-    except ConfigError:
-        pass
+        cfg = load_config(f, environ={})
+    except ConfigError as exc:
+        _one_line_error_naming(exc, str(f))
+        return
+    # Accepted: what was asked for is what was loaded, and it survives a round trip.
+    assert "x" not in tree
+    assert FleetConfig.model_validate(cfg.model_dump()) == cfg
+    if isinstance(tree.get("nodes"), list):
+        assert cfg.nodes == tree["nodes"]
+    assert cfg.broker.visibility_timeout_s > max(cfg.limits.control.hard_s, cfg.limits.sweep.hard_s,
+                                                 cfg.limits.node.hard_s)
 
 
 @settings(max_examples=200, deadline=None)
 @given(key=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_", min_size=1, max_size=30), value=st.text(max_size=40))
 def test_arbitrary_environment_gives_a_config_or_a_config_error(key, value) -> None:
     try:
-        load_config(environ={f"POWERFLEET_{key}": value})
-    except ConfigError:
-        pass
+        cfg = load_config(environ={f"POWERFLEET_{key}": value})
+    except ConfigError as exc:
+        text = str(exc)
+        assert "\n" not in text and ("POWERFLEET_" in text or text.startswith("defaults")), text
+        return
+    # Accepted: the variable named a real key (every unknown key is refused).
+    node: object = cfg
+    for part in key.lower().split("__"):
+        assert hasattr(node, part), key
+        node = getattr(node, part)
+
+
+def test_visibility_timeout_equal_to_a_hard_limit_is_refused() -> None:
+    # Equal is not enough: Redis would redeliver a task at the very moment it may still run.
+    with pytest.raises(ConfigError, match="must exceed the longest hard time limit"):
+        load_config(environ={"POWERFLEET_BROKER__VISIBILITY_TIMEOUT_S": "660"})
+    assert load_config(environ={"POWERFLEET_BROKER__VISIBILITY_TIMEOUT_S": "661"}).broker.visibility_timeout_s == 661

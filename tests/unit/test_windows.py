@@ -30,10 +30,14 @@ def test_window_contains_its_time_and_has_the_right_bounds(t, interval, data) ->
 
 @given(t=times, interval=intervals, data=st.data())
 def test_a_restarted_process_computes_the_same_windows(t, interval, data) -> None:
+    # Windows are a function of (time, interval, phase) alone: any instant of a window, seen
+    # by any process at any time, names the same window, and its index gives it back.
     phase = data.draw(st.integers(min_value=0, max_value=interval - 1))
-    assert window_at(t, interval, phase) == window_at(t, interval, phase)  # no hidden state
     w = window_at(t, interval, phase)
+    other = data.draw(st.floats(min_value=w.start, max_value=w.end, exclude_max=True, allow_nan=False))
+    assert window_at(other, interval, phase) == w
     assert window(w.index, interval, phase) == w
+    assert window_at(w.end, interval, phase).index == w.index + 1
 
 
 def test_first_window_after_enable_is_skipped() -> None:
@@ -49,8 +53,9 @@ def test_launching_the_same_window_twice_is_a_no_op() -> None:
     assert len(first) == 1
     again = windows_to_launch(now=1201, enabled_at=1000, last_launched=first[0].index, interval_s=60)
     assert again == []
-    assert dedupe_key("llama", first[0].index) == dedupe_key("llama", first[0].index)
-    assert dedupe_key("llama", 1) != dedupe_key("llama", 2) != dedupe_key("qwen", 2)
+    # The key is what every beat and worker agree on in Redis: pinned, not just self-equal.
+    assert dedupe_key("llama", first[0].index) == f"powerfleet:retune:launched:llama:{first[0].index}"
+    assert len({dedupe_key("llama", 1), dedupe_key("llama", 2), dedupe_key("qwen", 2)}) == 3
 
 
 def test_after_downtime_only_the_newest_closed_window_launches() -> None:

@@ -276,7 +276,8 @@ class FleetConfig(_Strict):
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
+    # A key from the file may hold anything (a newline, a dot): quote it so the error stays one line.
+    return ".".join(str(p) if re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else repr(str(p)) for p in loc) or "(top level)"
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:

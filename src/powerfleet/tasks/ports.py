@@ -6,10 +6,11 @@ from typing import Any
 
 import redis
 
-from powerfleet.clock import SystemClock
+from powerfleet.clock import SwitchableClock, SystemClock
 
 _clients: dict[str, redis.Redis] = {}
-clock = SystemClock()
+# Every task reads time here; create_app points it at config.clock_file when that is set.
+clock = SwitchableClock(SystemClock())
 
 
 def fleet_redis(app: Any) -> redis.Redis:

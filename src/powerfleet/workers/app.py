@@ -183,6 +183,11 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
+    if config.clock_file:
+        from powerfleet.clock import FileClock
+        from powerfleet.tasks import ports
+
+        ports.clock.use(FileClock(config.clock_file))
     import importlib
 
     for module in TASK_MODULES:
