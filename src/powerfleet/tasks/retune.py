@@ -127,7 +127,9 @@ def retune_window(self: Any, params: WindowArgs) -> dict[str, Any]:
         cfg, ports, params.dgd, params.window, leader=params.leader, term=params.term, generation=params.generation))
 
 
-@fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True)
+# A shard whose process died is retried (task_retry_on_worker_lost) after 1 s, not Celery's
+# default 180 s, which would outlast most time budgets; it adopts or recomputes its result.
+@fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True, default_retry_delay=1, max_retries=3)
 def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
     redelivered = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
     return _run(self, lambda cfg, ports: live.run_shard(ports, params.sid, params.spec, redelivered=redelivered))
