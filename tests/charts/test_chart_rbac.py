@@ -16,8 +16,8 @@ helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
 # the code below: a method listed here must be called there, and vice versa.
 ROLE_METHODS: dict[str, set[str]] = {
     "agent": {"list_pods", "watch_pods"},
-    "budget": {"get_dgd", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods", "watch_pods",
-               "record_event"},
+    "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
+               "record_event", "list_nodes"},
     "retune": {"list_pods", "get_dgd_object"},
     "leases": {"get_lease", "create_lease", "update_lease", "delete_lease"},
 }
@@ -31,9 +31,12 @@ ROLE_CODE: dict[str, list[str]] = {
 # Adapter methods no fleet process calls, so no role is granted them (and none may call them).
 NOT_CALLED_BY_THE_FLEET: dict[str, str] = {
     "list_events": "tests and the twin read recorded events back",
+    "get_dgd": "tests; the fleet reads DGDs through get_dgd_object",
 }
 
-ALL_ON = {"retune": {"enabled": True}, "budget": {"enabled": True}}
+GROUPS = {"budget": {"groups": {"rack-a": 40000}, "deployments": {"llm-a/big": {"power_limit_w": 8000},
+                                                                  "fleet/small": {"power_limit_w": 2000}}}}
+ALL_ON = {"retune": {"enabled": True}, "budget": {"enabled": True}, "config": GROUPS}
 ROLE_KINDS = ("Role", "ClusterRole")
 
 
@@ -80,17 +83,48 @@ def test_nothing_in_the_fleet_calls_the_unclaimed_methods() -> None:
     assert references(fleet, set(NOT_CALLED_BY_THE_FLEET)) == {}
 
 
+CLUSTER_SCOPED = {"nodes"}
+GROUP_PERMS = {("", "nodes", "list"), ("nvidia.com", "dynamographdeployments", "list"), ("", "pods", "list")}
+
+
+def _bound_to(objs: list[dict[str, Any]], sa: str) -> list[dict[str, Any]]:
+    """The Roles and ClusterRoles bound to ServiceAccount ``sa``."""
+    refs = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+            for b in objs if b["kind"].endswith("Binding") and any(s["name"] == sa for s in b["subjects"])}
+    return [r for r in objs if r["kind"] in ROLE_KINDS and (r["kind"], r["metadata"]["name"],
+                                                            r["metadata"].get("namespace")) in refs]
+
+
 @pytest.mark.parametrize("watch_all", [False, True])
 def test_worker_grants_exactly_what_budget_and_retune_call(adapter: Any, watch_all: bool) -> None:
     objs = objects({**ALL_ON, "rbac": {"watchAllNamespaces": watch_all}})
-    kind = "ClusterRole" if watch_all else "Role"
-    main = [r for r in find(objs, kind, "worker") if not r["metadata"]["name"].endswith("-leases")]
-    assert len(main) == 1
-    assert _granted(main[0]) == _needed(adapter, "budget", "retune") - _needed(adapter, "leases")
-    leases = [r for r in find(objs, "Role", "worker") if r["metadata"]["name"].endswith("-leases")]
-    assert len(leases) == 1, "Leases stay in a Role even in cluster-wide mode"
-    assert leases[0]["metadata"]["namespace"] == "fleet"
-    assert _granted(leases[0]) == _needed(adapter, "leases")
+    roles = _bound_to(objs, "pf-powerfleet-worker")
+    assert set().union(*(_granted(r) for r in roles)) == _needed(adapter, "budget", "retune", "leases")
+    for role in roles:
+        perms = _granted(role)
+        if any(r == "leases" for _, r, _ in perms):
+            # Leases stay in a Role in the release namespace even in cluster-wide mode.
+            assert (role["kind"], role["metadata"]["namespace"]) == ("Role", "fleet")
+            assert perms == _needed(adapter, "leases")
+        elif role["kind"] == "Role":
+            assert not watch_all
+            assert not any(r in CLUSTER_SCOPED for _, r, _ in perms)
+        elif not watch_all:
+            # Group budgets read nodes, DGDs and pods cluster-wide; nothing else is cluster-wide.
+            assert perms == GROUP_PERMS
+    if not watch_all:
+        # A Role in the release namespace and in each namespace the budget names, none elsewhere.
+        namespaced = {r["metadata"]["namespace"] for r in roles if r["kind"] == "Role"}
+        assert namespaced == {"fleet", "llm-a"}
+
+
+def test_retune_leases_namespace_is_the_release_namespace() -> None:
+    import yaml
+
+    fleet = yaml.safe_load(one(objects(ALL_ON), "ConfigMap", "config")["data"]["fleet.yaml"])
+    assert fleet["retune"]["namespace"] == "fleet"
+    with pytest.raises(helm.HelmRenderError, match="config.retune.namespace .other. holds the retune Leases"):
+        objects({**ALL_ON, "config": {"retune": {"namespace": "other"}}})
 
 
 def test_agent_grants_exactly_what_the_agent_calls(adapter: Any) -> None:
@@ -119,7 +153,8 @@ def test_everything_granted_is_called_and_everything_called_is_granted(adapter: 
     ({"budget": {"enabled": False}}, False, False, False),
     ({"budget": {"enabled": False}, "retune": {"enabled": True}}, True, True, True),
     ({"retune": {"enabled": False}}, True, False, True),
-    ({**ALL_ON, "worker": {"queues": ["sweep"]}}, False, False, False),  # shards never call the API
+    ({"retune": {"enabled": True}}, True, True, True),
+    ({**ALL_ON, "config": {}, "worker": {"queues": ["sweep"]}}, False, False, False),  # shards call no API
 ])
 def test_worker_access_follows_the_features(values: dict[str, Any], has_main: bool, has_leases: bool,
                                             token: bool) -> None:
@@ -128,6 +163,7 @@ def test_worker_access_follows_the_features(values: dict[str, Any], has_main: bo
     assert any(not r["metadata"]["name"].endswith("-leases") for r in roles) is has_main
     assert any(r["metadata"]["name"].endswith("-leases") for r in roles) is has_leases
     assert len(find(objs, "RoleBinding", "worker")) == len(roles)
+    assert not find(objs, "ClusterRole", "worker"), "no group budgets: nothing cluster-wide"
     deploy = one(objs, "Deployment", "worker")
     assert deploy["spec"]["template"]["spec"]["automountServiceAccountToken"] is token
     assert one(objs, "ServiceAccount", "worker")["automountServiceAccountToken"] is token

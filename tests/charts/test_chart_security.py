@@ -55,7 +55,7 @@ def test_only_the_agent_container_is_privileged(variant: tuple[str, dict[str, An
 
 
 def _configmap_text(objs: list[dict[str, Any]]) -> str:
-    return "\n".join(v for cm in find(objs, "ConfigMap") for v in cm.get("data", {}).values())
+    return "\n".join(v for cm in find(objs, "ConfigMap", "config") for v in cm.get("data", {}).values())
 
 
 def test_broker_url_never_in_a_configmap(variant: tuple[str, dict[str, Any]]) -> None:

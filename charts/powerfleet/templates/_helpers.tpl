@@ -106,6 +106,27 @@ automountServiceAccountToken: {{ .token }}
 {{- ternary "true" "" (and (include "powerfleet.workerRunsControl" . | eq "true") (or .Values.budget.enabled .Values.retune.enabled)) }}
 {{- end }}
 
+{{/*
+Namespaces the control workers reach DGDs, pods and events in without rbac.watchAllNamespaces:
+the release namespace and those the config names (budget deployments "namespace/name",
+retune per-deployment namespaces). A JSON list.
+*/}}
+{{- define "powerfleet.workerNamespaces" -}}
+{{- $cfg := .Values.config | default dict }}
+{{- $out := list .Release.Namespace }}
+{{- if .Values.budget.enabled }}
+{{- range $key, $_ := (dig "budget" "deployments" dict $cfg) }}
+{{- $out = append $out (first (splitList "/" $key)) }}
+{{- end }}
+{{- end }}
+{{- if .Values.retune.enabled }}
+{{- range $_, $d := (dig "retune" "per_deployment" dict $cfg) }}
+{{- with (get ($d | default dict) "namespace") }}{{ $out = append $out . }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $out | uniq | toJson }}
+{{- end }}
+
 {{/* ---------- Config ---------- */}}
 
 {{/* Keys the chart writes into the FleetConfig from its own values; `config` must not set them. */}}
@@ -136,6 +157,23 @@ automountServiceAccountToken: {{ .token }}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- $port := int .Values.metrics.port }}
 {{- $_ := set $cfg "metrics" (dict "port" $port "address" (ternary "0.0.0.0" "127.0.0.1" (gt $port 0))) }}
+{{- if .Values.retune.enabled }}
+{{- $retune := get $cfg "retune" | default dict }}
+{{- /* The retune Leases live in config.retune.namespace; the chart grants them only here. */}}
+{{- $ns := get $retune "namespace" | default .Release.Namespace }}
+{{- if ne $ns .Release.Namespace }}
+{{- fail (printf "config.retune.namespace (%s) holds the retune Leases, which the chart grants only in the release namespace (%s): leave it unset, and name other DGD namespaces in config.retune.per_deployment.<dgd>.namespace" $ns .Release.Namespace) }}
+{{- end }}
+{{- $_ := set $retune "namespace" $ns }}
+{{- if .Values.retune.traceVolume }}
+{{- $dir := get $retune "trace_dir" | default .Values.retune.traceMountPath }}
+{{- if ne $dir .Values.retune.traceMountPath }}
+{{- fail (printf "config.retune.trace_dir (%s) must be where the trace volume is mounted (retune.traceMountPath, %s)" $dir .Values.retune.traceMountPath) }}
+{{- end }}
+{{- $_ := set $retune "trace_dir" $dir }}
+{{- end }}
+{{- $_ := set $cfg "retune" $retune }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
 
