@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from powerfleet.cluster.ports import ClusterError
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
@@ -110,9 +111,17 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
             "harvest": overdue, "routers": routers, "corrupt_state_replaced": corrupt}
 
 
+def _guarded(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
+    """One deployment's round; an API failure fails that deployment's round only."""
+    try:
+        return tick_deployment(cfg, ports, name, now)
+    except ClusterError as exc:
+        return {"deployment": name, "status": "cluster-error", "error": str(exc)}
+
+
 def tick(cfg: RetuneConfig, ports: Ports, now: float) -> list[dict[str, Any]]:
     names = set(configured(cfg))
-    out = [tick_deployment(cfg, ports, n, now) for n in sorted(names)]
+    out = [_guarded(cfg, ports, n, now) for n in sorted(names)]
     for gone in sorted(m.decode() for m in ports.r.smembers(KNOWN)):
         if gone not in names:  # retune removed from the config: roll back and clean up
             try:

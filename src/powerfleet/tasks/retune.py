@@ -109,15 +109,24 @@ def _run(task: Any, fn: Any, *args: Any, at: float | None = None) -> Any:
 
 @fleet_task("powerfleet.retune.tick", TickArgs, acks_late=False)
 def retune_tick(self: Any, params: TickArgs) -> dict[str, Any]:
-    ports = ports_for(self, params.now)
-    now = ports.clock.now()
-    try:
-        deployments = control.tick(self.app.fleet_config.retune, ports, now)
-    finally:
-        ports.router.close()
+    cfg = self.app.fleet_config.retune
+    now = _At(params.now).now()
+    if not configured(cfg):
+        deployments: list[dict[str, Any]] = []
+    else:
+        try:
+            ports = ports_for(self, params.now)
+        except Exception as exc:  # no kubeconfig/service account: say so, launch nothing
+            deployments = [{"deployment": d, "status": "cluster-unavailable", "error": f"{type(exc).__name__}: {exc}"}
+                           for d in configured(cfg)]
+        else:
+            try:
+                deployments = control.tick(cfg, ports, now)
+            finally:
+                ports.router.close()
     launched = [{"dgd": d["deployment"], "window": k} for d in deployments for k in d.get("launched", [])]
     detail = ", ".join(f"launched {x['dgd']} window {x['window']}" for x in launched) or "no closed window to launch"
-    TickLog(ports.r).record("retune", now, self.request.origin, detail)
+    TickLog(fleet_redis(self.app)).record("retune", now, self.request.origin, detail)
     return {"at": now, "launched": launched, "deployments": deployments}
 
 

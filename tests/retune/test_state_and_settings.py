@@ -1,0 +1,150 @@
+"""Strict state parsing (fuzzed), settings resolution and premise codes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.cluster.dgd import parse_dgd
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.premises import Frontend, Snapshot, check
+from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
+from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
+from powerfleet.sim.policy import RouterPolicy
+from tests.retune.world import dgd_object
+
+POLICY = RouterPolicy().model_dump()
+
+
+def full_state() -> RetuneState:
+    rec = DecisionRecord(window=3, outcome="apply", mode="active", params=POLICY, improvement_pct=4.5, reason="r",
+                         term=2, generation="g", at=1.5, replicas=4, replicas_verified=True)
+    return RetuneState(term=2, generation="g", initial={"fe-0": POLICY}, desired=POLICY, desired_window=3,
+                       last_window=3, advisory=rec, history=[rec], updated=9.0)
+
+
+def _paths(obj: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, path + (i,))
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        out.append(path)
+    return out
+
+
+def test_round_trip() -> None:
+    s = full_state()
+    assert parse_state(dump_state(s)) == s
+
+
+NUMBER_PATHS = _paths(json.loads(dump_state(full_state())))
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.sampled_from(NUMBER_PATHS), bad=st.sampled_from([True, False, "1", "NaN", None, [1], {"a": 1}]))
+def test_every_number_rejects_bools_strings_and_other_types(path: tuple[Any, ...], bad: Any) -> None:
+    obj = json.loads(dump_state(full_state()))
+    node = obj
+    for p in path[:-1]:
+        node = node[p]
+    if bad is None and path[-1] in ("improvement_pct", "desired_window", "last_window", "probe_score",
+                                    "best_score", "replicas"):
+        return  # these are optional: null is a valid value
+    node[path[-1]] = bad
+    with pytest.raises(StateCorrupt):
+        parse_state(json.dumps(obj))
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_are_corrupt(token: str) -> None:
+    text = dump_state(full_state()).replace('"updated": 9.0', f'"updated": {token}')
+    with pytest.raises(StateCorrupt):
+        parse_state(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
+def test_arbitrary_text_is_a_state_or_corrupt_never_a_crash(text: str) -> None:
+    try:
+        parse_state(text)
+    except StateCorrupt:
+        pass
+
+
+def test_a_policy_missing_parameters_is_corrupt() -> None:
+    obj = json.loads(dump_state(full_state()))
+    del obj["initial"]["fe-0"]["temperature"]
+    with pytest.raises(StateCorrupt, match="eight router parameters"):
+        parse_state(json.dumps(obj))
+
+
+def test_history_is_bounded_and_deep_copied() -> None:
+    s = RetuneState()
+    rec = full_state().history[0]
+    for _ in range(5):
+        s = s.with_decision(rec, keep=3)
+    assert len(s.history) == 3 and s.history[0] is not rec and s.history[0].params is not rec.params
+
+
+def test_settings_layers_and_errors() -> None:
+    cfg = RetuneConfig(deployments=["a"], per_deployment={"a": {"objective": "throughput"}}, trace_dir="/t")
+    assert resolve(cfg, "a").objective.value == "throughput"
+    over = dgd_overrides({"powerfleet.nvidia.com/retune": '{"mode": "advisory", "max_shards": 4}'})
+    s = resolve(cfg, "a", over)
+    assert (s.mode, s.max_shards, s.enabled) == ("advisory", 4, True)
+    assert resolve(cfg, "a").generation != resolve(cfg, "a", over).generation
+    assert not resolve(cfg, "b").enabled
+    bad = [({"grid": {"temperature": {"choices": [-1]}}}, "temperature"),
+           ({"grid": {"bogus": {"choices": [1]}}}, "bogus"),
+           ({"objective": "goodput"}, "needs an sla"),
+           ({"time_budget_s": 10, "shard_timeout_s": 20}, "must exceed shard_timeout_s"),
+           ({"time_budget_s": 400}, "shorter than the window interval")]
+    for over_cfg, msg in bad:
+        with pytest.raises(SettingsError, match=msg):
+            resolve(RetuneConfig(deployments=["a"], per_deployment={"a": over_cfg}), "a")
+    with pytest.raises(SettingsError, match="annotation"):
+        dgd_overrides({"powerfleet.nvidia.com/retune": '{"max_shards": 0}'})
+
+
+def _snap(obj: dict[str, Any], **kw: Any) -> Snapshot:
+    base = dict(dgd_obj=obj, dgd=parse_dgd(obj), frontends=[Frontend("fe-0", "http://x")], frontends_without_url=[],
+                frontend_policies={"fe-0": POLICY}, frontend_errors={}, sweep_consumers=["sweep@w"],
+                load_scaling=False)
+    base.update(kw)
+    return Snapshot(**base)
+
+
+def test_premises_each_have_their_code(tmp_path) -> None:
+    cfg = RetuneConfig(deployments=["llama"], trace_dir=str(tmp_path))
+    s = resolve(cfg, "llama")
+    ok = dgd_object("llama")
+    assert check(s, _snap(ok)) == []
+    unsettled = dgd_object("llama")
+    unsettled["status"]["components"]["worker"]["readyReplicas"] = 1
+    override = dgd_object("llama", worker_env=[{"name": "DYN_ROUTER_MODE", "value": "random"}])
+    cases = {
+        "dgd-missing": dict(dgd_obj=None, dgd=None),
+        "no-frontend": dict(frontends=[], frontends_without_url=["fe-0"]),
+        "frontend-unreachable": dict(frontend_errors={"fe-0": "timeout"}),
+        "credit-zero-frontend": dict(frontend_policies={"fe-0": {**POLICY, "overlap_score_credit": 0.0}}),
+        "load-scaling-on": dict(load_scaling=True),
+        "no-sweep-consumer": dict(sweep_consumers=[]),
+    }
+    for code, kw in cases.items():
+        assert code in {p.code for p in check(s, _snap(ok, **kw))}, code
+    assert "dgd-unsettled" in {p.code for p in check(s, _snap(unsettled))}
+    assert "worker-router-override" in {p.code for p in check(s, _snap(override))}
+    gone = resolve(RetuneConfig(deployments=["llama"], trace_dir=str(tmp_path / "missing")), "llama")
+    assert "trace-dir-unreadable" in {p.code for p in check(gone, _snap(ok))}
+    zero_grid = resolve(RetuneConfig(deployments=["llama"], trace_dir=str(tmp_path),
+                                     grid={"overlap_score_credit": {"choices": [0.0]}}), "llama")
+    credit0 = _snap(ok, frontend_policies={"fe-0": {**POLICY, "overlap_score_credit": 0.0}})
+    assert "credit-zero-frontend" not in {p.code for p in check(zero_grid, credit0)}
