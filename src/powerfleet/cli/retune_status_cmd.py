@@ -1,0 +1,64 @@
+"""`powerfleet retune status [--json]`: per deployment, the leader, mode, last decisions and
+router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/json-contracts.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from powerfleet.cli.context import fleet_config
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.cli.retune_cmd import app
+from powerfleet.clock import SystemClock
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.status/v1 JSON."),
+) -> None:
+    """Show each retune deployment's leader, mode, last decisions and router convergence."""
+    from powerfleet.cluster.leases import connect
+    from powerfleet.cluster.router import RouterClient
+    from powerfleet.retune.status import fleet_status
+
+    cfg = fleet_config(ctx).retune
+    try:
+        cluster = connect(cfg.kubeconfig)
+    except Exception as exc:  # kubeconfig unreadable or no service account: one line, no traceback
+        fail(f"cannot reach the cluster ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+             EXIT_FAILURE)
+    try:
+        with RouterClient() as router:
+            data = fleet_status(cfg, cluster, router, SystemClock())
+    finally:
+        cluster.close()
+    if as_json:
+        print_json(data)
+        return
+    if not data["deployments"]:
+        sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
+    for d in data["deployments"]:
+        sys.stdout.write(_text(d))
+
+
+def _text(d: dict[str, Any]) -> str:
+    if "error" in d:
+        return f"{d['deployment']}: error: {d['error']}\n"
+    lead = d["leader"] or {}
+    lines = [f"{d['deployment']}: {'enabled' if d['enabled'] else 'disabled'}, mode {d['mode']}, "
+             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
+    if d["corrupt_state"]:
+        lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
+    st = d["state"]
+    if st:
+        lines.append(f"  last window {st['last_window']}, rollback {st['rollback']}, desired {st['desired']}")
+    for h in d["decisions"]:
+        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}")
+    for r in d["routers"]:
+        conv = {True: "converged", False: "NOT converged", None: "no target"}[r["converged"]]
+        lines.append(f"  router {r['pod']}: {conv}" + (f" ({r['error']})" if r.get("error") else
+                                                        f" revision {r.get('revision')}"))
+    return "\n".join(lines) + "\n"

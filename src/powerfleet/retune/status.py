@@ -1,0 +1,74 @@
+"""What ``powerfleet retune status`` shows per deployment: leader, mode, decisions, routers.
+
+Read-only: it reads the two Leases, the DGD and its frontend pods, and GETs each frontend's
+``/router_policy``; it never claims a Lease or writes anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from powerfleet.cluster.ports import ClusterError
+from powerfleet.cluster.router import RouterClient
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.actuator import read_all, same, target_for
+from powerfleet.retune.context import Deployment, LeaseCluster, Ports
+from powerfleet.retune.premises import frontends_of
+from powerfleet.retune.settings import SettingsError, configured
+
+STATUS_SCHEMA = "powerfleet.retune.status/v1"
+
+
+def _no_send(*_: Any) -> None:
+    raise RuntimeError("status is read-only")
+
+
+def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient, name: str,
+                      clock: Any, decisions: int = 5) -> dict[str, Any]:
+    ports = Ports(r=None, cluster=cluster, router=router, clock=clock, identity="status",  # type: ignore[arg-type]
+                  send=_no_send, sweep_consumers=lambda: [])
+    try:
+        dep = Deployment.open(cfg, ports, name)
+    except SettingsError as exc:
+        return {"deployment": name, "error": str(exc)}
+    lease = dep.leadership.current()
+    state, corrupt = dep.store.read()
+    out: dict[str, Any] = {
+        "deployment": name, "enabled": dep.settings.enabled, "mode": dep.settings.mode,
+        "generation": dep.settings.generation,
+        "leader": None if lease is None else {"holder": lease.holder_identity, "term": lease.lease_transitions,
+                                              "renewed": lease.renew_time.isoformat() if lease.renew_time else None},
+        "state": None, "corrupt_state": corrupt, "decisions": [], "routers": [],
+    }
+    if state is not None:
+        out["state"] = {"term": state.term, "mode": state.mode, "last_window": state.last_window,
+                        "desired": state.desired, "desired_window": state.desired_window,
+                        "rollback": state.rollback, "initial_saved": sorted(state.initial),
+                        "advisory": state.advisory.model_dump() if state.advisory else None}
+        out["decisions"] = [h.model_dump() for h in state.history[-decisions:]][::-1]
+    if dep.dgd is None:
+        return out
+    pods = cluster.list_pods(dep.dgd.namespace, label_selector=dep.dgd.pod_selector)
+    frontends, _ = frontends_of(dep.dgd, pods)
+    got, errors = read_all(router, frontends)
+    for fe in frontends:
+        row: dict[str, Any] = {"pod": fe.pod, "url": fe.url}
+        if fe.pod in errors:
+            row.update(converged=False, error=errors[fe.pod])
+        else:
+            cur = got[fe.pod]
+            want = target_for(state, fe.pod) if state is not None else None
+            row.update(revision=cur.revision, policy=cur.policy,
+                       converged=None if want is None else same(cur.policy, want))
+        out["routers"].append(row)
+    return out
+
+
+def fleet_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient, clock: Any) -> dict[str, Any]:
+    rows = []
+    for name in configured(cfg):
+        try:
+            rows.append(deployment_status(cfg, cluster, router, name, clock))
+        except ClusterError as exc:
+            rows.append({"deployment": name, "error": str(exc)})
+    return {"schema": STATUS_SCHEMA, "deployments": rows}

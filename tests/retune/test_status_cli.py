@@ -1,0 +1,38 @@
+"""`powerfleet retune status --json` against the loopback API server and frontends."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from powerfleet.clock import FakeClock
+from powerfleet.retune import control
+from tests.integration.conftest import run_cli
+from tests.retune.conftest import make_ports, retune_config
+
+
+def test_status_shows_leader_mode_decisions_and_convergence(world, kube, redis_url, tmp_path) -> None:
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(1_800_000_000.0, 1.0))
+    control.tick_deployment(cfg, ports, "llama", 1_800_000_000.0)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"retune": cfg.model_dump(mode="json")}))
+    out = run_cli("--config", str(path), "retune", "status", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    (d,) = data["deployments"]
+    assert data["schema"] == "powerfleet.retune.status/v1"
+    assert d["leader"]["holder"] == "ctl-a" and d["leader"]["term"] == 1 and d["mode"] == "active"
+    assert sorted(d["state"]["initial_saved"]) == sorted(fes)
+    assert [r["converged"] for r in d["routers"]] == [None, None]  # nothing decided yet: no target
+    text = run_cli("--config", str(path), "retune", "status")
+    assert text.returncode == 0 and "leader ctl-a (term 1)" in text.stdout
+
+
+def test_status_without_a_cluster_is_one_line_exit_1(tmp_path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"retune": {"deployments": ["x"], "kubeconfig": str(tmp_path / "missing")}}))
+    out = run_cli("--config", str(path), "retune", "status")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "cannot reach the cluster" in out.stderr
