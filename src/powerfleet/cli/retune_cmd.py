@@ -113,3 +113,4 @@ def sweep_cmd(
 
 def _p(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={params[k]:g}" for k in ("overlap_score_credit", "prefill_load_scale", "temperature"))
+from powerfleet.cli import retune_status_cmd  # noqa: E402,F401  registers `retune status`
