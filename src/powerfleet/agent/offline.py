@@ -18,6 +18,8 @@ def pod_from_object(obj: Any, where: str) -> PodInfo:
     status = obj.get("status") or {}
     if not all(isinstance(x, Mapping) for x in (meta, spec, status)):
         raise ValueError(f"{where}: metadata, spec and status must be objects")
+    if obj.get("kind", "Pod") != "Pod" or not meta.get("name"):
+        raise ValueError(f"{where}: not a Pod (kind {obj.get('kind')!r}, metadata.name {meta.get('name')!r})")
     try:
         return PodInfo(
             name=meta.get("name", ""), namespace=meta.get("namespace") or "", uid=meta.get("uid") or "",

@@ -143,6 +143,7 @@ class AgentRuntime:
         if self._stopped:
             return
         self._stopped = True
+        started = self._thread.is_alive()
         self._stop.set()
         self._kick.set()
         for stop in self.stoppers:
@@ -150,6 +151,8 @@ class AgentRuntime:
                 stop()
             except Exception:
                 log.exception("node %s: stopping a helper failed", self.node)
+        if not started:
+            return  # never ran a pass: no cap of this run to restore
         got = self._lock.acquire(timeout=timeout_s)
         try:
             self.agent.shutdown()
@@ -203,9 +206,7 @@ def connect_cluster(config: FleetConfig) -> tuple[ClusterReader | None, str]:
             return KubeCluster.from_kubeconfig(config.agent.kubeconfig, component="powerfleet-agent"), ""
         return KubeCluster.in_cluster(component="powerfleet-agent"), ""
     except Exception as exc:  # kubernetes.config raises several types; any means "no cluster"
-        why = f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        log.error("agent: %s; every pass is skipped until it is fixed", why)
-        return None, why
+        return None, f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
 
 def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = None,
@@ -215,6 +216,8 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     clock = clock or SystemClock()
     metrics = metrics or AgentMetrics()
     cluster, why = connect_cluster(config)
+    if cluster is None:
+        log.error("agent %s: %s; every pass is skipped until it is fixed", node, why)
     agent = NodeAgent(node, open_gpus=open_backend(config, node),
                       list_pods=node_pod_lister(cluster, node, ac.namespaces, why),
                       proc_root=ac.proc_root, state=StateStore(node_state_dir(ac.state_dir, node)), clock=clock,

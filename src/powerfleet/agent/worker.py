@@ -89,8 +89,11 @@ def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str) ->
     def on_shutdown(**_: Any) -> None:
         rt.stop()
 
+    def on_setup(**_: Any) -> None:
+        rt.start()  # after Celery set up logging, before it connects: passes never wait for the broker
+
+    signals.celeryd_after_setup.connect(on_setup, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
-    rt.start()
     try:
         app.worker_main(["worker", "-Q", node_queue(node), "-n", f"agent@{node}", "-P", "solo", "-c", "1",
                          "--prefetch-multiplier", "1", "--loglevel", loglevel, "--without-mingle",

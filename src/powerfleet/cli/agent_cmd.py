@@ -81,23 +81,24 @@ def once(
     from prometheus_client import CollectorRegistry
 
     namespaces = list(namespace or config.agent.namespaces)
+    # Both files are read and checked before anything else, so bad input fails first (exit 2).
+    listed = devices = None
     if pods is not None:
         try:
             listed = pods_from_podlist(_read_json(pods, "--pods"), node, namespaces)
         except ValueError as exc:
             fail(f"--pods: {pods}: {exc}")
-        list_pods = lambda: listed  # noqa: E731 - the file is read once, up front
-    else:
-        cluster, why = connect_cluster(config)
-        list_pods = node_pod_lister(cluster, node, namespaces, why)
     if gpus is not None:
         try:
             devices = parse_devices(_read_json(gpus, "--gpus"))
         except ValueError as exc:
             fail(f"--gpus: {gpus}: {exc}")
-        open_gpus = lambda: SimulatedGpus(devices)  # noqa: E731
+    if listed is not None:
+        list_pods = lambda: listed  # noqa: E731 - the file is read once, up front
     else:
-        open_gpus = open_backend(config, node)
+        cluster, why = connect_cluster(config)
+        list_pods = node_pod_lister(cluster, node, namespaces, why)
+    open_gpus = (lambda: SimulatedGpus(devices)) if devices is not None else open_backend(config, node)
     agent = NodeAgent(node, open_gpus=open_gpus, list_pods=list_pods,
                       proc_root=proc_root or config.agent.proc_root,
                       state=StateStore(state_dir or node_state_dir(config.agent.state_dir, node)), clock=SystemClock(),

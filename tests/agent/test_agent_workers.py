@@ -1,0 +1,168 @@
+"""End to end with real parts: redis-server, two `powerfleet agent` worker processes for two nodes
+with simulated GPUs, and the loopback Kubernetes API server reached through the official client."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from powerfleet.agent.presence import live_agents
+from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
+from powerfleet.cluster.dgd import POWER_ANNOTATION
+from powerfleet.config import load_config
+from powerfleet.tasks.fleet import fan_out, tick_nodes
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.workers.app import FleetCelery, create_app
+from powerfleet.workers.launcher import Child, Launcher
+from tests.agent.conftest import device
+from tests.integration.conftest import broker_url, redis_server, wait_worker  # noqa: F401 - fixtures
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+NODES = ("gpu-node-a", "gpu-node-b")
+UIDS = {"gpu-node-a": "aaaaaaaa-0000-4000-8000-00000000000a", "gpu-node-b": "bbbbbbbb-0000-4000-8000-00000000000b"}
+CAPS = {"gpu-node-a": "300", "gpu-node-b": "450"}
+GPU_OF = {"gpu-node-a": 0, "gpu-node-b": 1}  # which GPU each node's pod runs on
+PID = 4242  # the same pid on both nodes: each agent must read its own node's /proc
+
+
+def pod(node: str, cap: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"decode-{node}", "namespace": "llm", "uid": UIDS[node],
+                         "annotations": {POWER_ANNOTATION: cap}},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "m"}]},
+            "status": {"phase": "Running"}}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Fleet:
+    app: FleetCelery
+    api: ApiServer
+    gpus: dict[str, SimulatedGpus]
+    ports: dict[str, int]
+    agents: dict[str, Child]
+    r: redis.Redis
+
+    def metric(self, node: str, name: str, labels: str = "") -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports[node]}/metrics", timeout=5).read().decode()
+        key = f"{name}{{{labels}}}" if labels else name
+        for line in text.splitlines():
+            if line.startswith(key + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def limits(self, node: str) -> list[float]:
+        return [d.current_w or 0 for d in self.gpus[node].devices()]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, broker_url: str) -> Iterator[Fleet]:  # noqa: F811
+    with ApiServer() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        for node in NODES:
+            api.apply(pod(node, CAPS[node]))
+        env = {"POWERFLEET_BROKER__URL": broker_url, "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "60",
+               "POWERFLEET_AGENT__GPU_BACKEND": "simulated", "POWERFLEET_AGENT__SIMULATED_DIR": str(tmp_path / "sim"),
+               "POWERFLEET_AGENT__KUBECONFIG": str(kubeconfig), "POWERFLEET_AGENT__STATE_DIR": str(tmp_path / "state"),
+               "POWERFLEET_AGENT__NAMESPACES": "[llm]"}
+        gpus = {n: SimulatedGpus.shared(tmp_path / "sim" / f"{n}.json", [device(0), device(1)]) for n in NODES}
+        ports = {n: free_port() for n in NODES}
+        with Launcher(log_dir=tmp_path / "logs", env=dict(env)) as launcher:
+            agents = {}
+            for node in NODES:
+                write_proc_entry(tmp_path / "proc" / node, PID, UIDS[node])
+                launcher.env["POWERFLEET_AGENT__PROC_ROOT"] = str(tmp_path / "proc" / node)
+                launcher.env["POWERFLEET_AGENT__PROBE_PORT"] = str(ports[node])
+                agents[node] = launcher.spawn(node, "agent", "--node", node)
+            app = create_app(load_config(environ=env))
+            for node in NODES:
+                wait_worker(app, f"agent@{node}")
+            r = redis.Redis.from_url(broker_url)
+            fleet = Fleet(app, api, gpus, ports, agents, r)
+            # The startup passes (the watch's first listing) find idle GPUs: nothing to set yet.
+            for node in NODES:
+                wait_for(lambda n=node: fleet.metric(n, "powerfleet_agent_passes_total", 'outcome="ok",trigger="watch"'),
+                         f"{node}'s first watch pass")
+            yield fleet
+            for node in NODES:
+                launcher.stop_child(agents[node])
+
+
+def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_applies_a_change(fleet: Fleet) -> None:
+    assert fleet.limits("gpu-node-a") == [700, 700] and fleet.limits("gpu-node-b") == [700, 700]
+    # The serving processes start on their GPUs (no pod event: only a pass notices).
+    for node in NODES:
+        def start(devs, i=GPU_OF[node]) -> None:
+            devs[i].pids = [PID]
+        fleet.gpus[node].update(start)
+
+    live = wait_for(lambda: live_agents(fleet.r) >= set(NODES) and live_agents(fleet.r), "both heartbeats")
+    fan_out(fleet.app, tick_nodes([], live), expires=60)
+    wait_for(lambda: fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450],
+             "each agent to cap its own pod's GPU")
+    for node in NODES:  # the counter moves just after the limit: wait for it, then check it is exactly one
+        wait_for(lambda n=node: fleet.metric(n, "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"'),
+                 f"{node}'s tick pass to be counted")
+        assert fleet.metric(node, "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 1
+
+    # An annotation change on a running pod: live through the watch, long before the next tick (60 s).
+    fleet.api.apply(pod("gpu-node-a", "250"))
+    wait_for(lambda: fleet.limits("gpu-node-a") == [250, 700], "the watch to apply 250 W", timeout_s=30)
+    assert fleet.limits("gpu-node-b") == [700, 450]
+    assert fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 1
+
+    # Warm shutdown restores the agent's GPUs to their default and forgets them.
+    fleet.agents["gpu-node-a"].proc.send_signal(15)
+    assert fleet.agents["gpu-node-a"].proc.wait(timeout=60) == 0
+    assert fleet.limits("gpu-node-a") == [700, 700]
+    assert "gpu-node-a" not in live_agents(fleet.r)
+    log = fleet.agents["gpu-node-a"].log.read_text()
+    assert "Traceback" not in log, log
+
+
+def test_an_agent_refuses_and_counts_another_nodes_pass_however_it_was_routed(fleet: Fleet) -> None:
+    result = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-a"}, queue="node.gpu-node-b")
+    with pytest.raises(Exception) as err:
+        result.get(timeout=30)
+    assert not isinstance(err.value, CeleryTimeout)
+    assert "refused by the agent of node 'gpu-node-b'" in str(err.value)
+    assert fleet.metric("gpu-node-b", "powerfleet_agent_refused_tasks_total", 'reason="other_node"') == 1
+    assert fleet.metric("gpu-node-b", "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 0
+    assert fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 0
+    # Its own node's pass still runs there.
+    ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
+    assert (ok["node"], ok["worker"], ok["queue"], ok["ran"]) == ("gpu-node-b", "agent@gpu-node-b", "node.gpu-node-b", True)
+
+
+def active_queues(app: FleetCelery, worker: str) -> set[str]:
+    reply = app.control.inspect(destination=[worker], timeout=2).active_queues() or {}
+    return {q["name"] for q in reply.get(worker, [])}
+
+
+def test_an_agent_restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -> None:
+    worker, log = "agent@gpu-node-b", fleet.agents["gpu-node-b"].log
+    fleet.app.control.cancel_consumer("node.gpu-node-b", destination=[worker], reply=True, timeout=5)
+    wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "its own queue back", timeout_s=30)
+    assert log.read_text().count("restoring the binding") == 1
+    fleet.app.control.add_consumer("control", destination=[worker], reply=True, timeout=5)
+    wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "the foreign queue dropped", timeout_s=30)
+    assert log.read_text().count("restoring the binding") == 2
+    assert fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total") == 2
+    ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
+    assert ok["ran"]

@@ -1,0 +1,97 @@
+"""`powerfleet agent once --dry-run --json` through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from powerfleet.agent.simulated import write_proc_entry
+from powerfleet.cluster.dgd import POWER_ANNOTATION
+from tests.agent.conftest import device
+
+POWERFLEET = str(Path(sys.executable).with_name("powerfleet"))
+A, B, C = ("aaaaaaaa-0000-4000-8000-00000000000a", "bbbbbbbb-0000-4000-8000-00000000000b",
+           "cccccccc-0000-4000-8000-00000000000c")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "POWERFLEET_AGENT__STATE_DIR": "/nonexistent-state"}
+    return subprocess.run([POWERFLEET, "agent", "once", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def podlist(*pods: tuple[str, str, str | None, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": {} if cap is None else {POWER_ANNOTATION: cap}},
+         "spec": {"nodeName": "gpu-a"}, "status": {"phase": "Running"}} for name, uid, cap, ns in pods]}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    for pid, uid in ((11, A), (12, A), (21, B), (22, C), (31, C)):
+        write_proc_entry(proc, pid, uid)
+    (tmp_path / "pods.json").write_text(json.dumps(podlist(("a", A, "300", "llm"), ("b", B, "350", "llm"),
+                                                           ("c", C, "900", "other"))))
+    gpus = [device(0, pids=[11, 12]), device(1, pids=[21, 22]), device(2), device(3, pids=[31]),
+            device(4, pids=[999])]
+    (tmp_path / "gpus.json").write_text(json.dumps(gpus))
+    return tmp_path
+
+
+def test_dry_run_prints_what_the_agent_would_do_per_gpu(node: Path) -> None:
+    res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
+              "--gpus", str(node / "gpus.json"), "--safe-default-watts", "450", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["skipped"] is None and out["dry_run"] is True
+    rows = {g["index"]: (g["decision"], g["pods"], g["requested_w"], g["cap_w"]) for g in out["gpus"]}
+    assert rows == {
+        0: ("single", [A], 300, 300),            # two processes, one pod
+        1: ("conflict", sorted([B, C]), 450, 450),
+        2: ("idle", [], None, None),
+        3: ("single", [C], 900, 700),            # clamped to max
+        4: ("release", [], 700, None),           # a host process; the GPU is not managed
+    }
+    assert [g["uuid"] for g in out["gpus"]] == [f"GPU-{i:04d}" for i in range(5)]
+    assert json.loads((node / "gpus.json").read_text())[0]["current_w"] == 700  # touched nothing
+
+
+def test_namespace_scope(node: Path) -> None:
+    res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
+              "--gpus", str(node / "gpus.json"), "--namespace", "llm", "--dry-run", "--json")
+    rows = {g["index"]: g["decision"] for g in json.loads(res.stdout)["gpus"]}
+    assert rows[1] == "conflict" and rows[3] == "release"  # c is out of scope: not opted in here
+
+
+def test_a_pass_that_cannot_list_pods_says_skipped_and_exits_1(node: Path, tmp_path: Path) -> None:
+    env_kube = tmp_path / "missing-kubeconfig"
+    res = subprocess.run([POWERFLEET, "agent", "once", "--node", "gpu-a", "--gpus", str(node / "gpus.json"),
+                          "--dry-run", "--json"], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "POWERFLEET_AGENT__KUBECONFIG": str(env_kube)})
+    assert res.returncode == 1
+    out = json.loads(res.stdout)
+    assert out["skipped"].startswith("pod list failed: no cluster access") and out["gpus"] == []
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--node", "Bad Node"], "--node: 'Bad Node' is not a valid Kubernetes node name"),
+    (["--node", "gpu-a", "--pods", "/nope.json"], "--pods: cannot read /nope.json: No such file or directory"),
+    (["--node", "gpu-a", "--pods", "{gpus}"], "--pods: {gpus}: items[0]: not a Pod (kind None, metadata.name None)"),
+    (["--node", "gpu-a", "--gpus", "{pods}"], "--gpus: {pods}: expected a JSON list of GPUs, got dict"),
+    (["--node", "gpu-a", "--gpus", "{bin}"], "--gpus: {bin} is not UTF-8 text"),
+    (["--node", "gpu-a", "--gpus", "{bad}"], "--gpus: {bad}: GPU [0]: min_w: Input should be greater than 0"),
+])
+def test_bad_input_is_one_line_and_exit_2(node: Path, args: list[str], msg: str) -> None:
+    (node / "bin.json").write_bytes(b"\xff\xfe\x00")
+    (node / "bad.json").write_text(json.dumps([device(0, min_w=0)]))
+    paths = {"gpus": node / "gpus.json", "pods": node / "pods.json", "bin": node / "bin.json", "bad": node / "bad.json"}
+    args = [a.format(**paths) for a in args]
+    res = run(*args, "--dry-run", "--json")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "powerfleet: error: " + msg.format(**paths)

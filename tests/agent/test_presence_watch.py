@@ -1,0 +1,127 @@
+"""Heartbeats in a real Redis; the pod watch against the loopback API server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from hypothesis import given
+from hypothesis import strategies as st
+
+from powerfleet.agent.presence import Heartbeat, beat, heartbeat_key, heartbeat_ttl_s, live_agents
+from powerfleet.agent.watcher import PodWatcher, cap_relevant
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.dgd import POWER_ANNOTATION
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.ports import PodEvent
+from powerfleet.tasks.fleet import tick_nodes
+from powerfleet.twin.apiserver import ApiServer
+from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
+from tests.waiting import wait_for
+
+
+def test_heartbeat_ttl_is_three_intervals() -> None:
+    assert heartbeat_ttl_s(15) == 45 and heartbeat_ttl_s(0.2) == 3
+
+
+def test_live_agents_are_the_nodes_with_a_heartbeat(broker_url: str) -> None:  # noqa: F811
+    r = redis.Redis.from_url(broker_url)
+    clock = FakeClock(t=1000.0)
+    beat(r, "gpu-a", 15, clock)
+    beat(r, "gpu-b", 15, clock)
+    r.set("powerfleet:other", "x")
+    assert live_agents(r) == {"gpu-a", "gpu-b"}
+    assert 0 < r.ttl(heartbeat_key("gpu-a")) <= 45
+    hb = Heartbeat(r, "gpu-c", 15, clock).start()
+    wait_for(lambda: "gpu-c" in live_agents(r), "gpu-c's heartbeat")
+    hb.stop()
+    assert live_agents(r) == {"gpu-a", "gpu-b"}  # a clean stop removes the key at once
+
+
+def test_heartbeat_survives_a_dead_redis_with_one_warning(caplog) -> None:
+    r = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    hb = Heartbeat(r, "gpu-x", 15, FakeClock())
+    with caplog.at_level("WARNING", logger="powerfleet.agent"):
+        assert hb.beat_once() is False
+        assert hb.beat_once() is False
+    assert sum("heartbeat for gpu-x failed" in m for m in caplog.messages) == 1
+
+
+def test_tick_nodes_are_configured_and_live_ones_never_an_illegal_name() -> None:
+    assert tick_nodes(["gpu-a"], {"gpu-b", "bad node/../x", "gpu-a"}) == ["gpu-a", "gpu-b"]
+    assert tick_nodes([], set()) == []
+
+
+def ev(kind: str, uid: str, cap: str | None, phase: str = "Running") -> PodEvent:
+    pod = PodInfo(name=uid, namespace="default", uid=uid, phase=phase,
+                  annotations={} if cap is None else {POWER_ANNOTATION: cap})
+    return PodEvent(type=kind, pod=pod, resource_version="1")  # type: ignore[arg-type]
+
+
+def test_only_cap_relevant_changes_ask_for_a_pass() -> None:
+    known: dict = {}
+    assert cap_relevant(known, ev("ADDED", "a", "300"))
+    assert not cap_relevant(known, ev("MODIFIED", "a", "300"))  # e.g. a label change
+    assert cap_relevant(known, ev("MODIFIED", "a", "250"))
+    assert cap_relevant(known, ev("MODIFIED", "a", "250", phase="Succeeded"))
+    assert cap_relevant(known, ev("MODIFIED", "a", None))  # lost the annotation
+    assert not cap_relevant(known, ev("ADDED", "plain", None))
+    assert not cap_relevant(known, ev("MODIFIED", "plain", None, phase="Failed"))
+    assert not cap_relevant(known, ev("DELETED", "plain", None))
+    assert cap_relevant(known, ev("ADDED", "b", "300"))
+    assert cap_relevant(known, ev("DELETED", "b", "300"))
+    assert not cap_relevant(known, ev("BOOKMARK", "b", "300"))
+
+
+@given(st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), st.sampled_from("xyz"),
+                          st.one_of(st.none(), st.sampled_from(["300", "350", "bad"])))))
+def test_a_pod_that_never_carries_the_annotation_never_asks_for_a_pass(events) -> None:
+    known: dict = {}
+    for kind, uid, cap in events:
+        relevant = cap_relevant(known, ev(kind, uid, cap))
+        if relevant:
+            assert cap is not None or any(c is not None for k, u, c in events if u == uid)
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[tuple[ApiServer, KubeCluster]]:
+    with ApiServer() as api:
+        cluster = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        yield api, cluster
+        cluster.close()
+
+
+def pod(name: str, node: str, cap: str | None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": {} if cap is None else {POWER_ANNOTATION: cap}},
+            "spec": {"nodeName": node, "containers": [{"name": "m", "image": "m"}]}, "status": {"phase": "Running"}}
+
+
+def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> None:
+    api, cluster = kube
+    api.apply(pod("p", "gpu-a", "300"))
+    reasons: list[str] = []
+    got = threading.Event()
+
+    def on_change(reason: str) -> None:
+        reasons.append(reason)
+        got.set()
+    watcher = PodWatcher(cluster, "gpu-a", [], on_change, timeout_seconds=5).start()
+    try:
+        wait_for(lambda: reasons == ["pod default/p added"], "the initial listing")
+        api.apply(pod("other-node", "gpu-b", "300"))
+        api.apply(pod("plain", "gpu-a", None))
+        api.apply(pod("p", "gpu-a", "250"))
+        wait_for(lambda: len(reasons) == 2, "the annotation change")
+        assert reasons[1] == "pod default/p modified"
+        api.delete("v1", "Pod", "p")
+        wait_for(lambda: len(reasons) == 3, "the deletion")
+        assert reasons[2] == "pod default/p deleted"
+    finally:
+        watcher.stop()

@@ -1,0 +1,112 @@
+"""Passes never overlap, a busy tick is dropped, the watch is never lost, the local timer, readiness."""
+
+from __future__ import annotations
+
+import threading
+
+from powerfleet.agent.runtime import STALE_INTERVALS, AgentRuntime
+from tests.agent.conftest import Bench
+from tests.waiting import wait_for
+
+
+def passes(bench: Bench, trigger: str, outcome: str = "ok") -> float:
+    return bench.metrics.value("powerfleet_agent_passes_total", {"trigger": trigger, "outcome": outcome})
+
+
+def test_a_tick_arriving_while_a_pass_runs_is_dropped_not_queued(bench: Bench) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    real = bench.list_pods
+
+    def slow_list():
+        entered.set()
+        release.wait(10)
+        return real()
+    agent = bench.agent()
+    agent._list_pods = slow_list
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock)
+    first = threading.Thread(target=rt.tick_pass)
+    first.start()
+    assert entered.wait(10)
+    assert rt.tick_pass() is None  # dropped
+    release.set()
+    first.join(10)
+    assert passes(bench, "tick") == 1 and passes(bench, "tick", "dropped") == 1
+
+
+def test_a_watch_request_during_a_pass_gets_its_own_pass_afterwards(bench: Bench) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    real = bench.list_pods
+    calls = []
+
+    def list_once_slow():
+        calls.append(1)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(10)
+        return real()
+    agent = bench.agent()
+    agent._list_pods = list_once_slow
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock).start()
+    try:
+        tick = threading.Thread(target=rt.tick_pass)
+        tick.start()
+        assert entered.wait(10)
+        rt.request_pass("pod default/p modified")
+        rt.request_pass("pod default/q modified")  # coalesced with the first
+        release.set()
+        tick.join(10)
+        wait_for(lambda: passes(bench, "watch") == 1, "the watch pass after the tick pass")
+        assert len(calls) == 2
+    finally:
+        rt.stop()
+
+
+def test_without_ticks_for_three_intervals_passes_run_on_a_local_timer_until_ticks_resume(bench: Bench) -> None:
+    rt = AgentRuntime(bench.agent(), interval_s=0.05, clock=bench.clock).start()
+    try:
+        bench.clock.advance(0.05 * (STALE_INTERVALS - 1))
+        rt.request_pass("probe")  # a pass through the loop, proving it is awake
+        wait_for(lambda: passes(bench, "watch") == 1, "the loop to run")
+        assert passes(bench, "timer") == 0  # two intervals without a tick: not yet
+        bench.clock.advance(0.051)  # now past three intervals
+        wait_for(lambda: passes(bench, "timer") >= 2, "timer passes")
+        rt.tick_pass()
+        n = passes(bench, "timer")
+        rt.request_pass("probe")
+        wait_for(lambda: passes(bench, "watch") == 2, "the loop to run again")
+        assert passes(bench, "timer") == n  # the tick switched the timer off
+    finally:
+        rt.stop()
+
+
+def test_readiness_follows_the_age_of_the_last_good_pass(bench: Bench) -> None:
+    rt = AgentRuntime(bench.agent(), interval_s=15, clock=bench.clock)
+    assert rt.readiness() == (False, "not-ready: no good pass yet")
+    rt.tick_pass()
+    assert rt.readiness()[0]
+    bench.clock.advance(45)
+    assert rt.readiness()[0]
+    bench.clock.advance(1)
+    ok, text = rt.readiness()
+    assert not ok and "last good pass 46.0s ago" in text
+    bench.list_error = RuntimeError("apiserver down")
+    rt.tick_pass()
+    assert not rt.readiness()[0]  # a skipped pass is not a good pass
+    assert bench.metrics.value("powerfleet_agent_last_good_pass_age_seconds") == 46.0
+
+
+def test_stop_restores_only_when_the_runtime_ran(bench: Bench) -> None:
+    bench.state.save({"GPU-0000"})
+
+    def capped(devs) -> None:
+        devs[0].current_w = 300
+        devs[0].pids = [1]
+    bench.gpus.update(capped)
+    AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).stop()
+    assert bench.limits()[0] == 300  # never started: the previous run's cap stays for the next agent
+    rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.stop()
+    rt.stop()  # idempotent
+    assert bench.limits()[0] == 700
