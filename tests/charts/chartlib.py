@@ -66,12 +66,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
 CRD_KINDS = {"ServiceMonitor"}
 
 
-@functools.lru_cache(maxsize=64)
-def _render_cached(values_json: str) -> tuple[tuple[str, str], ...]:
+@functools.lru_cache(maxsize=1)
+def _chart() -> Any:
+    # Loaded once per test process: the chart's files do not change while the tests run.
     import helm_python as helm
 
-    with helm.Chart.load(CHART_DIR) as chart:
-        out = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+    return helm.Chart.load(CHART_DIR)
+
+
+@functools.lru_cache(maxsize=128)
+def _render_cached(values_json: str) -> tuple[tuple[str, str], ...]:
+    out = _chart().render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
     return tuple(sorted(out.items()))
 
 
@@ -80,14 +85,22 @@ def render(values: dict[str, Any] | None = None) -> dict[str, str]:
     return dict(_render_cached(json.dumps(values or {}, sort_keys=True)))
 
 
+# libyaml when present: parsing the rendered YAML is most of these tests' time.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=128)
+def _objects_cached(values_json: str) -> tuple[dict[str, Any], ...]:
+    docs: list[dict[str, Any]] = []
+    for path, text in _render_cached(values_json):
+        if path.endswith((".yaml", ".yml")):
+            docs.extend(d for d in yaml.load_all(text, Loader=_Loader) if d)
+    return tuple(docs)
+
+
 def objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every Kubernetes object the chart renders (a fresh deep copy each call)."""
-    docs: list[dict[str, Any]] = []
-    for path, text in render(values).items():
-        if not path.endswith((".yaml", ".yml")):
-            continue
-        docs.extend(d for d in yaml.safe_load_all(text) if d)
-    return copy.deepcopy(docs)
+    return copy.deepcopy(list(_objects_cached(json.dumps(values or {}, sort_keys=True))))
 
 
 def find(objs: list[dict[str, Any]], kind: str, component: str | None = None) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ test_chart_rbac.py.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,14 @@ def scan_adapter(directory: Path = ADAPTER_DIR) -> AdapterScan:
     return AdapterScan(methods, uses, unknown)
 
 
+@functools.lru_cache(maxsize=None)
+def _calls_by_attr(path: Path) -> tuple[tuple[str, int], ...]:
+    """(attribute name, line) of every ``<obj>.name(...)`` call in one file (parsed once)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return tuple((node.func.attr, node.lineno) for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute))
+
+
 def references(paths: list[Path], names: set[str]) -> dict[str, list[str]]:
     """Which of ``names`` are called as ``<obj>.name(...)`` in these files/directories."""
     found: dict[str, list[str]] = {}
@@ -212,8 +221,7 @@ def references(paths: list[Path], names: set[str]) -> dict[str, list[str]]:
     for p in paths:
         files.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p] if p.exists() else [])
     for f in files:
-        tree = ast.parse(f.read_text(), filename=str(f))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names:
-                found.setdefault(node.func.attr, []).append(f"{f.relative_to(SRC.parent)}:{node.lineno}")
+        for attr, line in _calls_by_attr(f):
+            if attr in names:
+                found.setdefault(attr, []).append(f"{f.relative_to(SRC.parent)}:{line}")
     return found
