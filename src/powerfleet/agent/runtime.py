@@ -209,9 +209,20 @@ def connect_cluster(config: FleetConfig) -> tuple[ClusterReader | None, str]:
         return None, f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
 
+def endpoint(config: FleetConfig, override_port: int | None = None) -> tuple[str, int]:
+    """Where the agent serves /readyz and /metrics: ``--metrics-port``, else ``agent.probe_port``
+    (the chart's readiness probe), else ``metrics.port`` (what `up` assigns per process); 0: off."""
+    if override_port is not None:
+        return config.metrics.address, override_port
+    if config.agent.probe_port:
+        return config.agent.probe_address, config.agent.probe_port
+    return config.metrics.address, config.metrics.port
+
+
 def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = None,
-                  metrics: AgentMetrics | None = None, clock: Clock | None = None) -> AgentRuntime:
-    """Everything an agent worker needs, from the config. Starts nothing."""
+                  metrics: AgentMetrics | None = None, clock: Clock | None = None,
+                  probe: tuple[str, int] | None = None) -> AgentRuntime:
+    """Everything an agent worker needs, from the config. Starts its helper threads, no pass."""
     ac = config.agent
     clock = clock or SystemClock()
     metrics = metrics or AgentMetrics()
@@ -234,10 +245,11 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
 
         client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
         rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock).start().stop)
-    if ac.probe_port:
+    address, port = probe if probe is not None else endpoint(config)
+    if port:
         from powerfleet.agent.probe import ProbeServer
 
-        rt.stoppers.append(ProbeServer(ac.probe_address, ac.probe_port, rt.readiness, metrics.registry).start().stop)
+        rt.stoppers.append(ProbeServer(address, port, rt.readiness, metrics.registry).start().stop)
     return rt
 
 

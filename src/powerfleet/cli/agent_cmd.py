@@ -26,19 +26,37 @@ def agent(
     ctx: typer.Context,
     node: Optional[str] = typer.Option(None, "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    metrics_port: Optional[int] = typer.Option(
+        None, "--metrics-port", help="Serve /metrics and /readyz here (default agent.probe_port, else metrics.port; 0 disables)."),
 ) -> None:
-    """Run the node agent: a worker pinned to its own queue node.<NODE> that enforces pod power caps."""
+    """Run the node agent: a worker pinned to its own queue node.<NODE> that enforces pod power caps.
+
+    The agent serves /readyz (200 while the last good pass is under three intervals old) and
+    /metrics on one port; see docs/agent.md.
+    """
     if ctx.invoked_subcommand is not None:
         return
     if node is None:
         fail("--node: required (the Kubernetes node this agent runs on)")
     _check_node(node)
     config = fleet_config(ctx)
+    from powerfleet.agent.runtime import endpoint
+    from powerfleet.cli.ports import require_free_port
+
+    address, port = endpoint(config, metrics_port)
+    if metrics_port is not None or port:
+        option = "--metrics-port" if metrics_port is not None else ("agent.probe_port" if config.agent.probe_port else "metrics.port")
+        if metrics_port != 0:
+            require_free_port(address, port, option)
     export_config_path(ctx)
     worker_app = fleet_app(config)
     from powerfleet.agent.worker import run_agent_worker
+    from powerfleet.metrics.signals import install_outcome_metrics
+    from powerfleet.workers.logging import install_broker_retry_filter
 
-    run_agent_worker(worker_app, config, node, loglevel)
+    install_outcome_metrics()
+    install_broker_retry_filter()
+    run_agent_worker(worker_app, config, node, loglevel, probe=(address, port))
 
 
 def _read_json(path: Path, option: str) -> Any:

@@ -1,4 +1,4 @@
-"""`powerfleet worker | agent | beat | flower`: one Celery process each, in the foreground."""
+"""`powerfleet worker | beat | flower`: one Celery process each, in the foreground (`agent`: cli/agent_cmd.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
 from powerfleet.cli.ports import require_free_port
 from powerfleet.config import FleetConfig, FlowerConfig
-from powerfleet.config.fleet import is_node_name
 from powerfleet.workers.routes import is_fleet_queue, worker_prefetch
 
 
@@ -74,19 +73,6 @@ def worker(
     if bad:
         fail(f"--queues: {bad[0]!r} is not a fleet queue (control, sweep or node.<node name>)")
     _run_worker(ctx, ",".join(qs), name or f"fleet@{socket.gethostname()}", concurrency, loglevel, metrics_port)
-
-
-def agent(
-    ctx: typer.Context,
-    node: str = typer.Option(..., "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
-    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
-) -> None:
-    """Run the node agent: a worker pinned to its own queue node.<NODE>, one process."""
-    if not is_node_name(node):
-        fail(f"--node: {node!r} is not a valid Kubernetes node name")
-    # A stable name (not the pod name) so direct messages survive pod replacement.
-    _run_worker(ctx, f"node.{node}", f"agent@{node}", 1, loglevel, metrics_port)
 
 
 def beat(
