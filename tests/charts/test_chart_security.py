@@ -80,6 +80,9 @@ def test_secret_config_keys_fail_rendering() -> None:
         ({"config": {"agent": {"safe_default_watts": 300}}}, "config.agent.safe_default_watts must not be set: use agent.safeDefaultWatts"),
         ({"config": {"agent": {"state_dir": "/x"}}}, "config.agent.state_dir"),
         ({"config": {"agent": {"probe_port": 9000}}}, "config.agent.probe_port"),
+        ({"budget": {"enabled": False}, "config": {"budget": {"deployments": {"ns/x": {"power_limit_w": 900}}}}},
+         "budget.enabled=false grants the workers no access"),
+        ({"config": {"retune": {"deployments": ["llama"]}}}, "retune.enabled=false grants the workers no Leases"),
     ]:
         with pytest.raises(helm.HelmRenderError, match=match.replace(".", r"\.")):
             objects(values)

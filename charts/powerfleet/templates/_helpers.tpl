@@ -143,6 +143,12 @@ retune per-deployment namespaces). A JSON list.
 {{- if hasKey $cfg "metrics" }}
 {{- fail "config.metrics must not be set: use .Values.metrics.port (the chart sets the bind address and the container ports from it)." }}
 {{- end }}
+{{- if and (dig "budget" "deployments" dict $cfg) (not .Values.budget.enabled) }}
+{{- fail "config.budget.deployments lists deployments, but budget.enabled=false grants the workers no access to them: set budget.enabled=true" }}
+{{- end }}
+{{- if and (dig "retune" "deployments" list $cfg) (not .Values.retune.enabled) }}
+{{- fail "config.retune.deployments lists deployments, but retune.enabled=false grants the workers no Leases: set retune.enabled=true" }}
+{{- end }}
 {{- $agent := get $cfg "agent" | default dict }}
 {{- range $key, $value := dict "safe_default_watts" "agent.safeDefaultWatts" "state_dir" "agent.stateDir" "proc_root" "agent.hostProcPath" "namespaces" "agent.namespaces" "probe_port" "agent.readinessProbe.port" "probe_address" "agent.readinessProbe.port" "kubeconfig" "the in-cluster ServiceAccount" }}
 {{- if hasKey $agent $key }}
