@@ -43,4 +43,33 @@ app.add_typer(budget_cmd.app, name="budget")
 
 
 def main() -> None:
-    app()
+    """Run the CLI; a usage error (missing or out-of-range option) is one line, like every other error.
+
+    Typer draws usage errors as a multi-line box; here they become
+    ``powerfleet <command>: error: <what was wrong>`` with click's exit code (2).
+    """
+    import sys
+
+    ex = _click_exceptions()
+    try:
+        code = app(standalone_mode=False)
+    except ex.NoArgsIsHelpError as exc:
+        exc.show()  # a bare group: its help is the answer
+        sys.exit(exc.exit_code)
+    except ex.ClickException as exc:
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "powerfleet"
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"{where}: error: {message}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("powerfleet: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_exceptions():  # type: ignore[no-untyped-def]
+    try:  # newer typer vendors click as typer._click
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions

@@ -1,0 +1,136 @@
+"""Every CLI command, given hostile input, fails in one line with exit 1 or 2: never a traceback.
+
+The table below names at least one hostile invocation per command; a command added to the
+CLI without an entry here fails ``test_every_command_is_covered``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import typer
+
+from powerfleet.broker.embedded import free_loopback_port
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00" + bytes(range(256)) * 4
+LATIN1 = "caf\u00e9: [1, 2]\nname: r\u00e9sum\u00e9\n".encode("latin-1")
+BROKEN_YAML = "a: [1, 2\n  b: }\n\t- x: :\n"
+DUP_KEYS = "apiVersion: nvidia.com/v1alpha1\nkind: DynamoGraphDeployment\nkind: Other\n"
+
+
+def _command_paths() -> set[str]:
+    from powerfleet.cli.main import app
+
+    def walk(cmd, path):  # type: ignore[no-untyped-def]
+        subs = getattr(cmd, "commands", None)
+        if not subs:
+            yield " ".join(path)
+            return
+        if path and getattr(cmd, "invoke_without_command", False):
+            yield " ".join(path)
+        for name, sub in subs.items():
+            yield from walk(sub, [*path, name])
+
+    return set(walk(typer.main.get_command(app), []))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("hostile")
+    out = {"binary": d / "binary.bin", "latin1": d / "latin1.yaml", "yaml": d / "broken.yaml",
+           "dup": d / "dup.yaml", "dir": d, "missing": d / "no-such-file"}
+    out["binary"].write_bytes(BINARY)
+    out["latin1"].write_bytes(LATIN1)
+    out["yaml"].write_text(BROKEN_YAML)
+    out["dup"].write_text(DUP_KEYS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def busy_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
+    bad_files = ("binary", "latin1", "yaml", "dir", "missing")
+    cases: list[tuple[str, list[str]]] = []
+    for kind in bad_files:
+        cases += [
+            ("validate dgd-update", ["validate", "dgd-update", "--old", str(f[kind]), "--new", str(f["dup"])]),
+            ("sim replay", ["sim", "replay", "--trace", str(f[kind]), "--workers", "2"]),
+            ("retune sweep", ["retune", "sweep", "--trace", str(f[kind]), "--workers", "2", "--objective", "ttft"]),
+            ("budget plan", ["budget", "plan", "--input", str(f[kind])]),
+            ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f[kind]),
+                            "--pods", str(f[kind])]),
+            ("status", ["--config", str(f[kind]), "status"]),
+            ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", f"@{f[kind]}"]),
+        ]
+    trace = str(Path(__file__).resolve().parents[1] / "sim" / "data")
+    cases += [
+        ("validate dgd-update", ["validate", "dgd-update", "--old", str(f["dup"]), "--new", str(f["dup"])]),
+        ("retune sweep", ["retune", "sweep", "--trace", str(f["binary"]), "--workers", "2", "--objective", "ttft",
+                          "--grid", str(f["binary"])]),
+        ("retune sweep", ["retune", "sweep", "--trace", trace, "--workers", "2", "--objective", "ttft",
+                          "--grid", str(f["yaml"])]),
+        ("retune sweep", ["retune", "sweep", "--trace", trace, "--workers", "2", "--objective", "goodput"]),
+        ("sim replay", ["sim", "replay", "--trace", trace, "--workers", "100000000"]),
+        ("sim replay", ["sim", "replay", "--trace", trace, "--workers", "2", "--policy", "{bad"]),
+        ("worker", ["worker", "-Q", "node.bad name"]),
+        ("worker", ["worker", "--metrics-port", "70000"]),
+        ("worker", ["worker", "--metrics-port", str(busy)]),
+        ("beat", ["beat", "--metrics-port", str(busy)]),
+        ("beat", ["beat", "--metrics-port", "-1"]),
+        ("flower", ["flower", "--port", "70000"]),
+        ("flower", ["flower", "--port", str(busy)]),
+        ("flower", ["flower", "--address", "0.0.0.0"]),
+        ("agent", ["agent", "--node", "bad node/../x"]),
+        ("agent", ["agent"]),
+        ("up", ["--config", str(f["binary"]), "up"]),
+        ("up", ["--config", str(f["yaml"]), "up"]),
+        ("demo", ["demo", "--duration", "1"]),
+        ("demo", ["demo", "--nodes", "65"]),
+        ("twin", ["twin", "--nodes", "0"]),
+        ("twin", ["twin", "--traces", str(f["missing"]), "--duration", "1"]),
+        ("retune status", ["--config", str(f["latin1"]), "retune", "status"]),
+        ("trigger", ["trigger", "powerfleet.agent.reconcile", "--args", '{"node": "a b"}']),
+        ("status", ["status", "--timeout", "-3"]),
+    ]
+    return cases
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    # A broker that is not there: a command that got past input checking fails on it, in one line.
+    env["POWERFLEET_BROKER__URL"] = f"redis://127.0.0.1:{free_loopback_port()}/0"
+    env["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_every_command_is_covered(files, busy_port) -> None:
+    covered = {name for name, _ in _cases(files, busy_port)}
+    assert _command_paths() <= covered, sorted(_command_paths() - covered)
+
+
+def test_hostile_input_fails_in_one_line_without_a_traceback(files, busy_port) -> None:
+    cases = _cases(files, busy_port)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda c: _run(c[1]), cases))
+    problems = []
+    for (name, args), out in zip(cases, results):
+        err = out.stderr.strip()
+        # `budget plan` answers each bad input line with an error on stdout, by its contract.
+        said = len(err.splitlines()) == 1 or (not err and "error" in out.stdout)
+        if out.returncode not in (1, 2) or "Traceback" in out.stderr + out.stdout or not said:
+            problems.append(f"{' '.join(args)}: exit {out.returncode}: {err[-600:]}")
+    assert not problems, "\n".join(problems)
