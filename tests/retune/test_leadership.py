@@ -33,6 +33,18 @@ def _decide(cfg: Any, ports: Any, name: str = "llama") -> RetuneState:
     return dep.store.update(t, lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1}))
 
 
+def _applied(world: Any, kube: Any, redis_url: str) -> tuple[Any, Any, Any]:
+    """A deployment whose routers were retuned by leader ctl-a: (frontends, config, ports)."""
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    control.tick_deployment(cfg, ports, "llama", T0)
+    _decide(cfg, ports)
+    control.tick_deployment(cfg, ports, "llama", T0)
+    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    return fes, cfg, ports
+
+
 def test_handover_and_a_paused_stale_leader_is_fenced(world, kube, redis_url) -> None:
     fes = world.add_deployment("llama")
     cfg = retune_config(world, ["llama"])
@@ -105,13 +117,7 @@ def test_shutdown_releases_the_lease_and_a_peer_takes_it_at_once(world, kube, re
 
 
 def test_rollback_restores_initials_and_never_calls_retuned_routers_converged(world, kube, redis_url) -> None:
-    fes = world.add_deployment("llama", pods=2)
-    cfg = retune_config(world, ["llama"])
-    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
-    control.tick_deployment(cfg, ports, "llama", T0)
-    _decide(cfg, ports)
-    control.tick_deployment(cfg, ports, "llama", T0)
-    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    fes, cfg, ports = _applied(world, kube, redis_url)
     # Lose one frontend's saved initial settings, as after a SIGTERM between its PATCH and the save.
     dep = Deployment.open(cfg, ports, "llama")
     t, _, _ = dep.leadership.claim()
@@ -127,12 +133,7 @@ def test_rollback_restores_initials_and_never_calls_retuned_routers_converged(wo
 
 
 def test_disabling_retune_rolls_back_then_deletes_state_and_leases(world, kube, redis_url) -> None:
-    fes = world.add_deployment("llama")
-    cfg = retune_config(world, ["llama"])
-    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
-    control.tick_deployment(cfg, ports, "llama", T0)
-    _decide(cfg, ports)
-    control.tick_deployment(cfg, ports, "llama", T0)
+    fes, cfg, ports = _applied(world, kube, redis_url)
     off = retune_config(world, ["llama"], per_deployment={"llama": {"enabled": False}})
     out = control.tick(off, ports, T0 + 10)
     assert out[0]["status"] == "cleaned"
@@ -143,13 +144,7 @@ def test_disabling_retune_rolls_back_then_deletes_state_and_leases(world, kube, 
 
 
 def test_switching_to_advisory_rolls_routers_back(world, kube, redis_url) -> None:
-    fes = world.add_deployment("llama")
-    cfg = retune_config(world, ["llama"])
-    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
-    control.tick_deployment(cfg, ports, "llama", T0)
-    _decide(cfg, ports)
-    control.tick_deployment(cfg, ports, "llama", T0)
-    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    fes, cfg, ports = _applied(world, kube, redis_url)
     adv = retune_config(world, ["llama"], mode="advisory")
     out = control.tick_deployment(adv, ports, "llama", T0 + 10)
     assert out["mode"] == "advisory" and all(r["converged"] for r in out["routers"])

@@ -1,0 +1,106 @@
+"""Does retune pay off? Consecutive windows, each judged on the *next* window (not a test).
+
+For every window i, retune sweeps window i (default 108-point grid plus the probe, objective
+mean TTFT, min improvement 1 %) starting from what it chose before, and the choice is then
+replayed on window i+1 next to (a) the default settings held fixed and (b) the best single
+fixed setting, chosen once by a sweep of the first window. Printed per window: mean and p90
+TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a) and (b)
+in mean TTFT, the worst window, and the sweep wall time per window.
+
+Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_trace.jsonl
+(../shared/traces beside the clone).
+
+Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.retune.sweep import run_sweep
+from powerfleet.sim.policy import RouterPolicy
+from powerfleet.sim.replay import replay
+from powerfleet.sim.trace import TraceRequest, read_trace
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+KNOBS = ("overlap_score_credit", "prefill_load_scale", "temperature")
+
+
+def _fmt(p: RouterPolicy) -> str:
+    return "/".join(f"{getattr(p, k):g}" for k in KNOBS)
+
+
+def _measure(reqs: list[TraceRequest], workers: int, pol: RouterPolicy, win: tuple[float, float]) -> tuple[float, float, float]:
+    s = replay(reqs, workers, pol, seed=0, window=win)
+    return (s.ttft_ms.mean or float("nan"), s.ttft_ms.p90 or float("nan"), s.itl_ms.mean or float("nan"))
+
+
+def _gain(base: float, new: float) -> float:
+    return 100.0 * (base - new) / base if base else 0.0
+
+
+def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int, processes: int) -> None:
+    n = int(-(-span_s // window_s))  # the last window may be partial
+    wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
+    print(f"\n== {name}: {len(reqs)} requests, {n} windows of {window_s:g} s, {workers} workers; "
+          f"knobs shown as credit/prefill_load_scale/temperature")
+    default = RouterPolicy()
+    current = default
+    best_fixed: RouterPolicy | None = None
+    gains_a, gains_b, walls = [], [], []
+    points = 0
+    print(f"{'win':>3} {'sweep s':>7} {'retune sets':>13} | {'(a) default':>21} | {'(b) best fixed':>21} | "
+          f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT)")
+    for i in range(n - 1):
+        t = time.perf_counter()
+        res = run_sweep(reqs, workers, "ttft", current, DEFAULT_GRID, max_shards=3, min_improvement_pct=1.0,
+                        window=wins[i], seed=0, processes=processes)
+        walls.append(time.perf_counter() - t)
+        points = max(points, len(res.candidates))
+        if best_fixed is None:
+            ranked = res.decision.ranked
+            best_fixed = RouterPolicy.model_validate(ranked[0].params) if ranked else default
+        if res.decision.action == "apply":
+            current = RouterPolicy.model_validate(res.decision.params)
+        nxt = wins[i + 1]
+        a = _measure(reqs, workers, default, nxt)
+        b = _measure(reqs, workers, best_fixed, nxt)
+        c = _measure(reqs, workers, current, nxt)
+        ga, gb = _gain(a[0], c[0]), _gain(b[0], c[0])
+        gains_a.append(ga)
+        gains_b.append(gb)
+        cell = lambda m: f"{m[0]:7.0f} {m[1]:7.0f} {m[2]:5.1f}"  # noqa: E731
+        print(f"{i + 1:>3} {walls[-1]:7.1f} {_fmt(current):>13} | {cell(a)} | {cell(b)} | {cell(c)} | "
+              f"{ga:+6.1f}% {gb:+6.1f}%")
+    print("columns per setting: mean TTFT ms, p90 TTFT ms, mean ITL ms; best fixed = "
+          f"{_fmt(best_fixed or default)} (from window 0)")
+    worst = min(range(len(gains_a)), key=lambda j: gains_a[j])
+    print(f"mean gain of retune in mean TTFT: {statistics.fmean(gains_a):+.1f}% over default, "
+          f"{statistics.fmean(gains_b):+.1f}% over best fixed; worst window {worst + 1}: "
+          f"{gains_a[worst]:+.1f}% over default, {gains_b[worst]:+.1f}% over best fixed")
+    print(f"sweep wall time per window: mean {statistics.fmean(walls):.1f} s, max {max(walls):.1f} s "
+          f"({processes} processes, {points} candidates + probe)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window-s", type=float, default=300.0)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--processes", type=int, default=2)
+    args = ap.parse_args()
+    conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
+    t0 = min(r.timestamp_ms for r in conv)
+    conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
+    run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes)
+    syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
+    ts = [r.timestamp_ms for r in syn]
+    span = (max(ts) - min(ts)) / 1000.0
+    run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes)
+
+
+if __name__ == "__main__":
+    main()
