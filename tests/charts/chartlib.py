@@ -26,8 +26,9 @@ KUBE_VERSION = "1.32.0"
 VARIANTS: dict[str, dict[str, Any]] = {
     # In-chart Redis, beat, workers (budget on), agents, metrics; Flower, retune, monitoring off.
     "default": {},
-    # Everything on: external broker, Flower with auth, retune with a trace volume, cluster-wide
-    # worker RBAC, namespace-restricted agents, ServiceMonitor and dashboard, an image digest.
+    # Everything on: external broker, Flower with auth, retune with a trace volume, budget with a
+    # deployment in another namespace and rack budgets, namespace-restricted agents,
+    # ServiceMonitor and dashboard, an image digest.
     "external": {
         "image": {"tag": "", "digest": "sha256:" + "ab" * 32},
         "broker": {"existingSecret": {"name": "fleet-broker", "key": "url", "resultBackendKey": "results"}},
@@ -36,13 +37,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
                    "networkPolicy": {"extraFrom": [{"namespaceSelector": {"matchLabels": {"name": "ingress"}}}]}},
         "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
                     "dashboard": {"enabled": True}},
-        "rbac": {"watchAllNamespaces": True},
         "retune": {"enabled": True, "traceVolume": {"persistentVolumeClaim": {"claimName": "traces"}}},
         "imagePullSecrets": [{"name": "regcred"}],
         "config": {
             "nodes": ["gpu-node-a", "gpu-node-b"],
             "limits": {"sweep": {"soft_s": 1100, "hard_s": 1200.5}},
             "beat": {"reconcile_interval_s": 10},
+            "budget": {"deployments": {"llm-a/llama": {"power_limit_w": 24000}}, "groups": {"rack-a": 60000}},
         },
         "worker": {"replicas": 3, "concurrency": 4, "resources": {"limits": {"memory": "2Gi"}}},
         "agent": {"namespaces": ["llm-a", "llm-b"], "safeDefaultWatts": 450,

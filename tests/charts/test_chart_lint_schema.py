@@ -57,8 +57,11 @@ def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(variant: tu
             assert ns is None, obj["metadata"]
             # Cluster-scoped names carry the namespace so two releases cannot collide.
             assert obj["metadata"]["name"].startswith("fleet-pf-"), obj["metadata"]["name"]
-        elif obj["kind"] in ("Role", "RoleBinding") and ns in agent_namespaces:
-            assert obj["metadata"]["name"] == "pf-powerfleet-agent"
+        elif obj["kind"] in ("Role", "RoleBinding") and ns != "fleet":
+            # Agents read pods in agent.namespaces; workers reach DGDs where the budget names them.
+            budget_ns = {k.split("/")[0] for k in values.get("config", {}).get("budget", {}).get("deployments", {})}
+            allowed = {"pf-powerfleet-agent": agent_namespaces, "pf-powerfleet-worker": budget_ns}
+            assert ns in allowed.get(obj["metadata"]["name"], set()), obj["metadata"]
         else:
             assert ns == "fleet", f"{obj['kind']}/{obj['metadata']['name']} has namespace {ns!r}"
         assert len(obj["metadata"]["name"]) <= 63
