@@ -93,6 +93,10 @@ def _refused(values: dict[str, Any]) -> str:
     # watts and intervals must be above zero
     ({"agent": {"safeDefaultWatts": 0}}, ["at '/agent/safeDefaultWatts': minimum: got 0, want 1"]),
     ({"agent": {"safeDefaultWatts": -300}}, ["at '/agent/safeDefaultWatts': minimum: got -300, want 1"]),
+    ({"config": {"budget": {"groups": {"rack-a": 0}}}},
+     ["at '/config/budget/groups/rack-a': minimum: got 0, want 1"]),
+    ({"config": {"budget": {"deployments": {"llm/a": {"power_limit_w": -1}}}}},
+     ["at '/config/budget/deployments/llm~1a/power_limit_w': minimum: got -1, want 1"]),
     ({"config": {"beat": {"reconcile_interval_s": 0}}},
      ["at '/config/beat/reconcile_interval_s': exclusiveMinimum: got 0, want 0"]),
     ({"config": {"beat": {"budget_interval_s": -5}}},
