@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerfleet.sim.engine import EngineConfig, simulate
-from powerfleet.sim.policy import SLA, RouterPolicy, parse_policy, parse_sla
+from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy, parse_policy, parse_sla
 from powerfleet.sim.profile import CapCurve, default_profile, load_profile
 from powerfleet.sim.replay import parse_window, prepare, replay, replay_arrivals
 from powerfleet.sim.trace import TraceRequest
@@ -198,23 +198,35 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=80, deadline=None)
+router_options = st.builds(
+    RouterOptions,
+    router_queue_threshold=st.sampled_from([None, None, 0.5, 2.0]),
+    router_queue_policy=st.sampled_from(["fcfs", "lcfs", "wspt"]),
+    router_prefill_load_model=st.sampled_from(["none", "ais"]),
+    kv_event_lag_ms=st.sampled_from([0.0, 0.0, 40.0]),
+    router_track_output_blocks=st.booleans(),
+    router_tie_break=st.sampled_from(["lowest", "random"]),
+)
+
+
+@settings(max_examples=120, deadline=None)
 @given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5),
        blocks=st.sampled_from([6, 12, 10**6]), max_seqs=st.sampled_from([1, 2, 256]),
-       tier=st.sampled_from([0, 3]))
-def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs, tier) -> None:
+       tier=st.sampled_from([0, 3]), alloc=st.sampled_from(["reserve", "incremental"]), opts=router_options)
+def test_conservation_and_causality(reqs, pol, workers, seed, blocks, max_seqs, tier, alloc, opts) -> None:
     prof = dataclasses.replace(P, kv_capacity_tokens=blocks * 512)
     arr = prepare(reqs, seed=seed, jitter_ms=50)
     eng = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=1024, host_cache_blocks=tier,
-                       disk_cache_blocks=tier, shared_cache_blocks=2 * tier)
-    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, prof, eng, seed)
+                       disk_cache_blocks=tier, shared_cache_blocks=2 * tier, kv_allocation=alloc)
+    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, prof, eng, seed, router=opts)
+    assert not any(why == "not_scheduled" for why in res.dropped.values())
     for i in range(len(reqs)):
         if i in res.dropped:
             assert math.isnan(res.finish_ms[i])
             continue
         a, f, e = res.arrival_ms[i], res.first_token_ms[i], res.finish_ms[i]
         assert a <= f <= e, (a, f, e)
-    s = replay_arrivals(arr, workers, pol, seed, profile=prof, engine=eng)
+    s = replay_arrivals(arr, workers, pol, seed, profile=prof, engine=eng, router=opts)
     assert s.completed + s.dropped == s.requests == len(reqs)
     assert sum(s.requests_per_worker) == s.requests - s.dropped
     if s.completed:
@@ -259,14 +271,31 @@ def test_engine_settings_parse_with_named_errors() -> None:
         parse_engine("{")
 
 
-@settings(max_examples=60, deadline=None)
-@given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5))
-def test_event_skipping_matches_step_by_step_simulation(reqs, pol, workers, seed) -> None:
+@settings(max_examples=80, deadline=None)
+@given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5),
+       alloc=st.sampled_from(["reserve", "incremental"]), blocks=st.sampled_from([8, 10**6]), opts=router_options)
+def test_event_skipping_matches_step_by_step_simulation(reqs, pol, workers, seed, alloc, blocks, opts) -> None:
     arr = prepare(reqs, seed=seed, jitter_ms=500)
-    eng = EngineConfig(max_num_batched_tokens=1024)
-    args = (arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, P, eng, seed)
-    fast = simulate(*args)
-    slow = simulate(*args, max_run_steps=1)
+    eng = EngineConfig(max_num_batched_tokens=1024, kv_allocation=alloc)
+    prof = dataclasses.replace(P, kv_capacity_tokens=blocks * 512)
+    args = (arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, prof, eng, seed)
+    fast = simulate(*args, router=opts)
+    slow = simulate(*args, max_run_steps=1, router=opts)
     assert fast.worker == slow.worker and fast.dropped == slow.dropped and fast.hit_blocks == slow.hit_blocks
     for x, y in zip(fast.first_token_ms + fast.finish_ms, slow.first_token_ms + slow.finish_ms):
         assert (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-9, abs=1e-6)
+
+
+def test_warm_start_equals_the_warm_up_span_replayed_with_only_the_window_scored(tiny_requests) -> None:
+    pol = RouterPolicy(temperature=0.5)
+    warm = replay(tiny_requests, 2, pol, 3, window=(12, 24), warmup_s=8)
+    span = prepare(tiny_requests, seed=3, window=(4, 24), warmup_s=0)  # the same span, cold
+    res = simulate(span.arrival_ms, span.isl, span.osl, span.hashes, 2, pol, P, EngineConfig(), 7)
+    inside = [i for i, a in enumerate(span.arrival_ms) if a >= 8_000]  # the window's requests
+    ttft = [res.first_token_ms[i] - res.arrival_ms[i] for i in inside]
+    assert warm.requests == len(inside) > 0 and any(a < 8_000 for a in span.arrival_ms)
+    assert warm.ttft_ms.mean == pytest.approx(sum(ttft) / len(ttft), abs=1e-6)
+    cold = replay(tiny_requests, 2, pol, 3, window=(12, 24), warmup_s=0)
+    assert cold.requests == warm.requests and cold.ttft_ms != warm.ttft_ms
+    with pytest.raises(ValueError, match="warm-up"):
+        prepare(tiny_requests, window=(5, 10), warmup_s=-1)

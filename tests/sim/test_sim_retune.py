@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerfleet.retune.decision import Candidate, decide
-from powerfleet.retune.grid import DEFAULT_GRID, KnobSpec, SweepGrid, load_grid, parse_grid, split_shards
+from powerfleet.retune.grid import (
+    DEFAULT_GRID, EdgeSearch, KnobSpec, SweepGrid, load_grid, parse_grid, search_beyond, split_shards,
+)
 from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, Objective, parse_objective, score
 from powerfleet.retune.sweep import run_shard, run_sweep
 from powerfleet.sim.policy import SLA, RouterPolicy
@@ -146,11 +148,13 @@ def test_sweep_probe_equals_a_plain_replay_and_shards_match_local_runs(tiny_requ
     res = run_sweep(tiny_requests, 3, "ttft", cur, grid, max_shards=3, seed=4, window=(0, 20), processes=1)
     plain = replay(tiny_requests, 3, cur, 4, window=(0, 20))
     assert res.probe.score == plain.ttft_ms.mean
-    assert res.shards == 3 and [c.shard for c in res.candidates] == [0, 0, 1, 2]
+    grid_cands = [c for c in res.candidates if c.origin == "grid"]
+    assert res.shards == 3 and [c.shard for c in grid_cands] == [0, 0, 1, 2]
+    assert res.search_points == len(res.candidates) - 4
     arr = prepare(tiny_requests, seed=4, window=(0, 20))
     again = run_shard(arr, 3, grid.points(cur), 4, "ttft")
-    assert [c.score for c in again] == [c.score for c in res.candidates]
-    assert len(res.decision.ranked) == 4
+    assert [c.score for c in again] == [c.score for c in grid_cands]
+    assert len(res.decision.ranked) == len(res.candidates)
     forked = run_sweep(tiny_requests, 3, "ttft", cur, grid, max_shards=3, seed=4, window=(0, 20), processes=2)
     assert forked.to_json_dict() == res.to_json_dict()
 
@@ -166,3 +170,44 @@ def test_shard_entry_from_json_args_matches_the_sweep(tiny_requests) -> None:
         str(TINY), 2, [{"overlap_score_credit": 0.0}, {}], objective="e2eLatency", seed=1, window=(0, 15)
     )
     assert [c.score for c in got] == [res.candidates[0].score, res.probe.score]
+
+
+def test_search_extends_a_knob_whose_optimum_lies_beyond_the_grid() -> None:
+    # A known optimum: the score is the squared distance of log2(scale) from log2(32), plus
+    # a small credit term; the grid's scales stop at 8.
+    grid = parse_grid({"prefill_load_scale": {"choices": [0.25, 1, 4, 8]},
+                       "overlap_score_credit": {"choices": [0.5, 1.0]}})
+    axes = grid.axes(RouterPolicy())
+
+    def fake(points: list[RouterPolicy]) -> list[Candidate]:
+        return [Candidate(params=p.model_dump(), score=(math.log2(p.prefill_load_scale) - 5) ** 2
+                          + abs(p.overlap_score_credit - 1)) for p in points]
+
+    cands = fake(grid.points(RouterPolicy()))
+    found = search_beyond(axes, cands, "ttft", fake, EdgeSearch(factor=2.0, max_rounds=10))
+    assert all(c.origin == "search" for c in found)
+    assert [c.params["prefill_load_scale"] for c in found if c.params["overlap_score_credit"] == 1] == [16, 32, 64]
+    assert [c.params["overlap_score_credit"] for c in found if c.params["overlap_score_credit"] != 1] == [2.0]
+    best = decide(cands + found, cands[0], "ttft")
+    assert best.params["prefill_load_scale"] == 32 and best.best.origin == "search"
+    # the budget stops it; a best inside the grid starts nothing; refine bisects around it
+    assert search_beyond(axes, cands, "ttft", fake, EdgeSearch(), keep_going=lambda: False) == []
+    one = parse_grid({"prefill_load_scale": {"choices": [0.25, 1, 4, 8]}})
+    inner = [Candidate(params=p.model_dump(), score=abs(p.prefill_load_scale - 4)) for p in one.points(RouterPolicy())]
+    axes = one.axes(RouterPolicy())
+    assert search_beyond(axes, inner, "ttft", fake, EdgeSearch(max_rounds=3)) == []
+    refined = search_beyond(axes, inner, "ttft", fake, EdgeSearch(max_rounds=1, refine=True))
+    assert sorted(c.params["prefill_load_scale"] for c in refined) == [2.0, pytest.approx(32 ** 0.5)]
+
+
+def test_sweep_reports_grid_and_search_points_and_warm_starts(tiny_requests) -> None:
+    grid = parse_grid({"prefill_load_scale": {"choices": [0.0, 1.0]}, "temperature": {"choices": [0.0, 1.0]}})
+    res = run_sweep(tiny_requests, 3, "ttft", RouterPolicy(), grid, seed=2, window=(10, 20), processes=1)
+    assert res.warmup_s == 10 and res.grid_points == 4
+    assert [c.origin for c in res.candidates[:4]] == ["grid"] * 4
+    assert all(c.origin == "search" for c in res.candidates[4:]) and res.search_points == len(res.candidates) - 4
+    off = run_sweep(tiny_requests, 3, "ttft", RouterPolicy(), grid, seed=2, window=(10, 20), processes=1,
+                    search=EdgeSearch(enabled=False), warmup_s=0)
+    assert off.search_points == 0 and off.warmup_s == 0 and len(off.candidates) == 4
+    assert off.probe.score == replay(tiny_requests, 3, RouterPolicy(), 2, window=(10, 20), warmup_s=0).ttft_ms.mean
+    assert res.probe.score == replay(tiny_requests, 3, RouterPolicy(), 2, window=(10, 20)).ttft_ms.mean

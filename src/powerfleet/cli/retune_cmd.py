@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from powerfleet.cli.errors import print_json
 from powerfleet.cli.sim_cmd import (
-    ENGINE_HELP,
+    EngineOpt,
+    ProfileOpt,
+    ReplayInputs,
+    RouterOpt,
+    SeedOpt,
+    SlaOpt,
+    StrictOpt,
+    TraceOpt,
+    WarmupOpt,
+    WindowOpt,
+    WorkersOpt,
     bad,
     check_counts,
-    load_profile_opt,
-    load_requests,
-    parse_common,
-    parse_engine_opt,
 )
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
@@ -47,49 +52,59 @@ def _progress_bar() -> tuple[Any, Any]:
 
 @app.command("sweep")
 def sweep_cmd(
-    trace: Path = typer.Option(..., "--trace", help="Mooncake JSON-lines trace, plain or gzip."),
-    workers: int = typer.Option(..., "--workers", help="Number of worker replicas."),
+    trace: TraceOpt,
+    workers: WorkersOpt,
     objective: str = typer.Option(..., "--objective", help="throughput, throughputPerGpu, throughputPerUser, ttft, e2eLatency, goodput or goodputPerGpu."),
     current: str = typer.Option(..., "--current", help="JSON object: the router settings in force now (any subset of the eight)."),
     grid: str = typer.Option("default", "--grid", help="Grid file (JSON or YAML) or 'default' (108 points)."),
     shards: int = typer.Option(3, "--shards", help="At most this many shards."),
     min_improvement: float = typer.Option(0.0, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score|."),
-    window: str | None = typer.Option(None, "--window", help="START_S:END_S slice of the trace, in seconds from its start."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random streams (shared by every candidate)."),
-    sla: str | None = typer.Option(None, "--sla", help='Goodput SLA, e.g. {"ttft_ms": 2000, "itl_ms": 50}.'),
+    window: WindowOpt = None,
+    warmup_s: WarmupOpt = None,
+    seed: SeedOpt = 0,
+    sla: SlaOpt = None,
     processes: int | None = typer.Option(None, "--processes", help="Local worker processes (default: CPU count)."),
-    profile: Path | None = typer.Option(None, "--profile", help="Timing profile JSON (tables); default: built-in."),
-    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
-    strict: bool = typer.Option(False, "--strict", help="A malformed line or corrupt gzip member is fatal."),
+    profile: ProfileOpt = None,
+    engine: EngineOpt = None,
+    router: RouterOpt = None,
+    search: bool = typer.Option(True, "--search/--no-search", help="Extend a knob beyond the grid's edge when the best sits on it."),
+    refine: bool = typer.Option(False, "--refine", help="After the edge search, also score midpoints around the best."),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="Start no search round after this many wall seconds."),
+    strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.sweep/v1 JSON result."),
 ) -> None:
-    """Replay every grid point and a probe of the current settings; score; decide."""
-    from powerfleet.retune.grid import load_grid
-    from powerfleet.retune.objectives import parse_objective
+    """Replay every grid point and a probe of the current settings; search beyond the grid's
+    edge; score; decide."""
+    from powerfleet.retune.grid import EdgeSearch, load_grid
+    from powerfleet.retune.objectives import Objective, parse_objective
     from powerfleet.retune.sweep import run_sweep
 
-    check_counts(workers=(workers, 1), seed=(seed, 0), shards=(shards, 1), processes=(processes, 1))
+    check_counts(shards=(shards, 1), processes=(processes, 1))
     try:
         obj = parse_objective(objective)
     except ValueError as exc:
-        bad(str(exc))
-    cur, sl, win = parse_common(current, sla, window)
+        bad(f"--objective: {exc}")
+    if obj in (Objective.goodput, Objective.goodputPerGpu) and sla is None:
+        bad(f"--objective {obj.value} needs --sla (ttft_ms and itl_ms, or e2e_ms)")
     if not (min_improvement >= 0 and min_improvement != float("inf")):
         bad(f"--min-improvement must be a finite number >= 0, got {min_improvement}")
+    if budget_s is not None and not budget_s >= 0:
+        bad(f"--budget-s must be >= 0, got {budget_s}")
+    inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=current, policy_opt="--current",
+                            sla=sla, window=window, warmup_s=warmup_s, profile=profile, engine=engine,
+                            router=router, strict=strict)
     try:
         g = load_grid(grid)
-        g.points(cur)
+        g.points(inp.policy)
     except ValueError as exc:
-        bad(str(exc))
-    prof = load_profile_opt(profile)
-    eng = parse_engine_opt(engine)
-    reqs = load_requests(trace, strict)
+        bad(f"--grid: {exc}")
     prog, update = _progress_bar()
     try:
         result = run_sweep(
-            reqs, workers, obj, cur, g, max_shards=shards, min_improvement_pct=min_improvement,
-            window=win, seed=seed, sla=sl, processes=processes or min(os.cpu_count() or 1, shards + 1),
-            profile=prof, engine=eng, progress=update,
+            inp.requests, workers, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
+            window=inp.window, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
+            profile=inp.profile, engine=inp.engine, progress=update, warmup_s=inp.warmup_s, router=inp.router,
+            search=EdgeSearch(enabled=search, refine=refine), budget_s=budget_s,
         )
     except ValueError as exc:
         bad(str(exc))
@@ -102,12 +117,12 @@ def sweep_cmd(
     d = result.decision
     ok = sum(1 for c in result.candidates if c.ok)
     sys.stdout.write(
-        f"{result.grid_points} candidates in {result.shards} shards ({ok} scored), objective "
-        f"{result.objective} ({result.direction}, {result.units})\n"
+        f"{result.grid_points} grid points in {result.shards} shards + {result.search_points} beyond its edge "
+        f"({ok} scored), objective {result.objective} ({result.direction}, {result.units})\n"
     )
     sys.stdout.write(f"probe  {_p(result.probe.params)}  score {result.probe.score}\n")
     for c in d.ranked[:5]:
-        sys.stdout.write(f"  {_p(c.params)}  score {c.score:.6g}\n")
+        sys.stdout.write(f"  {_p(c.params)}  score {c.score:.6g}  ({c.origin})\n")
     sys.stdout.write(f"decision: {d.action} {_p(d.params)}\n{d.reason}\n")
 
 

@@ -1,16 +1,53 @@
-"""`powerfleet sim ...` commands: replay a recorded trace under one router policy."""
+"""`powerfleet sim ...` commands: replay a recorded trace under one router policy.
+
+The options `sim replay` shares with `retune sweep` are declared once here (``*Opt``) and
+parsed once (``ReplayInputs.load``), so their help and their checks cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
 from powerfleet.cli.errors import fail, print_json
 
 app = typer.Typer(help="Trace-replay simulator of KV-routed LLM workers.", no_args_is_help=True)
+
+MAX_WORKERS = 4096  # a replica per worker: far above any cluster this fleet drives
+
+ENGINE_HELP = (
+    "JSON engine settings: max_num_seqs, max_num_batched_tokens, kv_allocation (reserve|incremental), "
+    "host_cache_blocks, disk_cache_blocks, shared_cache_blocks, *_load_ms_per_block."
+)
+ROUTER_HELP = (
+    "JSON router options (Dynamo's names): router_queue_threshold, router_queue_policy (fcfs|lcfs|wspt), "
+    "router_prefill_load_model (none|ais), kv_event_lag_ms, router_track_output_blocks, "
+    "router_tie_break (lowest|random)."
+)
+SLA_HELP = 'Goodput SLA, e.g. {"ttft_ms": 2000, "itl_ms": 50} or {"e2e_ms": 30000}.'
+
+TraceOpt = Annotated[Path, typer.Option("--trace", help="Mooncake JSON-lines trace, plain or gzip.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", help=f"Number of worker replicas (1 to {MAX_WORKERS}).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random streams (shared by every replay).")]
+WindowOpt = Annotated[
+    str | None, typer.Option("--window", help="START_S:END_S slice of the trace, in seconds from its start.")
+]
+WarmupOpt = Annotated[
+    float | None,
+    typer.Option("--warmup-s", help="Seconds before the window replayed unscored first (default: one window "
+                                    "length, the previous window; 0: cold start)."),
+]
+SlaOpt = Annotated[str | None, typer.Option("--sla", help=SLA_HELP)]
+ProfileOpt = Annotated[
+    Path | None, typer.Option("--profile", help="Timing profile JSON (tables); default: built-in.")
+]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help=ENGINE_HELP)]
+RouterOpt = Annotated[str | None, typer.Option("--router", help=ROUTER_HELP)]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="A malformed line or corrupt gzip member is fatal.")]
 
 
 def bad(message: str) -> NoReturn:
@@ -29,12 +66,13 @@ def load_requests(trace: Path, strict: bool) -> list[Any]:
         tr = read_trace(trace, strict=strict)
     except TraceError as exc:
         bad(str(exc))
+    if not tr.requests:  # nothing usable: one line, naming the first problem if any
+        why = f" (first problem: {tr.issues[0]})" if tr.issues else ""
+        bad(f"trace {str(trace)!r} holds no valid request{why}")
     for issue in tr.issues[:20]:
         typer.echo(f"powerfleet: warning: {issue} (skipped)", err=True)
     if len(tr.issues) > 20:
         typer.echo(f"powerfleet: warning: {len(tr.issues) - 20} more trace problems skipped", err=True)
-    if not tr.requests:
-        bad(f"trace {str(trace)!r} holds no valid request")
     return tr.requests
 
 
@@ -45,32 +83,42 @@ def check_counts(**counts: tuple[int | None, int]) -> None:
             bad(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
-def parse_common(policy: str | None, sla: str | None, window: str | None) -> tuple[Any, Any, Any]:
-    from powerfleet.sim.policy import parse_policy, parse_sla
-    from powerfleet.sim.replay import parse_window
+@dataclass
+class ReplayInputs:
+    """The shared options of `sim replay` and `retune sweep`, validated; errors name the option."""
 
-    try:
-        pol = parse_policy(policy)
-        sl = parse_sla(sla)
-        win = parse_window(window)
-    except ValueError as exc:
-        bad(str(exc))
-    return pol, sl, win
+    policy: Any
+    sla: Any
+    window: Any
+    warmup_s: float | None
+    profile: Any
+    engine: Any
+    router: Any
+    requests: list[Any]
 
+    @classmethod
+    def load(cls, *, trace: Path, workers: int, seed: int, policy: str | None, policy_opt: str,
+             sla: str | None, window: str | None, warmup_s: float | None, profile: Path | None,
+             engine: str | None, router: str | None, strict: bool) -> ReplayInputs:
+        from powerfleet.sim.engine import parse_engine
+        from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
+        from powerfleet.sim.replay import parse_window
 
-def parse_engine_opt(engine: str | None) -> Any:
-    from powerfleet.sim.engine import parse_engine
-
-    try:
-        return parse_engine(engine)
-    except ValueError as exc:
-        bad(str(exc))
-
-
-ENGINE_HELP = (
-    "JSON engine settings: max_num_seqs, max_num_batched_tokens, host_cache_blocks, "
-    "disk_cache_blocks, shared_cache_blocks, *_load_ms_per_block."
-)
+        check_counts(workers=(workers, 1), seed=(seed, 0))
+        if workers > MAX_WORKERS:
+            bad(f"--workers must be <= {MAX_WORKERS}, got {workers}")
+        if warmup_s is not None and not (warmup_s >= 0 and warmup_s != float("inf")):
+            bad(f"--warmup-s must be a finite number >= 0, got {warmup_s}")
+        try:
+            pol = parse_policy(policy, what=policy_opt)
+            sl = parse_sla(sla, what="--sla")
+            win = parse_window(window)
+            eng = parse_engine(engine, what="--engine")
+            rt = parse_router_options(router, what="--router")
+        except ValueError as exc:
+            bad(str(exc))
+        prof = load_profile_opt(profile)
+        return cls(pol, sl, win, warmup_s, prof, eng, rt, load_requests(trace, strict))
 
 
 def load_profile_opt(profile: Path | None) -> Any:
@@ -92,32 +140,33 @@ def _fmt_stats(name: str, s: Any) -> str:
 
 @app.command("replay")
 def replay_cmd(
-    trace: Path = typer.Option(..., "--trace", help="Mooncake JSON-lines trace, plain or gzip."),
-    workers: int = typer.Option(..., "--workers", help="Number of worker replicas."),
+    trace: TraceOpt,
+    workers: WorkersOpt,
     policy: str | None = typer.Option(None, "--policy", help="JSON object with any of the eight router parameters."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random streams."),
+    seed: SeedOpt = 0,
     speedup: float = typer.Option(1.0, "--speedup", help="Divide inter-arrival times by this factor."),
-    window: str | None = typer.Option(None, "--window", help="START_S:END_S slice of the trace, in seconds from its start."),
-    sla: str | None = typer.Option(None, "--sla", help='Goodput SLA, e.g. {"ttft_ms": 2000, "itl_ms": 50} or {"e2e_ms": 30000}.'),
+    window: WindowOpt = None,
+    warmup_s: WarmupOpt = None,
+    sla: SlaOpt = None,
     jitter_ms: float = typer.Option(0.0, "--jitter-ms", help="Uniform arrival jitter in [0, X) ms (policy independent)."),
     cap: float = typer.Option(1.0, "--cap-fraction", help="GPU power cap as a fraction of default TDP (slows steps)."),
-    profile: Path | None = typer.Option(None, "--profile", help="Timing profile JSON (tables); default: built-in."),
-    engine: str | None = typer.Option(None, "--engine", help=ENGINE_HELP),
-    strict: bool = typer.Option(False, "--strict", help="A malformed line or corrupt gzip member is fatal."),
+    profile: ProfileOpt = None,
+    engine: EngineOpt = None,
+    router: RouterOpt = None,
+    strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.sim.replay/v1 JSON summary."),
 ) -> None:
     """Replay a trace over N workers under one router policy and summarise it."""
     from powerfleet.sim.replay import replay
 
-    check_counts(workers=(workers, 1), seed=(seed, 0))
-    pol, sl, win = parse_common(policy, sla, window)
-    prof = load_profile_opt(profile)
-    eng = parse_engine_opt(engine)
-    reqs = load_requests(trace, strict)
+    inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=policy, policy_opt="--policy", sla=sla,
+                            window=window, warmup_s=warmup_s, profile=profile, engine=engine, router=router,
+                            strict=strict)
     try:
         summary = replay(
-            reqs, workers, pol, seed, sla=sl, speedup=speedup, window=win,
-            jitter_ms=jitter_ms, profile=prof, engine=eng, cap_fraction=cap,
+            inp.requests, workers, inp.policy, seed, sla=inp.sla, speedup=speedup, window=inp.window,
+            jitter_ms=jitter_ms, profile=inp.profile, engine=inp.engine, cap_fraction=cap, router=inp.router,
+            warmup_s=inp.warmup_s,
         )
     except ValueError as exc:
         bad(str(exc))

@@ -28,6 +28,7 @@ class Candidate(BaseModel):
     ok: bool = True
     reason: str | None = None
     shard: int | None = None
+    origin: Literal["grid", "search"] = "grid"  # a grid point, or found searching beyond its edge
 
     def rankable(self) -> bool:
         return self.ok and self.score is not None and math.isfinite(self.score)
@@ -52,6 +53,16 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def rank(candidates: list[Candidate], objective: Objective | str) -> list[Candidate]:
+    """Rankable candidates, best first in the objective's direction; ties keep their order."""
+    obj = parse_objective(objective) if isinstance(objective, str) else objective
+    sign = 1.0 if DIRECTION[obj] == MAXIMIZE else -1.0
+    return sorted(
+        (c for c in candidates if c.rankable()),
+        key=lambda c: -sign * float(c.score),  # type: ignore[arg-type]
+    )
+
+
 def decide(
     candidates: list[Candidate],
     probe: Candidate,
@@ -63,10 +74,7 @@ def decide(
         raise ValueError(f"min_improvement_pct must be a finite number >= 0, got {min_improvement_pct}")
     direction = DIRECTION[obj]
     sign = 1.0 if direction == MAXIMIZE else -1.0
-    order = sorted(
-        (c for c in candidates if c.rankable()),
-        key=lambda c: -sign * float(c.score),  # type: ignore[arg-type]
-    )
+    order = rank(candidates, obj)
     unranked = [c for c in candidates if not c.rankable()]
     common = dict(
         objective=obj.value,

@@ -14,6 +14,7 @@ Dynamo's default 1.0 and up to twice its ``--agentic`` preset of 4), temperature
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 import json
 import math
 from pathlib import Path
@@ -21,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from powerfleet.retune.decision import Candidate, rank
+from powerfleet.retune.objectives import Objective
 from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy, error_location, first_error
 
 
@@ -109,23 +112,35 @@ def parse_grid(obj: dict[str, Any]) -> SweepGrid:
 
 
 def load_grid(source: str | Path | None) -> SweepGrid:
-    """``None`` or ``"default"``: the default grid; otherwise a JSON (or YAML) file."""
+    """``None`` or ``"default"``: the default grid; otherwise a JSON (or YAML) file.
+    Every failure (unreadable, not UTF-8, bad syntax, bad knobs) is one ValueError line."""
     if source is None or str(source) == "default":
         return DEFAULT_GRID
     p = Path(source)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read grid {str(p)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"grid {str(p)!r} is not UTF-8 text") from None
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml
 
-            obj = yaml.safe_load(text)
+            try:
+                obj = yaml.safe_load(text)
+            except yaml.MarkedYAMLError as exc:
+                mark = exc.problem_mark
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                raise ValueError(f"{exc.problem or exc.context or 'invalid YAML'}{where}") from None
         else:
-            obj = json.loads(text)
-    except Exception as exc:  # json or yaml syntax error
-        raise ValueError(f"grid {str(p)!r} could not be parsed: {exc}") from None
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except Exception as exc:  # any other YAML error (tags, recursion): still one line
+        msg = " ".join(str(exc).split())
+        raise ValueError(f"grid {str(p)!r} could not be parsed: {msg}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"grid {str(p)!r} must hold an object of knobs")
     return parse_grid(obj)
@@ -148,3 +163,103 @@ def split_shards(points: list[Any], max_shards: int) -> list[list[Any]]:
         shards.append(points[pos : pos + m])
         pos += m
     return shards
+
+
+class EdgeSearch(BaseModel):
+    """Searching beyond the grid's edge (``beyond_edge``), as the sweep runs it.
+
+    When the best candidate sits on a searched knob's largest (smallest non-zero) value,
+    that knob is extended in that direction by ``factor`` (geometric steps), one new point
+    per knob per round, other knobs held at the best's values; a round runs only while the
+    previous one moved the best, for at most ``max_rounds`` rounds and while the sweep's
+    wall-clock budget lasts. ``refine`` then adds the geometric midpoints between the best
+    value and its neighbours, one round.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    enabled: bool = True
+    factor: float = Field(2.0, gt=1.0)
+    max_rounds: int = Field(6, ge=0, le=50)
+    refine: bool = False
+
+
+def _key(params: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(params.items()))
+
+
+def _mid(a: float, b: float) -> float:
+    return round(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2, 12)
+
+
+def beyond_edge(
+    axes: list[tuple[str, list[float]]],
+    scored: list[Any],
+    best: dict[str, Any] | None,
+    factor: float = 2.0,
+    refine: bool = False,
+) -> list[RouterPolicy]:
+    """New points to score around ``best`` (a candidate's params), given the grid's ``axes``
+    and every candidate ``scored`` so far (objects with ``params``): the next geometric step
+    beyond each searched knob's edge where the best sits on it, or with ``refine`` (and no
+    edge left) the midpoints around the best. Points already scored or out of bounds are
+    left out; an empty list means the search is over."""
+    if best is None:
+        return []
+    seen = {_key(c.params) for c in scored}
+    out: list[RouterPolicy] = []
+
+    def add(knob: str, value: float) -> None:
+        d = dict(best)
+        d[knob] = round(value, 12)
+        try:
+            p = RouterPolicy.model_validate(d)
+        except ValidationError:
+            return  # beyond the knob's bounds: that edge is final
+        if _key(p.model_dump()) not in seen and all(_key(q.model_dump()) != _key(p.model_dump()) for q in out):
+            out.append(p)
+
+    searched = [(k, vals) for k, vals in axes if len(vals) > 1]
+    for knob, vals in searched:
+        values = sorted(set(vals) | {float(c.params[knob]) for c in scored if knob in c.params})
+        v = float(best[knob])
+        if v >= values[-1] and v > 0:
+            add(knob, v * factor)
+        elif v <= values[0] and v > 0:
+            add(knob, v / factor)
+    if out or not refine:
+        return out
+    for knob, vals in searched:
+        values = sorted(set(vals) | {float(c.params[knob]) for c in scored if knob in c.params})
+        v = float(best[knob])
+        i = values.index(v) if v in values else None
+        if i is None:
+            continue
+        if i > 0:
+            add(knob, _mid(values[i - 1], v))
+        if i + 1 < len(values):
+            add(knob, _mid(v, values[i + 1]))
+    return out
+
+
+def search_beyond(
+    axes: list[tuple[str, list[float]]],
+    scored: list[Candidate],
+    objective: Objective | str,
+    score_points: Callable[[list[RouterPolicy]], list[Candidate]],
+    search: EdgeSearch,
+    keep_going: Callable[[], bool] = lambda: True,
+) -> list[Candidate]:
+    """Rounds of ``beyond_edge`` around the best so far; returns the new candidates, each
+    marked ``origin="search"``. Stops when no point is left, after ``max_rounds``, or when
+    ``keep_going()`` (the time budget) says so."""
+    found: list[Candidate] = []
+    for _ in range(search.max_rounds if search.enabled else 0):
+        if not keep_going():
+            break
+        ranked = rank(scored + found, objective)
+        best = ranked[0].params if ranked else None
+        new = beyond_edge(axes, scored + found, best, search.factor, search.refine)
+        if not new:
+            break
+        found.extend(c.model_copy(update={"origin": "search"}) for c in score_points(new))
+    return found

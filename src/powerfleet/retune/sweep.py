@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any
 
 from powerfleet.retune.decision import Candidate, Decision, decide
-from powerfleet.retune.grid import SweepGrid, split_shards
+from powerfleet.retune.grid import EdgeSearch, SweepGrid, search_beyond, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
 from powerfleet.sim.engine import EngineConfig
-from powerfleet.sim.policy import SLA, RouterPolicy
+from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
 from powerfleet.sim.profile import TimingProfile
-from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals
+from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals, warmup_span
 from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
 
@@ -36,6 +38,8 @@ class SweepResult(VersionedJson):
     seed: int
     shards: int
     grid_points: int
+    search_points: int = 0  # candidates found beyond the grid's edge (``origin: "search"``)
+    warmup_s: float = 0.0
     candidates: list[Candidate]
     probe: Candidate
     decision: Decision
@@ -82,9 +86,10 @@ def evaluate(
     profile: TimingProfile | None = None,
     shard: int | None = None,
     engine: EngineConfig | None = None,
+    router: RouterOptions | None = None,
 ) -> Candidate:
     """Replay one setting and score it (a failed score is a candidate with ``ok`` false)."""
-    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine)
+    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine, router=router)
     res = score(summary, objective, sla)
     return Candidate(params=policy.model_dump(), score=res.score, ok=res.ok, reason=res.reason, shard=shard)
 
@@ -99,10 +104,11 @@ def run_shard(
     shard: int | None = None,
     profile: TimingProfile | None = None,
     engine: EngineConfig | None = None,
+    router: RouterOptions | None = None,
 ) -> list[Candidate]:
     """What one shard task does: replay and score its points in order."""
     obj = parse_objective(objective) if isinstance(objective, str) else objective
-    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine) for p in points]
+    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine, router) for p in points]
 
 
 def run_shard_from_trace(
@@ -116,19 +122,29 @@ def run_shard_from_trace(
     window: tuple[float | None, float | None] | None = None,
     shard: int | None = None,
     engine: dict[str, Any] | None = None,
+    warmup_s: float | None = None,
+    router: dict[str, Any] | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
     ``points`` are policy dicts (any subset of the eight parameters); the trace is read
     (non-strict) and cut exactly as ``run_sweep``/``sim replay`` do, so scores match.
+
+    Warm start: with a ``window``, ``warmup_s`` seconds before it (None: one window length)
+    are replayed unscored first. Without a ``window``, a ``warmup_s`` > 0 marks the file's
+    first ``warmup_s`` seconds as the warm-up and scores the rest (for a window file cut
+    with its warm-up span in front). ``router``: Dynamo's further router options (JSON).
     """
     from powerfleet.sim.engine import parse_engine
-    from powerfleet.sim.policy import parse_policy, parse_sla
+    from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
     from powerfleet.sim.trace import read_trace
 
     pols = [parse_policy(p) for p in points]
-    arr = prepare(read_trace(trace_path).requests, seed=seed, window=window)
-    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, parse_engine(engine))
+    if window is None and warmup_s:
+        window = (warmup_s, None)
+    arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
+    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, parse_engine(engine),
+                     parse_router_options(router))
 
 
 _STATE: dict[str, Any] = {}
@@ -142,8 +158,54 @@ def _init(state: dict[str, Any]) -> None:
 def _task(shard: int | None, points: list[RouterPolicy]) -> list[Candidate]:
     s = _STATE
     return run_shard(
-        s["arr"], s["workers"], points, s["seed"], s["objective"], s["sla"], shard, s["profile"], s["engine"]
+        s["arr"], s["workers"], points, s["seed"], s["objective"], s["sla"], shard, s["profile"], s["engine"],
+        s["router"],
     )
+
+
+Items = list[tuple[int | None, list[RouterPolicy]]]
+
+
+@contextmanager
+def _runner(state: dict[str, Any], procs: int, progress: Callable[[int, int], None] | None,
+            total: list[int]) -> Iterator[Callable[[Items], list[list[Candidate]]]]:
+    """A function that replays work items (in a fork pool when ``procs`` > 1), results in order."""
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], total[0])
+
+    if procs <= 1:
+        _init(state)
+
+        def run_serial(items: Items) -> list[list[Candidate]]:
+            out = []
+            for si, pts in items:
+                out.append(_task(si, pts))
+                tick(len(pts))
+            return out
+
+        yield run_serial
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(state,)) as ex:
+
+        def run_pool(items: Items) -> list[list[Candidate]]:
+            return _gather(ex, items, tick)
+
+        yield run_pool
+
+
+def _gather(ex: Executor, items: Items, tick: Callable[[int], None]) -> list[list[Candidate]]:
+    futs = {ex.submit(_task, si, pts): k for k, (si, pts) in enumerate(items)}
+    results: dict[int, list[Candidate]] = {}
+    for f in as_completed(futs):
+        k = futs[f]
+        results[k] = f.result()
+        tick(len(items[k][1]))
+    return [results[k] for k in range(len(items))]
 
 
 def run_sweep(
@@ -162,43 +224,48 @@ def run_sweep(
     profile: TimingProfile | None = None,
     engine: EngineConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
+    warmup_s: float | None = None,
+    router: RouterOptions | None = None,
+    search: EdgeSearch | None = None,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SweepResult:
-    """Replay every grid point and the probe in a local process pool, then decide."""
+    """Replay every grid point and the probe in a local process pool, search beyond the
+    grid's edge (``search``, on by default) while ``budget_s`` wall seconds last, then decide.
+
+    Every replay starts warm (``warmup_s``, default one window length before the window)
+    and uses the same random streams (CRN).
+    """
+    t_start = clock()
     obj = parse_objective(objective) if isinstance(objective, str) else objective
+    search = search if search is not None else EdgeSearch()
     points = grid.points(current)
     shards = split_shards(points, max_shards)
-    arr = prepare(requests, seed=seed, window=window)
-    state = dict(arr=arr, workers=workers, seed=seed, objective=obj, sla=sla, profile=profile, engine=engine)
+    arr = prepare(requests, seed=seed, window=window, warmup_s=warmup_s)
+    state = dict(arr=arr, workers=workers, seed=seed, objective=obj, sla=sla, profile=profile, engine=engine,
+                 router=router)
     # Work items: the probe first, then each shard cut into small pieces so the pool stays
     # balanced and the progress bar moves; results are reassembled in grid order.
-    items: list[tuple[int | None, list[RouterPolicy]]] = [(None, [current])]
+    items: Items = [(None, [current])]
     for si, sh in enumerate(shards):
         for j in range(0, len(sh), 4):
             items.append((si, sh[j : j + 4]))
-    total = len(points) + 1
+    total = [len(points) + 1]
     procs = processes if processes is not None else min(os.cpu_count() or 1, len(items))
-    results: dict[int, list[Candidate]] = {}
-    done = 0
-    if procs <= 1:
-        _init(state)
-        for k, (si, pts) in enumerate(items):
-            results[k] = _task(si, pts)
-            done += len(pts)
-            if progress:
-                progress(done, total)
-    else:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=procs, mp_context=ctx, initializer=_init, initargs=(state,)) as ex:
-            futs = {ex.submit(_task, si, pts): k for k, (si, pts) in enumerate(items)}
-            for f in as_completed(futs):
-                k = futs[f]
-                results[k] = f.result()
-                done += len(items[k][1])
-                if progress:
-                    progress(done, total)
-    probe = results[0][0].model_copy(update={"shard": None})
-    candidates = [c for k in range(1, len(items)) for c in results[k]]
-    decision = decide(candidates, probe, obj, min_improvement_pct)
+    with _runner(state, procs, progress, total) as run_items:
+        results = run_items(items)
+        probe = results[0][0].model_copy(update={"shard": None})
+        candidates = [c for res in results[1:] for c in res]
+
+        def score_points(new: list[RouterPolicy]) -> list[Candidate]:
+            total[0] += len(new)
+            return [c[0] for c in run_items([(None, [p]) for p in new])]
+
+        found = search_beyond(
+            grid.axes(current), candidates, obj, score_points, search,
+            keep_going=lambda: budget_s is None or clock() - t_start < budget_s,
+        )
+    decision = decide(candidates + found, probe, obj, min_improvement_pct)
     return SweepResult(
         objective=obj.value,
         direction=DIRECTION[obj],
@@ -207,7 +274,10 @@ def run_sweep(
         seed=seed,
         shards=len(shards),
         grid_points=len(points),
-        candidates=candidates,
+        search_points=len(found),
+        warmup_s=warmup_span(window, warmup_s),
+        candidates=candidates + found,
         probe=probe,
         decision=decision,
     )
+

@@ -67,7 +67,7 @@ class Worker:
 
     __slots__ = (
         "wid", "cache", "waiting", "prefilling", "decoding", "steps", "kv", "gen", "kind",
-        "t0", "k", "a", "b", "end", "chunk", "routed",
+        "t0", "k", "a", "b", "end", "chunk", "routed", "growth", "admitted", "preempted",
     )
 
     def __init__(self, wid: int, cache: BlockCache) -> None:
@@ -87,6 +87,9 @@ class Worker:
         self.end = 0.0  # when the pending step or run ends
         self.chunk: list[tuple[Req, int]] = []  # prefill tokens taken by the pending step
         self.routed = 0
+        self.growth: list[tuple[int, int, int, Req]] = []  # incremental KV: (step, idx, admits, req)
+        self.admitted = 0
+        self.preempted = 0
 
 
 class StepModel:
@@ -94,7 +97,7 @@ class StepModel:
 
     __slots__ = (
         "prefill_ms", "decode_ms", "pf", "df", "max_tokens", "max_seqs", "bt", "max_run_steps",
-        "on_first", "on_finish",
+        "on_first", "on_finish", "incremental",
     )
 
     def __init__(
@@ -109,6 +112,7 @@ class StepModel:
         max_run_steps: int | None,
         on_first: Callable[[Worker, Req, float], None],
         on_finish: Callable[[Worker, Req, float], None],
+        incremental: bool = False,
     ) -> None:
         self.prefill_ms = prefill_ms
         self.decode_ms = decode_ms
@@ -120,22 +124,80 @@ class StepModel:
         self.max_run_steps = max_run_steps
         self.on_first = on_first
         self.on_finish = on_finish
+        self.incremental = incremental
 
     def footprint(self, r: Req) -> int:
-        """Blocks reserved at admission: the whole request, prompt and output."""
+        """Blocks of the whole request, prompt and output (reserved at admission unless
+        allocation is incremental; a request above the capacity can never run)."""
         total = -(-(r.isl + r.osl) // self.bt)
         return total if total >= r.nhash else r.nhash
 
     def admit(self, w: Worker, r: Req) -> bool:
-        if not w.cache.reserve(r, self.footprint(r)):
-            return False
+        first = (r.dev_hits, r.loaded)
+        if self.incremental:
+            # the prompt, plus the output tokens a preempted request recomputes
+            r.length = r.isl + r.generated
+            blocks = -(-r.length // self.bt)
+            r.held = blocks if blocks >= r.nhash else r.nhash
+            if not w.cache.reserve(r, r.held):
+                return False
+        else:
+            r.length = r.isl
+            if not w.cache.reserve(r, self.footprint(r)):
+                return False
+        if r.admits:  # the cache hit statistics are those of the first admission
+            r.dev_hits, r.loaded = first
         r.admits += 1
-        new = r.isl - r.hits * self.bt
+        w.admitted += 1
+        r.seq = w.admitted
+        new = r.length - r.hits * self.bt
         r.left = new if new > 1 else 1  # at least one prompt token is computed
         return True
 
+    def allocate(self, w: Worker) -> None:
+        """Incremental KV: give every sequence that enters a new block in the next step its
+        block, preempting the newest running request while none is free."""
+        growth = w.growth
+        nxt = w.steps + 1
+        bt = self.bt
+        while growth and growth[0][0] <= nxt:
+            step, _, admits, r = heapq.heappop(growth)
+            if r.done or admits != r.admits or r.left != 0:
+                continue  # finished, or preempted since (its entry is stale)
+            while not w.cache.grow(r):
+                victim = self.newest_running(w)
+                self.preempt(w, victim)
+                if victim is r:
+                    break
+            else:
+                heapq.heappush(growth, (step + bt, r.idx, admits, r))
+
+    def newest_running(self, w: Worker) -> Req:
+        running = w.prefilling + [e[2] for e in w.decoding]
+        return max(running, key=lambda x: x.seq)
+
+    def preempt(self, w: Worker, r: Req) -> None:
+        """Free all of ``r``'s KV and put it back at the head of the queue; on readmission it
+        recomputes its prompt and the tokens it has produced (prefix cache permitting)."""
+        w.preempted += 1
+        if r.left > 0:  # still prefilling: only its matched prefix is pinned
+            w.prefilling = [x for x in w.prefilling if x is not r]
+            w.cache.release(r, r.hits)
+        else:
+            w.decoding = [e for e in w.decoding if e[2] is not r]
+            heapq.heapify(w.decoding)
+            done_steps = w.steps - r.decode_from
+            w.kv -= r.length + 1 + done_steps
+            r.generated += 1 + done_steps
+            w.cache.release(r)
+        r.private = 0
+        r.left = -1  # neither prefilling (> 0) nor decoding (0)
+        w.waiting.appendleft(r)
+
     def start(self, w: Worker, t: float) -> bool:
         """Form the next step (or decode run) at ``t``; False when the worker goes idle."""
+        if self.incremental and w.growth:
+            self.allocate(w)
         nd = len(w.decoding)
         budget = self.max_tokens - nd
         chunk: list[tuple[Req, int]] = []
@@ -175,6 +237,8 @@ class StepModel:
             k = w.decoding[0][0] - w.steps
             if self.max_run_steps is not None and k > self.max_run_steps:
                 k = self.max_run_steps
+            if w.growth and w.growth[0][0] - 1 - w.steps < k:
+                k = w.growth[0][0] - 1 - w.steps  # stop where a sequence needs a new block
             kv = w.kv
             df = self.df
             a = self.decode_ms(nd, kv) * df
@@ -237,10 +301,17 @@ class StepModel:
     def prefill_done(self, w: Worker, r: Req, t: float) -> None:
         w.cache.commit_prompt(r)
         self.on_first(w, r, t)
-        if r.osl <= 1:
+        left = r.osl - r.generated  # tokens still to produce, this prefill's token included
+        if left <= 1:
             w.cache.release(r)
             self.on_finish(w, r, t)
         else:
-            r.finish_step = w.steps + r.osl - 1
+            r.decode_from = w.steps
+            r.finish_step = w.steps + left - 1
             heapq.heappush(w.decoding, (r.finish_step, r.idx, r))
-            w.kv += r.isl + 1
+            w.kv += r.length + 1
+            if self.incremental:
+                # decode step j writes token length + j: a new block once it passes held blocks
+                grow = w.steps + r.held * self.bt - r.length + 1
+                if grow <= r.finish_step:
+                    heapq.heappush(w.growth, (grow, r.idx, r.admits, r))

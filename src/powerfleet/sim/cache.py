@@ -195,11 +195,25 @@ class BlockCache:
         self.private -= moved
         r.private -= moved
 
-    def release(self, r: Req) -> None:
-        """The request finished: unpin its prompt blocks (they stay cached) and free the rest."""
+    def grow(self, r: Req) -> bool:
+        """One more private block for ``r`` (incremental allocation); False when none is free."""
+        if self.free_blocks() < 1:
+            return False
+        over = len(self.blocks) + self.private + 1 - self.capacity
+        if over > 0:
+            self.evict(over)
+        self.private += 1
+        r.private += 1
+        r.held += 1
+        return True
+
+    def release(self, r: Req, pinned: int | None = None) -> None:
+        """The request finished or was preempted: unpin its first ``pinned`` prompt blocks
+        (default all; they stay cached) and free its private blocks."""
         cache = self.blocks
         lru = self.lru
-        for h in r.hashes:
+        hs = r.hashes if pinned is None else r.hashes[:pinned]
+        for h in hs:
             rc = cache[h] - 1
             cache[h] = rc
             if rc == 0:

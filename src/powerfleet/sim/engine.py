@@ -20,7 +20,7 @@ import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,6 +51,11 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     block_tokens: int = Field(BLOCK_TOKENS, ge=1)
+    # "reserve": the whole footprint at admission, never preempted (powerfleet's historical
+    # model). "incremental": the prompt at admission, then one block per block_tokens
+    # generated; when none is free the newest running request is preempted and later
+    # recomputed (vLLM's and Dynamo's mocker's model).
+    kv_allocation: Literal["reserve", "incremental"] = "reserve"
     host_cache_blocks: int = Field(0, ge=0)
     disk_cache_blocks: int = Field(0, ge=0)
     shared_cache_blocks: int = Field(0, ge=0)
@@ -59,17 +64,17 @@ class EngineConfig(BaseModel):
     shared_load_ms_per_block: float = Field(2.6, ge=0)
 
 
-def parse_engine(text_or_obj: str | dict[str, Any] | None) -> EngineConfig:
-    """Engine settings from JSON (any subset of the fields); errors name the field."""
+def parse_engine(text_or_obj: str | dict[str, Any] | None, what: str = "engine") -> EngineConfig:
+    """Engine settings from JSON (any subset of the fields); errors name ``what`` and the field."""
     if text_or_obj is None:
         return EngineConfig()
-    obj = load_json_object(text_or_obj, "engine") if isinstance(text_or_obj, str) else text_or_obj
+    obj = load_json_object(text_or_obj, what) if isinstance(text_or_obj, str) else text_or_obj
     if not isinstance(obj, dict):
-        raise ValueError("engine must be a JSON object")
+        raise ValueError(f"{what} must be a JSON object")
     try:
         return EngineConfig.model_validate(obj)
     except ValidationError as exc:
-        raise ValueError(f"engine {first_error(exc)}") from None
+        raise ValueError(f"{what} {first_error(exc)}") from None
 
 
 @dataclass
@@ -85,6 +90,7 @@ class EngineResult:
     loaded_blocks: list[int]
     dropped: dict[int, str]
     routed_per_worker: list[int]
+    preemptions: int = 0
 
 
 def build_caches(workers: int, capacity: int, engine: EngineConfig) -> list[BlockCache]:
@@ -141,10 +147,13 @@ def simulate(
     routed: list[Req] = []
     dropped: dict[int, str] = {}
 
+    freed = [False]  # a prefill completed: the router queue may release held requests
+
     def on_first(w: Worker, r: Req, t: float) -> None:
         if math.isnan(first[r.idx]):  # a preempted request's second prefill is not a first token
             first[r.idx] = t
             rt.prefill_done(w.wid, r, t, w.steps)
+            freed[0] = True
 
     def on_finish(w: Worker, r: Req, t: float) -> None:
         finish[r.idx] = t
@@ -153,6 +162,7 @@ def simulate(
     model = StepModel(
         profile.prefill_ms, profile.decode_ms, prefill_speed, decode_speed, engine.max_num_batched_tokens,
         engine.max_num_seqs, bt, max_run_steps, on_first, on_finish,
+        incremental=engine.kv_allocation == "incremental",
     )
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
@@ -182,9 +192,12 @@ def simulate(
             if gen != w.gen:
                 continue  # the run was cut by an arrival; a newer event replaced this one
             model.advance(w, t)
-            if rt.held:  # completed prefills may have made room for held requests
+            if rt.held and freed[0]:
+                # Held requests are released as prefills complete (the router learns it on
+                # the response path), not at other step ends, which event skipping elides.
                 while (r := rt.release(t)) is not None:
                     place(r, t)
+            freed[0] = False
             if w.kind == IDLE and model.start(w, t):
                 seq += 1
                 heapq.heappush(heap, (w.end, seq, wid, w.gen))
@@ -230,4 +243,5 @@ def simulate(
         loaded_blocks=loaded_blocks,
         dropped=dropped,
         routed_per_worker=[w.routed for w in ws],
+        preemptions=sum(w.preempted for w in ws),
     )

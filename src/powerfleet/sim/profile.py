@@ -159,9 +159,11 @@ def load_profile(path: str | Path) -> TimingProfile:
     """Load a table profile from JSON; errors name the file and the field."""
     p = Path(path)
     try:
-        raw: Any = json.loads(p.read_text())
+        raw: Any = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"cannot read profile {str(p)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"profile {str(p)!r} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     try:

@@ -9,6 +9,12 @@ Determinism and common random numbers (CRN): everything is a function of the inp
 * the *router* stream (``random.Random`` seeded with ``seed * 2 + 1``) is consumed only by
   softmax sampling at temperature > 0.
 
+Warm start: a window's replay starts from the cache and queue state that the traffic before
+it left. ``prepare(..., warmup_s=W)`` also takes the requests of the W seconds before the
+window (default: one window length, i.e. the previous window), replays them first and
+marks them unscored; the summary covers the window's requests only. Window requests keep
+their times (ms from the window start); warm-up ones have negative times.
+
 No wall clock is read anywhere in the simulator.
 """
 
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerfleet.sim.engine import EngineConfig, simulate
-from powerfleet.sim.policy import SLA, RouterPolicy
+from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
 from powerfleet.sim.profile import CapCurve, TimingProfile, default_profile, validate_cap_fraction
 from powerfleet.sim.summary import ReplaySummary, summarize
 from powerfleet.sim.trace import TraceRequest, select_window
@@ -36,6 +42,7 @@ class Arrivals:
     osl: list[int]
     hashes: list[tuple[int, ...]]
     window_ms: float
+    scored: tuple[bool, ...] | None = None  # False for warm-up requests; None: all scored
 
 
 def prepare(
@@ -45,8 +52,14 @@ def prepare(
     speedup: float = 1.0,
     jitter_ms: float = 0.0,
     window: tuple[float | None, float | None] | None = None,
+    warmup_s: float | None = None,
 ) -> Arrivals:
-    """Cut the window, rebase, apply speedup and the policy-independent jitter (CRN)."""
+    """Cut the window, rebase, apply speedup and the policy-independent jitter (CRN).
+
+    ``warmup_s``: seconds of traffic before the window replayed unscored first (``None``:
+    one window length, the previous window; 0: a cold start). It is clipped at the
+    trace's start.
+    """
     if not (math.isfinite(speedup) and speedup > 0):
         raise ValueError(f"speedup must be a positive number, got {speedup}")
     if not (math.isfinite(jitter_ms) and jitter_ms >= 0):
@@ -54,8 +67,9 @@ def prepare(
     reqs = list(requests)
     t_trace0 = min((r.timestamp_ms for r in reqs), default=0.0)
     start_s, end_s = window if window is not None else (None, None)
+    warm = warmup_span(window, warmup_s)
     if window is not None:
-        reqs = select_window(reqs, start_s, end_s)
+        reqs = select_window(reqs, None if start_s is None else start_s - warm, end_s)
     origin = t_trace0 + (start_s or 0.0) * 1000.0
     if reqs and start_s is None:
         origin = min(r.timestamp_ms for r in reqs)
@@ -68,6 +82,9 @@ def prepare(
             t += float(jit[k])
         rows.append((t, k, r))
     rows.sort(key=lambda x: (x[0], x[1]))
+    scored = None
+    if warm > 0:
+        scored = tuple(x[2].timestamp_ms >= origin for x in rows)
     if window is not None and end_s is not None:
         window_ms = (end_s - (start_s or 0.0)) * 1000.0 / speedup
     elif rows:
@@ -80,7 +97,21 @@ def prepare(
         osl=[x[2].output_length for x in rows],
         hashes=[x[2].hash_ids for x in rows],
         window_ms=window_ms,
+        scored=scored,
     )
+
+
+def warmup_span(window: tuple[float | None, float | None] | None, warmup_s: float | None) -> float:
+    """Seconds of warm-up before ``window`` (``None``: one window length), clipped at 0 s."""
+    if warmup_s is not None and not (math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warm-up must be a finite number of seconds >= 0, got {warmup_s}")
+    if window is None or not window[0]:
+        return 0.0
+    start, end = window
+    assert start is not None
+    if warmup_s is None:
+        warmup_s = (end - start) if end is not None else 0.0
+    return min(warmup_s, start)
 
 
 def replay_arrivals(
@@ -94,8 +125,10 @@ def replay_arrivals(
     engine: EngineConfig | None = None,
     cap_fraction: float = 1.0,
     cap_curve: CapCurve | None = None,
+    router: RouterOptions | None = None,
 ) -> ReplaySummary:
-    """Replay prepared arrivals (the sweep prepares once and replays many policies)."""
+    """Replay prepared arrivals (the sweep prepares once and replays many policies);
+    warm-up requests (``arr.scored``) are replayed but not summarised."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     policy = policy or RouterPolicy()
@@ -114,6 +147,7 @@ def replay_arrivals(
         router_seed=seed * 2 + 1,
         prefill_speed=curve.prefill_throughput(cap_fraction),
         decode_speed=curve.decode_throughput(cap_fraction),
+        router=router,
     )
     return summarize(
         res,
@@ -126,6 +160,7 @@ def replay_arrivals(
         seed=seed,
         profile=profile.name,
         cap_fraction=cap_fraction,
+        scored=arr.scored,
     )
 
 
@@ -143,12 +178,15 @@ def replay(
     engine: EngineConfig | None = None,
     cap_fraction: float = 1.0,
     cap_curve: CapCurve | None = None,
+    router: RouterOptions | None = None,
+    warmup_s: float | None = None,
 ) -> ReplaySummary:
-    """Replay trace requests over ``workers`` replicas under ``policy``; deterministic per seed."""
-    arr = prepare(requests, seed=seed, speedup=speedup, jitter_ms=jitter_ms, window=window)
+    """Replay trace requests over ``workers`` replicas under ``policy``; deterministic per seed.
+    ``warmup_s`` as in ``prepare``: by default a window is warmed by the one before it."""
+    arr = prepare(requests, seed=seed, speedup=speedup, jitter_ms=jitter_ms, window=window, warmup_s=warmup_s)
     return replay_arrivals(
         arr, workers, policy, seed, sla=sla, profile=profile, engine=engine,
-        cap_fraction=cap_fraction, cap_curve=cap_curve,
+        cap_fraction=cap_fraction, cap_curve=cap_curve, router=router,
     )
 
 

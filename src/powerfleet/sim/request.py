@@ -8,7 +8,7 @@ class Req:
 
     __slots__ = (
         "idx", "arrival", "isl", "osl", "hashes", "nhash", "hits", "dev_hits", "loaded", "left",
-        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits", "out_blocks", "done", "generated", "decode_from",
+        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits", "out_blocks", "done", "generated", "decode_from", "length", "held",
     )
 
     def __init__(self, idx: int, arrival: float, isl: int, osl: int, hashes: tuple[int, ...]) -> None:
@@ -27,9 +27,11 @@ class Req:
         self.router_blocks = 0  # the router's count of its prompt blocks
         self.finish_step = 0
         self.onboard_ms = 0.0
-        self.seq = 0  # routing order on its worker (the router's prefill queue)
+        self.seq = 0  # admission order on its worker (preemption takes the newest)
         self.admits = 0  # times admitted to a batch (more than once after a preemption)
         self.out_blocks = 0  # output blocks the router counts (router_track_output_blocks)
         self.done = False
         self.decode_from = 0  # worker step count when its first token came
         self.generated = 0  # output tokens produced before a preemption (recomputed on readmission)
+        self.length = 0  # tokens whose KV the sequence holds at admission (prompt + recomputed output)
+        self.held = 0  # blocks the sequence holds (prompt + output), incremental allocation

@@ -111,8 +111,11 @@ def summarize(
     seed: int,
     profile: str,
     cap_fraction: float,
+    scored: tuple[bool, ...] | None = None,
 ) -> ReplaySummary:
+    """Summarise the requests marked ``scored`` (all when None; warm-up ones are not)."""
     n = len(res.arrival_ms)
+    idx = range(n) if scored is None else [i for i in range(n) if scored[i]]
     ttft: list[float] = []
     itl: list[float] = []
     e2e: list[float] = []
@@ -124,7 +127,7 @@ def summarize(
     hits = 0
     loaded = 0
     blocks = 0
-    for i in range(n):
+    for i in idx:
         a = res.arrival_ms[i]
         if a < t_first:
             t_first = a
@@ -160,14 +163,20 @@ def summarize(
     if sla is not None:
         goodput = good / win_s if win_s > 0 else 0.0
     reasons: dict[str, int] = {}
-    for why in res.dropped.values():
-        reasons[why] = reasons.get(why, 0) + 1
+    for i, why in res.dropped.items():
+        if scored is None or scored[i]:
+            reasons[why] = reasons.get(why, 0) + 1
     routed = res.routed_per_worker
+    if scored is not None:
+        routed = [0] * workers
+        for i in idx:
+            if res.worker[i] >= 0:
+                routed[res.worker[i]] += 1
     mean_routed = sum(routed) / len(routed) if routed else 0.0
     return ReplaySummary(
-        requests=n,
+        requests=len(idx),
         completed=completed,
-        dropped=len(res.dropped),
+        dropped=sum(reasons.values()),
         dropped_reasons=dict(sorted(reasons.items())),
         duration_s=_r(duration_s),
         window_s=_r(win_s),

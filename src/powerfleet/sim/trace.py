@@ -15,6 +15,7 @@ segment). Reading streams line by line:
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import zlib
@@ -173,6 +174,16 @@ def _member_starts_cleanly(data: bytes, pos: int) -> bool:
     return d.eof
 
 
+def _check_text(p: Path, head: bytes) -> None:
+    """A plain trace must be UTF-8 text: refuse binary data at once, in one line."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {str(p)!r} is neither UTF-8 JSON lines nor gzip (binary data)") from None
+    if b"\x00" in head:
+        raise TraceError(f"trace {str(p)!r} is neither UTF-8 JSON lines nor gzip (NUL bytes)")
+
+
 def iter_trace_lines(path: str | Path, issues: list[TraceIssue], strict: bool = False) -> Iterator[bytes]:
     """Yield raw lines (without newline) of a plain or gzip trace file."""
     p = Path(path)
@@ -184,6 +195,8 @@ def iter_trace_lines(path: str | Path, issues: list[TraceIssue], strict: bool = 
         head = fh.read(3)
         fh.seek(0)
         if head != GZIP_MAGIC:
+            _check_text(p, fh.read(4096))
+            fh.seek(0)
             for raw in fh:
                 yield raw.rstrip(b"\r\n")
             return
