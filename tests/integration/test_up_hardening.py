@@ -46,9 +46,11 @@ def _free_port_run(n: int) -> int:
 
 def _start_up(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
     err = tmp_path / "up.err"
+    (tmp_path / "tmp").mkdir()
     with open(err, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "up", "--log-dir", str(tmp_path / "logs")],
-                                env=_clean_env(POWERFLEET_FLOWER__PORT=str(free_loopback_port()), **env),
+                                env=_clean_env(POWERFLEET_FLOWER__PORT=str(free_loopback_port()),
+                                               TMPDIR=str(tmp_path / "tmp"), **env),
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     return proc, err
 
@@ -76,10 +78,13 @@ def test_up_with_metrics_gives_each_process_its_own_port(tmp_path) -> None:
         wait_for(lambda: 'powerfleet_ticks_sent_total{family="reconcile"}' in
                  httpx.get(f"http://127.0.0.1:{base + 3}/metrics", timeout=2).text, "beat to count a tick")
         assert proc.poll() is None, err.read_text()
+        assert list((tmp_path / "tmp").glob("powerfleet-metrics-*")), "the worker's multiprocess dir"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
         assert "Address already in use" not in logs
+        # Prefork workers aggregate children through a multiprocess dir; it goes at exit.
+        assert not list((tmp_path / "tmp").glob("powerfleet-metrics-*"))
         assert "Traceback" not in logs + err.read_text()
     finally:
         _stop(proc)
