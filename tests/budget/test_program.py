@@ -40,7 +40,7 @@ def test_nothing_is_scaled_before_admission_from_a_settled_snapshot():
     ok = evaluate(snap(disagg(status=settled()), proposal={"prefill": 4}))
     assert ok.admit is not None and ok.status["reason"] == "Planned"
     # 4 x 700 + 1 x 2400 = 5200 W <= 8000: prefill 2 -> 4, decode left as is
-    assert ok.replicas == {"prefill": 4} and ok.status["targets"] == {"prefill": 4, "decode": None}
+    assert ok.replicas == {"prefill": 4} and ok.status["targets"] == {"prefill": 4}
     assert [e.reason for e in ok.status_events] == ["Planned", "PowerInputsAdmitted"]
     assert [e.message for e in ok.scale_events] == ["prefill replicas 2 -> 4 (prefill)"]
 
@@ -72,11 +72,12 @@ def test_rolling_or_unreadable_pods_block_scale_ups_and_warn_once_per_stretch():
     rolling = settled(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1, "rollout": {"phase": "InProgress"}})
     res = evaluate(snap(disagg(status=rolling), admitted=admitted, proposal={"prefill": 4}))
     assert res.replicas == {} and res.rolling and len(res.warnings) == 1
-    assert res.status["targets"]["prefill"] is None and "rollout_scale_up_held" in res.status["reasons"]
+    assert res.status["targets"] == {} and res.status["held"] == ["prefill"]
+    assert "rollout_scale_up_held" in res.status["reasons"]
     assert evaluate(snap(disagg(status=rolling), admitted=admitted, proposal={"prefill": 4}, was_rolling=True)).warnings == []
     blind = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 4, "decode": 0}, pod_list=None))
     # prefill held (None); decode raised to its minimum 1, which is its count already: no write
-    assert blind.replicas == {} and blind.status["targets"] == {"prefill": None, "decode": 1}
+    assert blind.replicas == {} and blind.status["targets"] == {"decode": 1}
 
 
 def test_failed_rollout_is_reported_at_once():

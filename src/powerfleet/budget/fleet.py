@@ -16,7 +16,7 @@ from powerfleet.budget.groups import Member, allocate
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.cluster.dgd import DGD
 from powerfleet.cluster.errors import DGDInputError
-from powerfleet.cluster.immutability import AdmittedPowerInputs
+from powerfleet.cluster.immutability import AdmittedPowerInputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.power import PowerConfig, resolve_power_config
 from powerfleet.cluster.settlement import partition_pods
@@ -46,6 +46,9 @@ def _power(view: DeploymentView) -> PowerConfig | None:
 def member(view: DeploymentView, power: PowerConfig) -> Member:
     """Minimum, demand and current watts; current counts the desired, ready and live-pod replicas."""
     by_comp = partition_pods(view.dgd, view.pods)
+    # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
+    # claims no share of the group.
+    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd))
     minimum = demand = current = 0
     for role, rp in power.roles.items():
         comp = view.dgd.component(rp.component)
@@ -56,7 +59,7 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
         desired = comp.replicas if comp else 0
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
-        proposed = (view.proposal or {}).get(role.value)
+        proposed = None if frozen else (view.proposal or {}).get(role.value)
         demand += (ready if proposed is None else proposed) * w
         current += max(desired, ready, pods_as_replicas) * w
     return Member(minimum_w=minimum, demand_w=max(demand, minimum), current_w=current,

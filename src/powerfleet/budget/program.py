@@ -72,8 +72,10 @@ class Result:
 
 
 def _status(snap: Snapshot, ready: bool, reason: str, message: str, **figures: Any) -> dict[str, Any]:
-    return {"observedGeneration": snap.dgd.generation, "ready": "True" if ready else "False", "reason": reason,
-            "message": message, **figures}
+    """The desired status.budget. No null values: a merge patch would read them as deletions."""
+    out = {"observedGeneration": snap.dgd.generation, "ready": "True" if ready else "False", "reason": reason,
+           "message": message, **figures}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _finish(snap: Snapshot, previous: Mapping[str, Any], res: Result) -> Result:
@@ -183,8 +185,9 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         snap, not failed, "RolloutFailed" if failed else "Planned", message,
         powerLimitWatts=limit, ownLimitWatts=own, group=snap.group.group if snap.group else None,
         settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
-        targets={by_role[r]: t for r, t in result.targets.items()}, reasons=list(result.reasons),
-        rolling=rolling)
+        # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
+        targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
+        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=rolling)
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))

@@ -1,21 +1,176 @@
-"""Budget tasks: the evaluation tick (the planner that fills it is its own issue)."""
+"""Budget tasks: the tick that fans out one evaluation per power-aware DGD, the evaluation, and
+the task API's proposals and re-admission (docs/budget.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
-from powerfleet.tasks.base import NoArgs, TaskArgs, fleet_task
+from powerfleet.tasks.base import NoArgs, TaskArgs, TaskInputError, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
+
+Role = Literal["prefill", "decode", "worker"]
+_clusters: dict[str | None, Any] = {}
+
+
+def _cluster(app: Any) -> Any:
+    from powerfleet.cluster.kube import KubeCluster
+
+    kubeconfig = app.fleet_config.budget.kubeconfig
+    if kubeconfig not in _clusters:
+        _clusters[kubeconfig] = (KubeCluster.from_kubeconfig(kubeconfig, component="powerfleet-budget") if kubeconfig
+                                 else KubeCluster.in_cluster(component="powerfleet-budget"))
+    return _clusters[kubeconfig]
+
+
+def _state(app: Any) -> Any:
+    from powerfleet.budget.state import BudgetState
+
+    return BudgetState(fleet_redis(app))
+
+
+def _configured(app: Any, task: str, deployment: str) -> Any:
+    cfg = app.fleet_config.budget.deployments.get(deployment)
+    if cfg is None:
+        raise TaskInputError(f"{task}: deployment: {deployment!r} is not power-aware (not in budget.deployments)")
+    return cfg
 
 
 class BudgetTickResult(TaskArgs):
     at: float
     evaluations: list[str]
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+class EvaluateArgs(TaskArgs):
+    deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
+    group: str | None = None  # set by the tick: the budgeted group(s) the deployment draws from
+    group_limit_w: int | None = Field(None, ge=0)
+    group_minimum_w: int = Field(0, ge=0)
+    group_current_w: int = Field(0, ge=0)
+    from_tick: bool = False
+
+
+class EvaluateResult(TaskArgs):
+    deployment: str
+    reason: str
+    ready: bool
+    targets: dict[str, int | None]
+    settled_w: int | None
+    peak_w: int | None
+    gpus: int | None
+    limit_w: int | None
+    reasons: list[str]
+    replicas_written: dict[str, int]
+    status_written: bool
+    events: list[str]
+
+
+class ProposeArgs(TaskArgs):
+    deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
+    replicas: dict[Role, int] = Field(min_length=1)
+    source: str = Field("task-api", max_length=100)
+
+
+class ProposeLoadArgs(TaskArgs):
+    deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
+    load: dict[Role, float] = Field(min_length=1)  # e.g. active requests per role, from frontend metrics
+    target_per_replica: dict[Role, float] = Field(min_length=1)
+
+
+class ProposeResult(TaskArgs):
+    deployment: str
+    replicas: dict[str, int]
+    at: float
+    source: str
+
+
+class DeploymentArgs(TaskArgs):
+    deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
+
+
+class ReadmitResult(TaskArgs):
+    deployment: str
+    forgot: bool
 
 
 @fleet_task("powerfleet.budget.tick", NoArgs, acks_late=False)
 def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     now = clock.now()
-    TickLog(fleet_redis(self.app)).record("budget", now, self.request.origin, "no deployments to evaluate")
-    return BudgetTickResult(at=now, evaluations=[])
+    cfg = self.app.fleet_config.budget
+    log = TickLog(fleet_redis(self.app))
+    if not cfg.deployments:
+        log.record("budget", now, self.request.origin, "no deployments to evaluate")
+        return BudgetTickResult(at=now, evaluations=[])
+    from powerfleet.budget import metrics
+    from powerfleet.budget.runner import tick_limits
+
+    plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
+    for group, watts in cfg.groups.items():
+        metrics.record_group(group, watts, plan.group_current.get(group, 0))
+    sent = []
+    for key, gl in plan.limits.items():
+        self.app.send_task("powerfleet.budget.evaluate", kwargs={
+            "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
+            "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s)
+        sent.append(key)
+    log.record("budget", now, self.request.origin, f"budget.evaluate -> {', '.join(sent)}" if sent else
+               "no configured deployment found")
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped)
+
+
+@fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,
+            max_retries=2, default_retry_delay=2)
+def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
+    from powerfleet.budget import metrics
+    from powerfleet.budget.program import GroupLimit
+    from powerfleet.budget.runner import TransientClusterError, budget_of, evaluate_deployment
+
+    bcfg = self.app.fleet_config.budget
+    cfg = _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
+    if params.from_tick:
+        group = GroupLimit(params.group, params.group_limit_w, params.group_minimum_w, params.group_current_w)
+    elif bcfg.groups:
+        group = GroupLimit("(evaluated outside a tick)", None)  # no allowance: scale-ups blocked
+    else:
+        group = None
+    try:
+        out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock)
+    except TransientClusterError as exc:  # only transient API errors are retried
+        raise self.retry(exc=exc)
+    metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
+                              out.reasons)
+    return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
+
+
+@fleet_task("powerfleet.budget.propose", ProposeArgs, acks_late=True)
+def budget_propose(self: Any, params: ProposeArgs) -> ProposeResult:
+    """Store a proposal ({role: count}); the last one written wins and survives restarts."""
+    _configured(self.app, "powerfleet.budget.propose", params.deployment)
+    if any(n < 0 for n in params.replicas.values()):
+        raise TaskInputError("powerfleet.budget.propose: replicas: counts must be non-negative")
+    rec = _state(self.app).propose(params.deployment, params.replicas, at=clock.now(), source=params.source)
+    return ProposeResult(deployment=params.deployment, **rec)
+
+
+@fleet_task("powerfleet.budget.propose_load", ProposeLoadArgs, acks_late=True)
+def budget_propose_load(self: Any, params: ProposeLoadArgs) -> ProposeResult:
+    """Turn a load signal into a proposal: replicas = ceil(load / target per replica), at least 1."""
+    from powerfleet.budget.load import replicas_for_load
+
+    _configured(self.app, "powerfleet.budget.propose_load", params.deployment)
+    try:
+        replicas = replicas_for_load(params.load, params.target_per_replica)
+    except ValueError as exc:
+        raise TaskInputError(f"powerfleet.budget.propose_load: {exc}") from None
+    rec = _state(self.app).propose(params.deployment, replicas, at=clock.now(), source="load")
+    return ProposeResult(deployment=params.deployment, **rec)
+
+
+@fleet_task("powerfleet.budget.readmit", DeploymentArgs, acks_late=True)
+def budget_readmit(self: Any, params: DeploymentArgs) -> ReadmitResult:
+    """Forget the admitted power inputs; the next evaluation admits them again from a settled snapshot."""
+    _configured(self.app, "powerfleet.budget.readmit", params.deployment)
+    return ReadmitResult(deployment=params.deployment, forgot=_state(self.app).forget_admission(params.deployment))

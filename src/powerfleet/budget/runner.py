@@ -1,0 +1,195 @@
+"""The I/O around the pure budget program: read once, evaluate, persist by the reconcile contract.
+
+``evaluate_deployment``: one DGD GET feeds the drift check and the plan; one pod LIST; the
+replicas are written first (a merge/JSON patch of the counts only, fenced on the version read)
+and their events emitted only after that write changed something; then ``status.budget`` is
+written once through the status subresource, skipped when unchanged, and its transition events
+emitted only after that write. ``tick_limits`` computes every deployment's group allowance from
+one LIST each of nodes, DGDs and pods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from powerfleet.budget.fleet import DeploymentView, group_limits
+from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate
+from powerfleet.budget.state import BudgetState
+from powerfleet.clock import Clock
+from powerfleet.cluster.dgd import DGD, DGD_KIND, LABEL_DGD_NAME, parse_dgd
+from powerfleet.cluster.errors import DGDInputError
+from powerfleet.cluster.objects import ObjectRef
+from powerfleet.cluster.ports import ClusterError, ClusterWriter, Conflict, NotFound
+
+log = logging.getLogger("powerfleet.budget")
+TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
+
+
+class TransientClusterError(ClusterError):
+    """A write failed for a reason worth retrying (transport error, 429, 5xx)."""
+
+
+def is_transient(exc: ClusterError) -> bool:
+    return not isinstance(exc, (Conflict, NotFound)) and (exc.status is None or exc.status in TRANSIENT_STATUSES)
+
+
+@dataclass
+class Outcome:
+    deployment: str
+    reason: str
+    ready: bool = False
+    targets: dict[str, int | None] = field(default_factory=dict)
+    settled_w: int | None = None
+    peak_w: int | None = None
+    gpus: int | None = None
+    limit_w: int | None = None
+    reasons: list[str] = field(default_factory=list)
+    replicas_written: dict[str, int] = field(default_factory=dict)
+    status_written: bool = False
+    events: list[str] = field(default_factory=list)
+
+
+def budget_of(cfg: Any) -> DeploymentBudget:
+    return DeploymentBudget(power_limit_w=cfg.power_limit_w, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
+                            min_replicas=dict(cfg.min_replicas))
+
+
+def _merge_to(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch turning ``previous`` into exactly ``desired`` (stale keys, nested too, set to null)."""
+    body: dict[str, Any] = {k: None for k in previous if k not in desired}
+    for k, v in desired.items():
+        old = previous.get(k)
+        body[k] = _merge_to(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
+    return body
+
+
+def _status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    return {"budget": _merge_to(previous, desired)}
+
+
+class _Emitter:
+    def __init__(self, cluster: ClusterWriter, dgd: DGD, out: Outcome) -> None:
+        self.cluster, self.out = cluster, out
+        self.ref = ObjectRef(kind=DGD_KIND, name=dgd.name, namespace=dgd.namespace, api_version=dgd.api_version,
+                             uid=dgd.uid)
+
+    def emit(self, events: list[Event]) -> None:
+        for ev in events:
+            try:
+                self.cluster.record_event(self.ref, ev.reason, ev.message, type="Warning" if ev.type == "Warning" else "Normal")
+                self.out.events.append(ev.reason)
+            except ClusterError as exc:  # an event is best effort; the state it describes is written
+                log.warning("%s: event %s not recorded: %s", self.out.deployment, ev.reason, exc)
+
+
+def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str, Any], out: Outcome) -> None:
+    emitter = _Emitter(cluster, dgd, out)
+    if res.replicas:
+        try:
+            written = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, res.replicas,
+                                                 resource_version=dgd.resource_version, current=dgd)
+        except Conflict:
+            # Someone changed the DGD since it was read: nothing written; the next evaluation re-plans.
+            res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
+        except ClusterError as exc:
+            if is_transient(exc):
+                raise TransientClusterError(str(exc), status=exc.status) from exc
+            raise
+        else:
+            changed = {c: n for c, n in res.replicas.items() if dgd.component(c) and dgd.component(c).replicas != n}
+            out.replicas_written = changed
+            if written.resource_version != dgd.resource_version and changed:
+                emitter.emit(res.scale_events)
+    if dict(previous) != res.status:
+        try:
+            cluster.patch_dgd_status(dgd.namespace, dgd.name, _status_patch(previous, res.status))
+        except ClusterError as exc:
+            if is_transient(exc):
+                raise TransientClusterError(str(exc), status=exc.status) from exc
+            raise
+        out.status_written = True
+        emitter.emit(res.status_events)
+
+
+def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
+                        group: GroupLimit | None, clock: Clock) -> Outcome:
+    """One evaluation of ``key`` ("namespace/name")."""
+    namespace, _, name = key.partition("/")
+    try:
+        obj = cluster.get_dgd_object(namespace, name)
+    except NotFound:
+        return Outcome(key, "NotFound")
+    except ClusterError as exc:
+        log.warning("%s: DGD read failed, nothing scaled this evaluation: %s", key, exc)
+        return Outcome(key, "ReadFailed")
+    previous = ((obj.get("status") or {}).get("budget") or {}) if isinstance(obj.get("status"), dict) else {}
+    try:
+        dgd = parse_dgd(obj)
+    except DGDInputError as exc:
+        out = Outcome(key, "InvalidDeployment")
+        desired = {"observedGeneration": (obj.get("metadata") or {}).get("generation"), "ready": "False",
+                   "reason": "InvalidDeployment", "message": str(exc)}
+        if {k: previous.get(k) for k in desired} != desired:
+            cluster.patch_dgd_status(namespace, name, _status_patch(previous, desired))
+            out.status_written = True
+        return out
+    try:
+        pods = cluster.list_pods(namespace, label_selector=dgd.pod_selector)
+    except ClusterError as exc:
+        log.warning("%s: pod list failed, scale-ups blocked this evaluation: %s", key, exc)
+        pods = None
+    now = datetime.fromtimestamp(clock.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    snap = Snapshot(dgd=dgd, pods=pods, budget=budget, admitted=state.admitted(key), proposal=state.proposal(key),
+                    group=group, was_rolling=state.was_rolling(key), now=now)
+    res = evaluate(snap, previous)
+    if res.admit is not None:
+        state.admit(key, res.admit)
+    state.set_rolling(key, res.rolling)
+    for line in res.warnings:
+        log.warning(line)
+    st = res.status
+    out = Outcome(key, st["reason"], ready=st["ready"] == "True", targets=dict(st.get("targets") or {}),
+                  settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
+                  limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []))
+    _write(cluster, dgd, res, previous, out)
+    state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
+                               "peak_w": out.peak_w, "gpus": out.gpus})
+    return out
+
+
+@dataclass
+class TickPlan:
+    limits: dict[str, GroupLimit]
+    group_current: dict[str, int]
+    skipped: dict[str, str]  # deployment -> why it is not evaluated
+
+
+def tick_limits(cluster: ClusterWriter, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
+                group_label: str) -> TickPlan:
+    """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods."""
+    if not groups:
+        return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
+    node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
+    dgds = {f"{d.namespace}/{d.name}": d for d in cluster.list_dgds() if isinstance(d, DGD)}
+    pods = cluster.list_pods(label_selector=LABEL_DGD_NAME)
+    proposals, admitted = state.proposals(), state.all_admitted()
+    views, skipped = [], {}
+    for key, cfg in deployments.items():
+        dgd = dgds.get(key)
+        if dgd is None:
+            skipped[key] = "not found or unreadable"
+            continue
+        views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
+                                    proposal=proposals.get(key),
+                                    pods=[p for p in pods if p.namespace == dgd.namespace]))
+    limits = group_limits(views, node_groups, groups, group_label)
+    current: dict[str, int] = {g: 0 for g in groups}
+    for key, gl in limits.items():
+        for g in (gl.group or "").split(","):
+            if g in current:
+                current[g] += gl.current_w
+    return TickPlan(limits, current, skipped)

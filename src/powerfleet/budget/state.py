@@ -1,0 +1,64 @@
+"""Budget state kept in Redis (JSON only): proposals (last writer wins), admitted power inputs,
+the rolling-stretch flags, and the last figures per deployment/group that gauges read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from powerfleet.cluster.immutability import AdmittedPowerInputs
+
+PROPOSALS = "powerfleet:budget:proposals"
+ADMITTED = "powerfleet:budget:admitted"
+ROLLING = "powerfleet:budget:rolling"
+FIGURES = "powerfleet:budget:figures"
+
+
+class BudgetState:
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+
+    # proposals: {role: count}; a later proposal replaces the earlier one whole
+    def propose(self, deployment: str, replicas: Mapping[str, int], *, at: float, source: str) -> dict[str, Any]:
+        record = {"replicas": dict(replicas), "at": at, "source": source}
+        self._r.hset(PROPOSALS, deployment, json.dumps(record, sort_keys=True))
+        return record
+
+    def proposal(self, deployment: str) -> dict[str, int] | None:
+        raw = self._r.hget(PROPOSALS, deployment)
+        return None if raw is None else {str(k): int(v) for k, v in json.loads(raw)["replicas"].items()}
+
+    def proposals(self) -> dict[str, dict[str, int]]:
+        return {k.decode(): {str(r): int(n) for r, n in json.loads(v)["replicas"].items()}
+                for k, v in self._r.hgetall(PROPOSALS).items()}
+
+    # admitted power inputs
+    def admitted(self, deployment: str) -> AdmittedPowerInputs | None:
+        raw = self._r.hget(ADMITTED, deployment)
+        return None if raw is None else AdmittedPowerInputs.model_validate_json(raw)
+
+    def all_admitted(self) -> dict[str, AdmittedPowerInputs]:
+        return {k.decode(): AdmittedPowerInputs.model_validate_json(v) for k, v in self._r.hgetall(ADMITTED).items()}
+
+    def admit(self, deployment: str, record: AdmittedPowerInputs) -> None:
+        self._r.hset(ADMITTED, deployment, record.model_dump_json())
+
+    def forget_admission(self, deployment: str) -> bool:
+        return bool(self._r.hdel(ADMITTED, deployment))
+
+    # one flag per continuous rolling stretch (the hold warning is logged once per stretch)
+    def was_rolling(self, deployment: str) -> bool:
+        return bool(self._r.sismember(ROLLING, deployment))
+
+    def set_rolling(self, deployment: str, rolling: bool) -> None:
+        (self._r.sadd if rolling else self._r.srem)(ROLLING, deployment)
+
+    # the last figures, for gauges and `status`
+    def record_figures(self, key: str, figures: Mapping[str, Any]) -> None:
+        self._r.hset(FIGURES, key, json.dumps(dict(figures), sort_keys=True))
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        return {k.decode(): json.loads(v) for k, v in self._r.hgetall(FIGURES).items()}
