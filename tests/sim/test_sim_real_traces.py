@@ -36,3 +36,12 @@ def test_cache_aware_routing_beats_cache_blind(which, window, conversation, synt
     for s in (aware, blind):
         assert s.completed + s.dropped == s.requests
         assert s.ttft_ms.mean <= s.e2e_ms.mean
+
+
+def test_a_missing_shared_trace_fails_under_ci(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        need_trace("conversation_trace.jsonl.gz", tmp_path)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        need_trace("conversation_trace.jsonl.gz", tmp_path)

@@ -131,3 +131,29 @@ def test_reader_round_trips_and_reports_every_bad_line(tmp_path: Path, reqs, mem
         (r.timestamp_ms, r.input_length, r.output_length, r.hash_ids, r.session_id) for r in reqs
     ]
     assert [i.where for i in tr.issues] == expected_bad
+
+
+def test_a_fake_gzip_header_is_not_trusted_before_its_member_decompresses(tmp_path: Path) -> None:
+    # After a corrupt member the reader looks for the next gzip header; one that appears in
+    # garbage must be checked by decompressing its member, not trusted for its magic bytes.
+    m1 = gzip.compress((_line(0) + "\n").encode())
+    m2 = bytearray(gzip.compress(("\n".join(_line(100 + i) for i in range(50)) + "\n").encode()))
+    m2[len(m2) // 2] ^= 0xFF
+    fake = b"\x1f\x8b\x08\x00junk that is not deflate data" * 2
+    m3 = gzip.compress((_line(300) + "\n").encode())
+    p = tmp_path / "t.gz"
+    p.write_bytes(m1 + bytes(m2) + fake + m3)
+    tr = read_trace(p)
+    assert [r.timestamp_ms for r in tr.requests] == [0.0, 300.0]
+    assert [i.where for i in tr.issues] == [len(m1)]  # one corrupt region, not one per fake header
+
+
+def test_a_member_whose_crc_fails_releases_none_of_its_lines(tmp_path: Path) -> None:
+    m1 = gzip.compress((_line(0) + "\n").encode())
+    m2 = bytearray(gzip.compress(("\n".join(_line(100 + i) for i in range(5)) + "\n").encode()))
+    m2[-8] ^= 0x01  # the CRC32 trailer: the deflate data itself decompresses fine
+    m3 = gzip.compress((_line(300) + "\n").encode())
+    p = tmp_path / "t.gz"
+    p.write_bytes(m1 + bytes(m2) + m3)
+    tr = read_trace(p)
+    assert [r.timestamp_ms for r in tr.requests] == [0.0, 300.0] and tr.corrupt_members == 1
