@@ -12,7 +12,9 @@ import pytest
 
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.objects import Lease
-from powerfleet.retune import control
+from powerfleet.retune import control, live
+from powerfleet.retune.fanin import SweepRecord
+from powerfleet.retune.settings import resolve
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
@@ -162,3 +164,26 @@ def test_lease_writes_carry_the_resource_version(world, kube) -> None:
     kube.update_lease(made.model_copy(update={"holder_identity": "b"}))
     with pytest.raises(Exception, match="409"):
         kube.update_lease(made.model_copy(update={"holder_identity": "c"}))
+
+
+def test_work_from_a_superseded_generation_or_term_is_dropped(world, kube, redis_url) -> None:
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0))
+    t = control.tick_deployment(cfg, ports, "llama", T0)["term"]
+    gen = resolve(cfg, "llama").generation
+
+    def sweep(sid: str, term: int, generation: str) -> None:
+        ports.fanin.register(SweepRecord(
+            sid=sid, dgd="llama", window=5, term=term, identity="ctl-a", generation=generation, mode="active",
+            launched_at=T0, deadline=T0 + 40, window_file=str(world.trace_dir / "none"), requests=1, replicas=4,
+            current=dict(DECIDED), shards=[]))
+
+    sweep("old-gen", t, "0123456789abcdef")
+    sweep("old-term", t - 1 if t > 1 else 99, gen)
+    assert live.harvest(cfg, ports, "old-gen")["status"] == "dropped"
+    assert live.harvest(cfg, ports, "old-term")["status"] == "dropped"
+    assert Deployment.open(cfg, ports, "llama").store.read()[0].last_window is None  # nothing decided
+    # A window step launched under another configuration is dropped before it does anything.
+    out = live.launch_window(cfg, ports, "llama", 5, leader="ctl-a", term=t, generation="0123456789abcdef")
+    assert out["status"] == "dropped" and not ports.send.sent

@@ -20,7 +20,7 @@ import yaml
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config import load_config
 from powerfleet.retune.fanin import FanIn, sweep_id
-from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
+from powerfleet.retune.leadership import STATE_ANNOTATION, leader_lease_name, state_lease_name
 from powerfleet.retune.settings import resolve
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.retune.windows import dedupe_key
@@ -56,13 +56,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         app = create_app(load_config(cfg_path, environ={}))
         kube = KubeCluster.from_kubeconfig(str(world.kubeconfig))
         with Launcher(log_dir=tmp / "logs", env=env) as launcher:
-            launcher.spawn("ctl", "worker", "--queues", "control", "--name", "ctl@retune")
+            ctl = launcher.spawn("ctl", "worker", "--queues", "control", "--name", "ctl@retune")
             sweep = launcher.spawn("sweep", "worker", "--queues", "sweep", "--name", "sweep@retune")
             wait_worker(app, "ctl@retune")
             wait_worker(app, "sweep@retune")
             try:
                 yield {"world": world, "app": app, "kube": kube, "r": redis.Redis.from_url(redis_url),
-                       "sweep": sweep, "config": load_config(cfg_path, environ={})}
+                       "sweep": sweep, "ctl": ctl, "launcher": launcher,
+                       "config": load_config(cfg_path, environ={})}
             finally:
                 kube.close()
                 world.stop()
@@ -179,3 +180,12 @@ def test_a_sweep_worker_killed_mid_shard_still_decides(fleet: dict[str, Any]) ->
     shard_runs = [m["result"] for m in metas if m.get("name") == "powerfleet.sweep.shard"
                   and isinstance(m.get("result"), dict) and m["result"].get("key") == key]
     assert any(x["redelivered"] for x in shard_runs)  # the killed run came back as a retry
+
+
+def test_graceful_shutdown_releases_the_leases(fleet: dict[str, Any]) -> None:
+    app, kube = fleet["app"], fleet["kube"]
+    tick(app, start_of(K + 20) + 1)  # the control worker holds both Leases now
+    assert {kube.get_lease("default", leader_lease_name(d)).holder_identity for d in ("llama", "adv")} == {"ctl@retune"}
+    assert fleet["launcher"].stop_child(fleet["ctl"]) == 0  # SIGTERM: warm shutdown
+    for d in ("llama", "adv"):
+        assert kube.get_lease("default", leader_lease_name(d)).holder_identity is None
