@@ -27,7 +27,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # In-chart Redis, beat, workers (budget on), agents, metrics; Flower, retune, monitoring off.
     "default": {},
     # Everything on: external broker, Flower with auth, retune with a trace volume, budget with a
-    # deployment in another namespace and rack budgets, namespace-restricted agents,
+    # deployment in another namespace and rack budgets, a sweep-only worker pool, namespace-restricted agents,
     # ServiceMonitor and dashboard, an image digest.
     "external": {
         "image": {"tag": "", "digest": "sha256:" + "ab" * 32},
@@ -45,7 +45,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "beat": {"reconcile_interval_s": 10},
             "budget": {"deployments": {"llm-a/llama": {"power_limit_w": 24000}}, "groups": {"rack-a": 60000}},
         },
-        "worker": {"replicas": 3, "concurrency": 4, "resources": {"limits": {"memory": "2Gi"}}},
+        "worker": {"replicas": 3, "concurrency": 2, "queues": ["control"], "resources": {"limits": {"memory": "2Gi"}}},
+        "sweepWorker": {"enabled": True, "replicas": 4, "concurrency": 8},
         "agent": {"namespaces": ["llm-a", "llm-b"], "safeDefaultWatts": 450,
                   "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]},
     },

@@ -19,7 +19,8 @@ def test_one_service_account_per_role_and_tokens_only_where_needed(variant: tupl
     objs = objects(values)
     worker_api = "control" in values.get("worker", {}).get("queues", ["control"]) and (
         values.get("budget", {}).get("enabled", True) or values.get("retune", {}).get("enabled", False))
-    needs_api = {"worker": worker_api, "agent": True, "beat": False, "flower": False, "redis": False}
+    needs_api = {"worker": worker_api, "sweep-worker": False, "agent": True, "beat": False, "flower": False,
+                 "redis": False}
     for workload in workloads(objs):
         component = component_of(workload)
         spec = pod_spec(workload)

@@ -119,6 +119,30 @@ def test_worker_command_names_the_worker_after_its_pod() -> None:
     assert 'celery -A powerfleet.workers.entry inspect ping -d "fleet@${POD_NAME}"' in probe
 
 
+def test_sweep_pool_consumes_only_sweep_and_calls_no_api() -> None:
+    volume = {"persistentVolumeClaim": {"claimName": "traces"}}
+    objs = objects({"sweepWorker": {"enabled": True, "replicas": 4, "concurrency": 8},
+                    "worker": {"queues": ["control"]}, "retune": {"enabled": True, "traceVolume": volume}})
+    pool = one(objs, "Deployment", "sweep-worker")
+    assert pool["spec"]["replicas"] == 4
+    c = _container(pool)
+    assert c["args"][:5] == ["worker", "--queues", "sweep", "--name", "fleet@$(POD_NAME)"]
+    assert c["args"][c["args"].index("--concurrency") + 1] == "8"
+    spec = pod_spec(pool)
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == "pf-powerfleet-sweep-worker"
+    assert spec["terminationGracePeriodSeconds"] == 660 + 60
+    assert "traces" in {v["name"] for v in spec["volumes"]}  # the shards read the window
+    bound = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    assert "pf-powerfleet-sweep-worker" not in bound
+    assert one(objs, "PodDisruptionBudget", "sweep-worker")["spec"]["selector"] == pool["spec"]["selector"]
+    # The control pool keeps its API access and a control-sized grace period.
+    worker = one(objs, "Deployment", "worker")
+    assert pod_spec(worker)["automountServiceAccountToken"] is True
+    assert pod_spec(worker)["terminationGracePeriodSeconds"] == 90 + 60
+    assert not find(objects({}), "Deployment", "sweep-worker")
+
+
 def test_worker_probe_can_be_switched_off() -> None:
     worker = one(objects({"worker": {"livenessProbe": {"enabled": False}}}), "Deployment", "worker")
     assert "livenessProbe" not in _container(worker)

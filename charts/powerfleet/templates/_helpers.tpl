@@ -60,9 +60,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The ServiceAccount a component runs as; call with (dict "root" $ "component" "worker"). */}}
+{{/* The ServiceAccount a component runs as; call with (dict "root" $ "component" "worker"), plus
+"key" when its values key differs from the component name (sweep-worker: sweepWorker). */}}
 {{- define "powerfleet.serviceAccountName" -}}
-{{- $sa := (index .root.Values .component).serviceAccount }}
+{{- $sa := (index .root.Values (default .component .key)).serviceAccount }}
 {{- if $sa.create }}
 {{- default (include "powerfleet.componentName" .) $sa.name }}
 {{- else }}
@@ -72,7 +73,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The ServiceAccount object when serviceAccount.create; token mounted only when `token` is true. */}}
 {{- define "powerfleet.serviceAccount" -}}
-{{- $sa := (index .root.Values .component).serviceAccount }}
+{{- $sa := (index .root.Values (default .component .key)).serviceAccount }}
 {{- if $sa.create }}
 apiVersion: v1
 kind: ServiceAccount
