@@ -1,0 +1,131 @@
+"""The runner against the loopback API server and a real redis-server (no worker): the reconcile
+contract's writes, conflicts, read failures, and the task argument models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.budget.io import answer
+from powerfleet.budget.program import DeploymentBudget
+from powerfleet.budget.runner import evaluate_deployment, is_transient
+from powerfleet.budget.state import BudgetState
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.manifests import ManifestError, load_documents
+from powerfleet.cluster.ports import ClusterError, Conflict, NotFound
+from powerfleet.tasks.base import TaskInputError, decode_args
+from powerfleet.tasks.budget import ProposeArgs
+from powerfleet.twin.apiserver import ApiServer
+from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+
+NODES = ["gpu-0"]
+BUDGET = DeploymentBudget(power_limit_w=5000)
+
+
+@pytest.fixture
+def world(tmp_path: Path, broker_url: str):
+    with ApiServer() as api:
+        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
+        api.apply(dgd("llama", 1, 1))
+        settle(api, kube, "llama", NODES)
+        yield api, kube, BudgetState(redis.Redis.from_url(broker_url))
+        kube.close()
+
+
+def test_unchanged_status_is_not_rewritten_and_emits_nothing(world):
+    api, kube, state = world
+    clock = FakeClock(t=1_800_000_000.0)
+    first = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert first.status_written and first.events == ["Planned", "PowerInputsAdmitted"]
+    rv = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "llama")["metadata"]["resourceVersion"]
+    clock.advance(30)
+    again = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert not again.status_written and again.events == [] and again.replicas_written == {}
+    assert api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "llama")["metadata"]["resourceVersion"] == rv
+    state.propose("default/llama", {"decode": 3}, at=clock.now(), source="test")
+    scaled = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert scaled.replicas_written == {"decode": 3} and "Scaled" in scaled.events
+    assert replicas(api, "llama") == {"prefill": 1, "decode": 3}
+    assert budget_status(api, "llama")["targets"] == {"decode": 3}
+    assert budget_status(api, "llama")["lastTransitionTime"] == "2027-01-15T08:00:00Z"  # unchanged reason
+
+
+def test_a_conflicting_replica_write_is_replanned_not_forced(world, monkeypatch):
+    api, kube, state = world
+    clock = FakeClock(t=1_800_000_000.0)
+    evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    state.propose("default/llama", {"decode": 2}, at=0, source="test")
+
+    def conflict(*a, **kw):
+        raise Conflict("stale", status=409)
+
+    monkeypatch.setattr(kube, "patch_dgd_replicas", conflict)
+    out = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert out.replicas_written == {} and "Scaled" not in out.events
+    assert "replica write conflicted" in budget_status(api, "llama")["message"]
+
+
+def test_unreadable_pods_block_scale_ups_and_a_missing_dgd_writes_nothing(world, monkeypatch):
+    api, kube, state = world
+    clock = FakeClock(t=1_800_000_000.0)
+    evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    state.propose("default/llama", {"decode": 4}, at=0, source="test")
+
+    def fail(*a, **kw):
+        raise ClusterError("list pods: HTTP 503", status=503)
+
+    monkeypatch.setattr(kube, "list_pods", fail)
+    out = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert out.replicas_written == {} and budget_status(api, "llama")["held"] == ["decode"]
+    assert evaluate_deployment(kube, state, "default/gone", BUDGET, None, clock).reason == "NotFound"
+
+
+def test_invalid_dgd_fails_closed_with_one_status_line(world):
+    api, kube, state = world
+    obj = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "llama")
+    obj["spec"]["components"][1]["replicas"] = "many"
+    api.apply(obj)
+    out = evaluate_deployment(kube, state, "default/llama", BUDGET, None, FakeClock())
+    assert out.reason == "InvalidDeployment" and out.status_written
+    assert "replicas" in budget_status(api, "llama")["message"]
+
+
+def test_only_transient_errors_are_retried():
+    assert is_transient(ClusterError("reset")) and is_transient(ClusterError("x", status=503))
+    assert not is_transient(ClusterError("x", status=403)) and not is_transient(Conflict("x", status=409))
+    assert not is_transient(NotFound("x", status=404))
+
+
+def test_propose_arguments_are_validated():
+    with pytest.raises(TaskInputError, match="replicas.gpu"):
+        decode_args("powerfleet.budget.propose", ProposeArgs, (), {"deployment": "a/b", "replicas": {"gpu": 1}})
+    with pytest.raises(TaskInputError, match="deployment"):
+        decode_args("powerfleet.budget.propose", ProposeArgs, (), {"deployment": "nameonly", "replicas": {"decode": 1}})
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=200))
+def test_manifest_reader_fuzz(text):
+    try:
+        docs = load_documents(text)
+    except ManifestError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert isinstance(docs, list)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 20) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["budget", "roles", "power_limit_w", "prefill", "watts_per_replica", "gpus_per_replica",
+                         "ready", "proposed"]), inner, max_size=4), max_leaves=12).map(json.dumps)))
+def test_plan_input_fuzz(text):
+    ans = answer(text)
+    assert ("error" in ans) != ("targets" in ans) and ans["schema"] == "powerfleet.budget.plan/v1"
