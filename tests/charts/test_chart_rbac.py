@@ -3,6 +3,7 @@ adapter makes for a role is granted; the shape of each Role (namespaced where it
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +77,20 @@ def test_role_methods_match_what_the_role_code_calls(adapter: Any, role: str) ->
     others = set().union(*(ROLE_METHODS[r] for r in sharing)) if sharing else set()
     assert ROLE_METHODS[role] - called == set(), f"{role}: declared but not called in {ROLE_CODE[role]}"
     assert called - ROLE_METHODS[role] - others == set(), f"{role}: called but not declared in ROLE_METHODS"
+
+
+def test_only_the_role_code_calls_the_adapter(adapter: Any) -> None:
+    """A call from anywhere else (a new task module, the CLI) would run under no known grant."""
+    role_paths = {SRC / p for paths in ROLE_CODE.values() for p in paths}
+    others: list[Path] = []
+    for top in SRC.iterdir():
+        if top.name in ("cluster", "twin") or top in role_paths:
+            continue
+        if top.is_dir() and any(p.is_relative_to(top) for p in role_paths):
+            others.extend(p for p in top.iterdir() if p not in role_paths)
+        else:
+            others.append(top)
+    assert references(others, adapter.api_methods()) == {}, "add the caller to ROLE_CODE and ROLE_METHODS"
 
 
 def test_nothing_in_the_fleet_calls_the_unclaimed_methods() -> None:
