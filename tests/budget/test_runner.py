@@ -129,3 +129,40 @@ def test_manifest_reader_fuzz(text):
 def test_plan_input_fuzz(text):
     ans = answer(text)
     assert ("error" in ans) != ("targets" in ans) and ans["schema"] == "powerfleet.budget.plan/v1"
+
+
+def test_aggregated_v1alpha1_deployment_end_to_end(tmp_path, broker_url):
+    """A services-map (v1alpha1) aggregated DGD: admitted, planned, scaled by a merge patch."""
+    from powerfleet.budget import metrics
+    from prometheus_client import REGISTRY
+
+    obj = {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+           "metadata": {"name": "agg", "namespace": "default"},
+           "spec": {"services": {
+               "Frontend": {"componentType": "frontend", "replicas": 1},
+               "VllmDecodeWorker": {"componentType": "worker", "replicas": 2, "resources": {"limits": {"gpu": "2"}},
+                                    "extraPodMetadata": {"annotations": {"dynamo.nvidia.com/gpu-power-limit": "350"}}}}}}
+    with ApiServer() as api:
+        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
+        api.apply(obj)
+        api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "agg-w-0", "namespace": "default", "annotations": {"dynamo.nvidia.com/gpu-power-limit": "350"},
+            "labels": {"nvidia.com/dynamo-graph-deployment-name": "agg", "nvidia.com/dynamo-component": "VllmDecodeWorker"}},
+            "spec": {"nodeName": "gpu-0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"}})
+        api.apply({**api.get("v1", "Pod", "agg-w-0"), "metadata": {**api.get("v1", "Pod", "agg-w-0")["metadata"],
+                                                                   "name": "agg-w-1", "uid": "", "resourceVersion": ""}})
+        kube.patch_dgd_status("default", "agg", {"observedGeneration": 1, "services": {"VllmDecodeWorker": {
+            "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}}}})
+        state = BudgetState(redis.Redis.from_url(broker_url))
+        state.propose("default/agg", {"worker": 9}, at=0, source="test")
+        out = evaluate_deployment(kube, state, "default/agg", DeploymentBudget(power_limit_w=5000), None, FakeClock())
+        # 700 W per replica (350 W x 2 GPUs): 9 replicas would be 6300 W; 7 fit 5000 W
+        assert out.replicas_written == {"VllmDecodeWorker": 7} and out.settled_w == 4900
+        stored = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", "agg")
+        assert stored["spec"]["services"]["VllmDecodeWorker"]["replicas"] == 7
+        assert stored["spec"]["services"]["Frontend"] == {"componentType": "frontend", "replicas": 1}
+        metrics.record_evaluation("default/agg", out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus, out.reasons)
+        assert REGISTRY.get_sample_value("powerfleet_budget_projected_settled_watts", {"deployment": "default/agg"}) == 4900
+        assert REGISTRY.get_sample_value("powerfleet_budget_decisions_total",
+                                         {"deployment": "default/agg", "reason": "power_budget_clamped"}) == 1
+        kube.close()
