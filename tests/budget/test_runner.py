@@ -56,34 +56,32 @@ def test_unchanged_status_is_not_rewritten_and_emits_nothing(world):
     assert budget_status(api, "llama")["lastTransitionTime"] == "2027-01-15T08:00:00Z"  # unchanged reason
 
 
-def test_a_conflicting_replica_write_is_replanned_not_forced(world, monkeypatch):
+def failing_after_admission(world, monkeypatch, method: str, error: ClusterError, decode: int):
+    """Admit the deployment, propose ``decode`` replicas, then make ``method`` raise ``error``."""
     api, kube, state = world
     clock = FakeClock(t=1_800_000_000.0)
     evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
-    state.propose("default/llama", {"decode": 2}, at=0, source="test")
+    state.propose("default/llama", {"decode": decode}, at=0, source="test")
 
-    def conflict(*a, **kw):
-        raise Conflict("stale", status=409)
+    def fail(*a, **kw):
+        raise error
 
-    monkeypatch.setattr(kube, "patch_dgd_replicas", conflict)
-    out = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    monkeypatch.setattr(kube, method, fail)
+    return evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+
+
+def test_a_conflicting_replica_write_is_replanned_not_forced(world, monkeypatch):
+    api = world[0]
+    out = failing_after_admission(world, monkeypatch, "patch_dgd_replicas", Conflict("stale", status=409), 2)
     assert out.replicas_written == {} and "Scaled" not in out.events
     assert "replica write conflicted" in budget_status(api, "llama")["message"]
 
 
 def test_unreadable_pods_block_scale_ups_and_a_missing_dgd_writes_nothing(world, monkeypatch):
     api, kube, state = world
-    clock = FakeClock(t=1_800_000_000.0)
-    evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
-    state.propose("default/llama", {"decode": 4}, at=0, source="test")
-
-    def fail(*a, **kw):
-        raise ClusterError("list pods: HTTP 503", status=503)
-
-    monkeypatch.setattr(kube, "list_pods", fail)
-    out = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    out = failing_after_admission(world, monkeypatch, "list_pods", ClusterError("list pods: HTTP 503", status=503), 4)
     assert out.replicas_written == {} and budget_status(api, "llama")["held"] == ["decode"]
-    assert evaluate_deployment(kube, state, "default/gone", BUDGET, None, clock).reason == "NotFound"
+    assert evaluate_deployment(kube, state, "default/gone", BUDGET, None, FakeClock()).reason == "NotFound"
 
 
 def test_invalid_dgd_fails_closed_with_one_status_line(world):
