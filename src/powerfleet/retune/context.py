@@ -90,7 +90,7 @@ class Deployment:
             except DGDInputError:
                 dgd = None
         lead = Leadership(ports.cluster, cfg.namespace, name, ports.identity,
-                          duration_s=settings.lease_duration_s, clock=ports.clock)
+                          duration_s=settings.lease_duration_s, clock=ports.clock, renew_s=settings.lease_renew_s)
         return cls(name, settings, obj, dgd, lead, StateStore(ports.cluster, lead))
 
     def term_of(self, identity: str, term: int) -> Term:

@@ -56,13 +56,15 @@ class _Seen:
 # Per-process observations of other holders' Leases (expiry is local and monotonic), keyed
 # by the observer's identity too so two electors in one process never share a timer.
 _SEEN: dict[tuple[str, str, str], _Seen] = {}
+# When this process last renewed a Lease it holds (monotonic), to renew once per period.
+_RENEWED: dict[tuple[str, str, str], float] = {}
 
 
 class Leadership:
     def __init__(self, leases: LeasePort, namespace: str, dgd: str, identity: str, *,
-                 duration_s: int, clock: Clock) -> None:
+                 duration_s: int, clock: Clock, renew_s: float = 0.0) -> None:
         self.leases, self.namespace, self.dgd, self.identity = leases, namespace, dgd, identity
-        self.duration_s, self.clock = duration_s, clock
+        self.duration_s, self.clock, self.renew_s = duration_s, clock, renew_s
         self.name = leader_lease_name(dgd)
 
     def _now(self) -> datetime:
@@ -95,9 +97,14 @@ class Leadership:
                 made = self.leases.create_lease(body)
             except LeaseConflict:
                 return None, None, False
+            _RENEWED[(self.namespace, self.name, self.identity)] = self.clock.monotonic()
             return Term(self.dgd, self.identity, made.lease_transitions or 1), self.identity, True
         transitions = lease.lease_transitions or 0
+        key = (self.namespace, self.name, self.identity)
         if lease.holder_identity == self.identity:
+            last = _RENEWED.get(key)
+            if last is not None and self.clock.monotonic() - last < self.renew_s:
+                return Term(self.dgd, self.identity, transitions), self.identity, False  # renewed recently
             body = lease.model_copy(update={"renew_time": now, "lease_duration_seconds": self.duration_s})
             acquired = False
         elif not lease.holder_identity or self._expired(lease):
@@ -112,6 +119,7 @@ class Leadership:
             self.leases.update_lease(body)
         except (LeaseConflict, NotFound):
             return None, lease.holder_identity, False
+        _RENEWED[key] = self.clock.monotonic()
         return Term(self.dgd, self.identity, transitions), self.identity, acquired
 
     def check(self, term: Term) -> None:
