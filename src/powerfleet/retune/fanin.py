@@ -134,8 +134,10 @@ class FanIn:
         return out
 
     def finish(self, rec: SweepRecord, status: Status, reason: str) -> SweepRecord:
+        """Make a sweep final; its window file goes as soon as no shard reads it."""
         done = rec.model_copy(update={"status": status, "reason": reason})
         self.save(done)
+        self.gc_window_file(done)
         return done
 
     # -- shard results --

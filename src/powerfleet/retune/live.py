@@ -144,6 +144,9 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
     fan = ports.fanin
     rec = fan.sweep(sid)
     if rec is None or rec.status != "running":
+        if rec is not None:  # a late retry of a killed shard: its stale reader entry goes, then the file
+            fan.read_done(sid, spec.key())
+            fan.gc_window_file(rec)
         return {"status": "dropped", "reason": "the sweep is final or unknown"}
     if spec not in rec.shards:
         return {"status": "dropped", "reason": "spec is not part of the sweep"}
@@ -254,8 +257,7 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
         except Fenced as exc:
             fan.finish(rec, "dropped", str(exc))
             return {"status": "dropped", "reason": str(exc)}
-        final = fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
-        fan.gc_window_file(final)
+        fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
         SWEEP_SECONDS.labels(rec.dgd).observe(max(0.0, now - rec.launched_at))
         WINDOWS.labels(rec.dgd, status, dr.failure_reason or dr.outcome).inc()
         out: dict[str, Any] = {"status": status, "outcome": dr.outcome, "reason": dr.reason, "window": rec.window,
