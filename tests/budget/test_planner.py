@@ -84,8 +84,16 @@ def test_clamps_never_go_below_minimum_and_refuse_an_unfittable_minimum():
 
 def test_over_budget_shrinks_without_growing_past_proposals_with_uneven_watts():
     out = plan(pair(R(w=1000, ready=6, proposed=6), R(w=10, ready=50, proposed=40)), Budget(3000))
-    assert out.targets["prefill"] <= 6 and out.targets["decode"] <= 40
-    assert out.settled_w <= 3000 and Reason.POWER_OVER_BUDGET_SHRINK in out.reasons
+    # 6 x 1000 + 50 x 10 = 6500 W now; the cheap role keeps its whole proposal, the dear one shrinks
+    assert out.targets == {"prefill": 2, "decode": 40} and out.settled_w == 2400
+    assert Reason.POWER_OVER_BUDGET_SHRINK in out.reasons
+    flipped = plan(pair(R(w=10, ready=50, proposed=40), R(w=1000, ready=6, proposed=6)), Budget(3000))
+    assert flipped.targets == {"prefill": 40, "decode": 2}  # the same answer whichever role is dear
+
+
+def test_a_proposal_below_minimum_is_raised_to_it():
+    out = plan({"worker": R(mn=2, ready=3, proposed=0)}, Budget(BIG))
+    assert out.targets == {"worker": 2} and Reason.PROPOSAL_BELOW_MINIMUM in out.reasons
 
 
 def test_gpu_floor_raises_proposed_roles_and_power_wins():
