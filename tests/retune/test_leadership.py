@@ -19,7 +19,9 @@ from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
 from powerfleet.retune.state import RetuneState, parse_state
+from powerfleet.twin.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
+from tests.retune.world import frontend_pod
 
 T0 = 1_800_000_000.0
 DECIDED = {"overlap_score_credit": 1.0, "overlap_score_credit_decay": 0.0, "prefill_load_scale": 4.0,
@@ -187,3 +189,18 @@ def test_work_from_a_superseded_generation_or_term_is_dropped(world, kube, redis
     # A window step launched under another configuration is dropped before it does anything.
     out = live.launch_window(cfg, ports, "llama", 5, leader="ctl-a", term=t, generation="0123456789abcdef")
     assert out["status"] == "dropped" and not ports.send.sent
+
+
+def test_a_frontend_that_appears_later_gets_its_initials_saved_before_its_first_patch(world, kube, redis_url) -> None:
+    fes, cfg, ports = _applied(world, kube, redis_url)
+    late = LoopbackFrontend({"temperature": 0.25}).start()
+    world.frontends["llama"]["llama-frontend-9"] = late
+    world.api.apply(frontend_pod("llama", "llama-frontend-9", late.url))
+    out = control.tick_deployment(cfg, ports, "llama", T0 + 10)
+    assert all(r["converged"] for r in out["routers"]) and late.policy.temperature == 0.0
+    state = Deployment.open(cfg, ports, "llama").store.read()[0]
+    assert state.initial["llama-frontend-9"]["temperature"] == 0.25
+    standby = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
+    assert control.promote(cfg, standby, "llama")["status"] == "not-leader"
+    assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
+    assert late.policy.temperature == 0.25

@@ -160,7 +160,10 @@ def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
 def promote(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
     """Apply the last advisory recommendation to every router (once, even in advisory mode)."""
     dep = Deployment.open(cfg, ports, name)
-    t, state, _ = _lead(dep)
+    try:
+        t, state, _ = _lead(dep)
+    except NotLeader as exc:
+        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     adv = state.advisory
     if adv is None or adv.params is None:
         return {"deployment": name, "status": "nothing-to-promote"}
@@ -177,7 +180,10 @@ def promote(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
 def rollback(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
     """Two phases: save the intent, then write each router's initial settings (revision-checked)."""
     dep = Deployment.open(cfg, ports, name)
-    t, state, _ = _lead(dep)
+    try:
+        t, state, _ = _lead(dep)
+    except NotLeader as exc:
+        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     now = ports.clock.now()
     rec = DecisionRecord(window=-1, outcome="rollback", mode=state.mode, reason="rollback to the initial settings",
                          term=t.term, generation=dep.settings.generation, at=now)
@@ -192,7 +198,10 @@ def rollback(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
 def apply_now(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
     """One reconcile round now: write the decided settings (active mode), report convergence."""
     dep = Deployment.open(cfg, ports, name)
-    t, state, _ = _lead(dep)
+    try:
+        t, state, _ = _lead(dep)
+    except NotLeader as exc:
+        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     state = _follow_config(dep, t, state)
     routers = actuate(dep, ports, t, state)
     state = _finish_rollback(dep, t, state, routers)
