@@ -125,3 +125,36 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
         assert reasons[2] == "pod default/p deleted"
     finally:
         watcher.stop()
+
+
+class BrokenCluster:
+    """A cluster whose watch fails the way an undecodable object does."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def watch_pods(self, *a, **kw):
+        self.calls += 1
+        raise ValueError("1 validation error for V1PodSpec")
+
+
+def test_a_crashing_watch_retries_and_logs_one_traceback_per_outage(caplog) -> None:
+    cluster = BrokenCluster()
+    with caplog.at_level("WARNING", logger="powerfleet.agent"):
+        w = PodWatcher(cluster, "gpu-a", [], lambda reason: None, retry_s=0.01).start()  # type: ignore[arg-type]
+        wait_for(lambda: cluster.calls >= 5, "several retries")
+        w.stop()
+    crashed = [r for r in caplog.records if "pod watch on gpu-a crashed" in r.getMessage()]
+    assert len(crashed) == 1 and crashed[0].exc_info is not None
+
+
+def test_the_agent_package_imports_no_budget_code() -> None:
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, powerfleet.agent as a\n"
+            "for m in pkgutil.iter_modules(a.__path__): importlib.import_module('powerfleet.agent.' + m.name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('powerfleet.budget', 'powerfleet.tasks'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

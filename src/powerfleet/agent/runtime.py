@@ -66,6 +66,9 @@ class AgentRuntime:
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
         self.last_report: PassReport | None = None
 
+    def serves(self, node: str) -> bool:
+        return node == self.node
+
     # -- passes --
 
     def _run(self, trigger: str) -> PassReport:

@@ -89,7 +89,11 @@ class PodWatcher:
                     failing = True
                     self._stop.wait(self.retry_s)
             except Exception:
-                log.exception("pod watch on %s crashed; restarting it", self.node)
+                # Unexpected (e.g. an object the client cannot decode): the traceback once per
+                # outage, not once per retry; passes go on through ticks and the local timer.
+                if not failing:
+                    log.exception("pod watch on %s crashed; retrying every %gs", self.node, self.retry_s)
+                failing = True
                 version = None
                 known.clear()
                 self._stop.wait(self.retry_s)

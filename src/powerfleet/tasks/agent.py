@@ -45,7 +45,7 @@ def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
     if rt is None:
         raise WrongNode(f"powerfleet.agent.reconcile for node {params.node!r} reached {self.request.hostname}, "
                         f"which is not a node agent; refused")
-    if params.node != rt.node:
+    if not rt.serves(params.node):
         rt.metrics.refused.labels(reason="other_node").inc()
         log.warning("refused agent.reconcile for node %s (arrived on %s); this agent serves %s",
                     params.node, queue, rt.node)
