@@ -66,4 +66,4 @@ class Outbox:
 def make_ports(url: str, kube: KubeCluster, identity: str, clock: FakeClock, send: Any = None) -> Ports:
     r = redis.Redis.from_url(url)
     return Ports(r=r, cluster=kube, router=RouterClient(leader=identity), clock=clock, identity=identity,
-                 send=send or Outbox(), sweep_consumers=lambda: ["sweep@test"])
+                 send=send or Outbox(), sweep_consumers=lambda _dir: {"sweep@test": True})

@@ -116,7 +116,7 @@ def test_settings_layers_and_errors() -> None:
 
 def _snap(obj: dict[str, Any], **kw: Any) -> Snapshot:
     base = dict(dgd_obj=obj, dgd=parse_dgd(obj), frontends=[Frontend("fe-0", "http://x")], frontends_without_url=[],
-                frontend_policies={"fe-0": POLICY}, frontend_errors={}, sweep_consumers=["sweep@w"],
+                frontend_policies={"fe-0": POLICY}, frontend_errors={}, sweep_consumers={"sweep@w": True},
                 load_scaling=False)
     base.update(kw)
     return Snapshot(**base)
@@ -136,7 +136,8 @@ def test_premises_each_have_their_code(tmp_path) -> None:
         "frontend-unreachable": dict(frontend_errors={"fe-0": "timeout"}),
         "credit-zero-frontend": dict(frontend_policies={"fe-0": {**POLICY, "overlap_score_credit": 0.0}}),
         "load-scaling-on": dict(load_scaling=True),
-        "no-sweep-consumer": dict(sweep_consumers=[]),
+        "no-sweep-consumer": dict(sweep_consumers={}),
+        "sweep-cannot-read": dict(sweep_consumers={"sweep@w": False}),
     }
     for code, kw in cases.items():
         assert code in {p.code for p in check(s, _snap(ok, **kw))}, code

@@ -47,7 +47,7 @@ class Ports:
     clock: Clock
     identity: str  # this process's holder identity for the Leases
     send: Callable[[str, dict[str, Any], dict[str, Any]], None]  # (task name, kwargs, options)
-    sweep_consumers: Callable[[], list[str]]
+    sweep_consumers: Callable[[str], dict[str, bool]]  # trace dir -> {sweep worker: can read it}
 
     @property
     def fanin(self) -> FanIn:
@@ -98,13 +98,13 @@ class Deployment:
 
     def snapshot(self, ports: Ports, *, with_consumers: bool = True) -> Snapshot:
         if self.dgd is None or self.dgd_obj is None:
-            return Snapshot(self.dgd_obj, None, [], [], {}, {}, [], False)
+            return Snapshot(self.dgd_obj, None, [], [], {}, {}, {}, False)
         pods = ports.cluster.list_pods(self.dgd.namespace, label_selector=self.dgd.pod_selector)
         frontends, missing = frontends_of(self.dgd, pods)
         states, errors = read_all(ports.router, frontends)
         return Snapshot(
             dgd_obj=self.dgd_obj, dgd=self.dgd, frontends=frontends, frontends_without_url=missing,
             frontend_policies={p: s.policy for p, s in states.items()}, frontend_errors=errors,
-            sweep_consumers=ports.sweep_consumers() if with_consumers else [],
+            sweep_consumers=ports.sweep_consumers(self.settings.trace_dir) if with_consumers else {},
             load_scaling=load_scaling_on(self.dgd_obj),
         )

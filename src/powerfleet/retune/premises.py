@@ -6,7 +6,8 @@ launch. Codes (docs/retune.md lists them with the fix for each):
 
 ``settings-invalid``, ``dgd-missing``, ``dgd-unsettled``, ``no-frontend``,
 ``frontend-unreachable``, ``worker-router-override``, ``credit-zero-frontend``,
-``trace-dir-unreadable``, ``time-budget``, ``load-scaling-on``, ``no-sweep-consumer``.
+``trace-dir-unreadable``, ``time-budget``, ``load-scaling-on``, ``no-sweep-consumer``,
+``sweep-cannot-read``.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class Snapshot:
     frontends_without_url: list[str]
     frontend_policies: dict[str, dict[str, float]]  # pod -> current settings (readable ones)
     frontend_errors: dict[str, str]
-    sweep_consumers: list[str]
+    sweep_consumers: dict[str, bool]  # worker consuming ``sweep`` -> can it read the trace directory
     load_scaling: bool
 
 
@@ -164,6 +165,9 @@ def check(s: DeploymentSettings, snap: Snapshot) -> list[Premise]:
                                               f"fixed while retune runs (set {LOAD_SCALING_ANNOTATION}: off)"))
     if not snap.sweep_consumers:
         out.append(Premise("no-sweep-consumer", "no worker consumes the sweep queue"))
+    elif not any(snap.sweep_consumers.values()):
+        out.append(Premise("sweep-cannot-read", f"no sweep worker ({', '.join(sorted(snap.sweep_consumers))}) can read "
+                                                f"the trace directory {s.trace_dir!r}; mount the trace volume there"))
     if worker_replicas(snap.dgd) < 1:
         out.append(Premise("dgd-unsettled", "the deployment has no worker replicas to replay"))
     return out

@@ -26,7 +26,7 @@ def _no_send(*_: Any) -> None:
 def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient, name: str,
                       clock: Any, decisions: int = 5) -> dict[str, Any]:
     ports = Ports(r=None, cluster=cluster, router=router, clock=clock, identity="status",  # type: ignore[arg-type]
-                  send=_no_send, sweep_consumers=lambda: [])
+                  send=_no_send, sweep_consumers=lambda _dir: {})
     try:
         dep = Deployment.open(cfg, ports, name)
     except SettingsError as exc:

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
+from celery.worker.control import control_command
 from pydantic import Field
 
 from powerfleet.beat.ticklog import TickLog
@@ -31,7 +33,7 @@ from powerfleet.workers.routes import SWEEP_QUEUE
 
 _DGD = Field(min_length=1, max_length=253)
 _clusters: dict[str | None, Any] = {}
-_consumers: dict[str, tuple[float, list[str]]] = {}
+_consumers: dict[str, tuple[float, dict[str, bool]]] = {}
 
 
 class TickArgs(TaskArgs):
@@ -72,16 +74,29 @@ class _At:
         return clock.monotonic()
 
 
-def _sweep_consumers(app: Any) -> list[str]:
-    """Workers consuming ``sweep`` (cached 30 s per process: one broadcast, 2 s reply window)."""
-    hit = _consumers.get("sweep")
+@control_command(args=[("path", str)], signature="<path>")
+def powerfleet_can_read(state: Any, path: str) -> dict[str, bool]:
+    """Remote control command: can this worker read ``path`` (the retune trace directory)?"""
+    return {"ok": os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK)}
+
+
+def _sweep_consumers(app: Any, trace_dir: str) -> dict[str, bool]:
+    """Workers consuming ``sweep`` and whether each can read ``trace_dir`` (two broadcasts with a
+    2 s reply window; a positive answer is cached 30 s per process)."""
+    hit = _consumers.get(trace_dir)
     if hit is not None and time.monotonic() - hit[0] < 30:
         return hit[1]
     replies = app.control.inspect(timeout=2.0).active_queues() or {}
     names = sorted(w for w, qs in replies.items() if any(q.get("name") == SWEEP_QUEUE for q in qs or []))
+    out = {n: False for n in names}
     if names:
-        _consumers["sweep"] = (time.monotonic(), names)
-    return names
+        for reply in app.control.broadcast("powerfleet_can_read", arguments={"path": trace_dir}, destination=names,
+                                           reply=True, timeout=2.0) or []:
+            for worker, answer in reply.items():
+                out[worker] = bool(isinstance(answer, dict) and answer.get("ok"))
+    if any(out.values()):
+        _consumers[trace_dir] = (time.monotonic(), out)
+    return out
 
 
 def ports_for(task: Any, at: float | None = None) -> Ports:
@@ -95,7 +110,7 @@ def ports_for(task: Any, at: float | None = None) -> Ports:
         r=fleet_redis(app), cluster=cluster, router=RouterClient(leader=identity), clock=_At(at),
         identity=identity,
         send=lambda name, kwargs, opts: app.send_task(name, kwargs=kwargs, **opts),
-        sweep_consumers=lambda: _sweep_consumers(app),
+        sweep_consumers=lambda trace_dir: _sweep_consumers(app, trace_dir),
     )
 
 
@@ -177,7 +192,7 @@ def _release_leases(sender: Any = None, **kw: Any) -> None:
     except Exception:  # no cluster reachable at shutdown: the Lease expires on its own
         return
     ports = Ports(r=fleet_redis(app), cluster=cluster, router=RouterClient(), clock=clock, identity=identity,
-                  send=lambda *a: None, sweep_consumers=lambda: [])
+                  send=lambda *a: None, sweep_consumers=lambda _dir: {})
     try:
         control.release_all(cfg, ports)
     except Exception:  # shutting down: never block the exit on the API server
