@@ -14,7 +14,6 @@ immutability violations can name them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
@@ -22,6 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from powerfleet.cluster.errors import DGDFormatError
+# The status half of the model lives in cluster/status.py; its names are re-exported here.
+from powerfleet.cluster.status import INT_RE, ComponentStatus, DGDStatus, RolloutPhase, opt_int, parse_status  # noqa: F401
 
 DGD_GROUP = "nvidia.com"
 DGD_VERSION = "v1alpha1"  # the oldest served version; KubeCluster discovers which ones the cluster serves
@@ -54,13 +55,6 @@ class ComponentType(StrEnum):
 
 
 WORKER_LIKE = frozenset({ComponentType.WORKER, ComponentType.PREFILL, ComponentType.DECODE})
-
-
-class RolloutPhase(StrEnum):
-    PENDING = "Pending"
-    IN_PROGRESS = "InProgress"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
 
 
 class FieldPaths(BaseModel):
@@ -115,26 +109,6 @@ class Component(BaseModel):
         return self.annotations.get(POWER_ANNOTATION)
 
 
-class ComponentStatus(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    replicas: int | None = None
-    ready_replicas: int | None = None
-    updated_replicas: int | None = None
-    rollout: RolloutPhase | None = None
-    message: str = ""
-
-
-class DGDStatus(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    observed_generation: int | None = None
-    state: str | None = None
-    rollout: RolloutPhase | None = None  # status.rollingUpdate.phase (deployment-wide)
-    rollout_message: str = ""
-    components: dict[str, ComponentStatus] = {}
-
-
 class DGD(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -185,16 +159,13 @@ def _string_map(value: Any, path: str, component: str) -> dict[str, str]:
     return out
 
 
-_INT_RE = re.compile(r"[0-9]{1,9}")
-
-
 def _count(value: Any, path: str, component: str, *, what: str) -> int:
     """A non-negative integer given as a JSON integer or a decimal string (quantity without suffix)."""
     if isinstance(value, bool):
         raise DGDFormatError(path, f"{value!r} is not a non-negative integer {what}", component=component)
     if isinstance(value, int) and value >= 0:
         return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+    if isinstance(value, str) and INT_RE.fullmatch(value.strip()):
         return int(value.strip())
     raise DGDFormatError(path, f"{value!r} is not a non-negative integer {what}", component=component)
 
@@ -351,57 +322,6 @@ def _parse_service(name: str, raw: Any) -> Component:
                       f"{base}.extraPodMetadata.labels", paths, (claims, bool(extra.get("resourceClaims"))))
 
 
-def _opt_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value):
-        return int(value)
-    return None
-
-
-def _phase(value: Any) -> RolloutPhase | None:
-    try:
-        return RolloutPhase(value)
-    except ValueError:
-        return None
-
-
-def parse_status(raw: Any) -> DGDStatus:
-    """Lenient: the status is written by controllers; anything unreadable counts as unknown."""
-    if not isinstance(raw, Mapping):
-        return DGDStatus()
-    rolling = raw.get("rollingUpdate") if isinstance(raw.get("rollingUpdate"), Mapping) else {}
-    comps_raw = raw.get("components", raw.get("services"))
-    comps: dict[str, ComponentStatus] = {}
-    entries: list[tuple[str, Any]] = []
-    if isinstance(comps_raw, Mapping):
-        entries = [(str(k), v) for k, v in comps_raw.items()]
-    elif isinstance(comps_raw, list):
-        entries = [(str(v.get("name")), v) for v in comps_raw if isinstance(v, Mapping) and v.get("name")]
-    for cname, v in entries:
-        if not isinstance(v, Mapping):
-            continue
-        rollout = v.get("rollout")
-        phase = _phase(rollout.get("phase")) if isinstance(rollout, Mapping) else _phase(v.get("rolloutPhase"))
-        message = rollout.get("message", "") if isinstance(rollout, Mapping) else ""
-        comps[cname] = ComponentStatus(
-            replicas=_opt_int(v.get("replicas")),
-            ready_replicas=_opt_int(v.get("readyReplicas")),
-            updated_replicas=_opt_int(v.get("updatedReplicas")),
-            rollout=phase,
-            message=str(message or ""),
-        )
-    return DGDStatus(
-        observed_generation=_opt_int(raw.get("observedGeneration")),
-        state=raw.get("state") if isinstance(raw.get("state"), str) else None,
-        rollout=_phase(rolling.get("phase")),
-        rollout_message=str(rolling.get("message") or ""),
-        components=comps,
-    )
-
-
 def parse_dgd(obj: Mapping[str, Any]) -> DGD:
     """Parse a DGD as the API returns it (a JSON object). Raises DGDFormatError."""
     if not isinstance(obj, Mapping):
@@ -433,7 +353,7 @@ def parse_dgd(obj: Mapping[str, Any]) -> DGD:
         name=name,
         namespace=str(meta.get("namespace") or "default"),
         uid=str(meta.get("uid") or ""),
-        generation=_opt_int(meta.get("generation")),
+        generation=opt_int(meta.get("generation")),
         resource_version=str(meta.get("resourceVersion") or ""),
         api_version=str(obj.get("apiVersion") or DGD_API_VERSION),
         labels={str(k): str(v) for k, v in _mapping(meta.get("labels"), "metadata.labels").items()},
