@@ -142,3 +142,11 @@ def test_writer_persists_through_the_official_client_and_skips_unchanged_status(
                                                                             for p in pods)
     finally:
         loop.stop()
+
+
+def test_status_keys_other_controllers_own_are_kept() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    dgds[0]["status"] = {"budget": {"ready": "True", "reason": "Planned"}, "state": "stale"}
+    plan = reconcile(dgds, [], NODES)
+    status = plan.dgd_status[DISAGG]
+    assert status["budget"] == {"ready": "True", "reason": "Planned"} and status["state"] == "pending"

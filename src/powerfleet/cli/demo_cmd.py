@@ -22,7 +22,9 @@ import typer
 from powerfleet.cli.context import fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.config import FleetConfig
-from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+from powerfleet.twin.manifests import AGG, DISAGG
+from powerfleet.twin.power import IDLE_W
+from powerfleet.twin.topology import GPU_MAX_W, MAX_NODES, MIN_NODES, RACK_LABEL
 
 
 def _known(path: str) -> bool:
@@ -40,8 +42,20 @@ def _env(values: dict[str, str]) -> dict[str, str]:
     return {"POWERFLEET_" + k.upper().replace(".", "__"): v for k, v in values.items() if _known(k)}
 
 
+def planner_group_budgets(twin: Any) -> dict[str, int]:
+    """The rack budgets the planner gets: each rack's budget less the draw of all its GPUs idling.
+
+    The planner budgets the caps of the pods it places; a GPU without a pod draws its idle power,
+    which no cap covers. Reserving that for every GPU keeps measured rack power within the
+    rack budget whatever the placement.
+    """
+    return {rack: int(w - len(twin.spec.racks[rack]) * twin.spec.gpus_per_node * IDLE_W)
+            for rack, w in twin.budgets.items()}
+
+
 def fleet_env(twin: Any, window_s: int, flower_port: int, work: Path) -> dict[str, str]:
     nodes = twin.spec.node_names
+    fleet_max = twin.spec.total_gpus * GPU_MAX_W
     values = {
         "nodes": "[" + ", ".join(nodes) + "]",
         "beat.reconcile_interval_s": "3",
@@ -58,11 +72,20 @@ def fleet_env(twin: Any, window_s: int, flower_port: int, work: Path) -> dict[st
         "retune.lease_duration_s": "15",
         "retune.lease_renew_s": "5",
         "retune.max_shards": "2",
+        # 24 points, no zero credit: a router retuned to credit 0 would be held there by retune's
+        # own premise (a live router at credit 0 stays at 0), ending the demo's retuning.
+        "retune.grid": "{overlap_score_credit: {choices: [0.25, 0.5, 1.0]}, "
+                       "prefill_load_scale: {choices: [0.5, 1.0, 2.0, 4.0]}, temperature: {choices: [0.0, 0.5]}}",
         "agent.gpu_backend": "simulated",
         "agent.simulated_dir": str(twin.root / "gpus"),
         "agent.kubeconfig": str(twin.kubeconfig),
         "agent.namespaces": f"[{twin.spec.namespace}]",
         "budget.kubeconfig": str(twin.kubeconfig),
+        "budget.group_label": RACK_LABEL,
+        "budget.groups": "{" + ", ".join(f"{r}: {w}" for r, w in planner_group_budgets(twin).items()) + "}",
+        # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power.
+        "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}}}"
+                                              for d in (DISAGG, AGG)) + "}",
     }
     env = _env(values)
     env["KUBECONFIG"] = str(twin.kubeconfig)

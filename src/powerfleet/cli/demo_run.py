@@ -176,8 +176,8 @@ class DemoRun:
         # One reconcile interval, plus the twin's sampling period either side and a pass's own time.
         lag = self.config.beat.reconcile_interval_s + 2 * self.twin.options.tick_s + 2.0
         history = self.scenario.retune_history()
-        decided = [(d, int(h["window"])) for d, hs in history.items() for h in hs
-                   if h.get("outcome") in DECIDED and isinstance(h.get("window"), int)]
+        outcomes = {(d, int(h["window"])): str(h.get("outcome")) for d, hs in history.items() for h in hs
+                    if isinstance(h.get("window"), int)}
         # A window launched within its time budget of the end may still be sweeping: not judged.
         budget_s = self.window_s * 0.8 + self.window_s
         running = [(d, k) for d, k in self._launched if (k + 1) * self.window_s > self.ended_at - budget_s]
@@ -185,7 +185,7 @@ class DemoRun:
             C.power_within_budget(samples, budgets, sum(budgets.values())),
             # Judged from the first reconcile tick: before it no agent has been asked to act.
             C.caps_match_annotations(samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
-            C.windows_decided(self._launched, decided, running),
+            C.windows_decided(self._launched, outcomes, running, DECIDED),
             C.no_task_failures(self._log_lines()),
         ]
         for step in self.scenario.steps:

@@ -74,22 +74,33 @@ def caps_match_annotations(samples: Sequence[Sample], allowed_lag_s: float, sinc
     return Check(name, True, f"every annotated GPU matched within {allowed_lag_s:.0f} s ({matched} GPU samples matched)")
 
 
-def windows_decided(launched: Iterable[tuple[str, int]], decided: Iterable[tuple[str, int]],
-                    still_running: Iterable[tuple[str, int]] = ()) -> Check:
-    """Every launched retune window ended in a decision (windows still inside their time budget excepted)."""
+def windows_decided(launched: Iterable[tuple[str, int]], outcomes: Mapping[tuple[str, int], str],
+                    still_running: Iterable[tuple[str, int]] = (), decided: Iterable[str] = ()) -> Check:
+    """Every launched retune window ended in a recorded outcome, and at least one in a decision.
+
+    ``outcomes``: (deployment, window) -> the outcome its history records. A window the harvest
+    abandoned with a recorded reason (the replicas changed under the sweep, a premise failed)
+    ended in that decision; a launched window with no outcome at all was lost. Windows still
+    inside their time budget at the end are not judged.
+    """
     name = "retune_windows_decided"
-    launched_set, decided_set, running = set(launched), set(decided), set(still_running)
+    launched_set, running = set(launched), set(still_running)
     if not launched_set:
         return Check(name, False, "no retune window was launched")
-    missing = sorted(launched_set - decided_set - running)
+    missing = sorted(launched_set - set(outcomes) - running)
     if missing:
-        return Check(name, False, f"{len(missing)} launched windows without a decision: "
+        return Check(name, False, f"{len(missing)} launched windows without an outcome: "
                                   + ", ".join(f"{d}#{k}" for d, k in missing[:5]))
-    done = len(launched_set & decided_set)
-    if done == 0:
-        return Check(name, False, f"{len(launched_set)} windows launched, none decided before the end")
-    return Check(name, True, f"{done} windows launched and decided"
-                             + (f" ({len(running)} still inside their time budget at the end)" if running else ""))
+    ended = {w: o for w, o in outcomes.items() if w in launched_set}
+    counts: dict[str, int] = {}
+    for o in ended.values():
+        counts[o] = counts.get(o, 0) + 1
+    summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+    if not any(o in set(decided) for o in ended.values()):
+        return Check(name, False, f"{len(launched_set)} windows launched, none decided ({summary or 'no outcome yet'})")
+    return Check(name, True, f"{len(ended)} launched windows ended: {summary}"
+                             + (f" ({len(running - set(outcomes))} still inside their time budget at the end)"
+                                if running - set(outcomes) else ""))
 
 
 # Celery logs a task that raised as "Task <name>[<id>] raised unexpected: <exc>"; a hard

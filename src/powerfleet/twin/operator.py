@@ -27,6 +27,7 @@ from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_COMPONENT, LABEL_DGD_NAME
 Obj = dict[str, Any]
 GPUS_ANNOTATION = "twin.powerfleet.io/gpus"
 HASH_LABEL = "twin.powerfleet.io/template-hash"
+OWNED_STATUS = ("observedGeneration", "state", "rollingUpdate", "services", "conditions")
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,10 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
     prev = _map(dgd.get("status"))
     was_ready = any(_map(c).get("type") == "Ready" and _map(c).get("status") == "True"
                     for c in prev.get("conditions") or [])
-    status: Obj = {
+    # Keys other controllers own (powerfleet's status.budget) are kept as they are: this
+    # program's status is complete for what the operator owns, and never erases the rest.
+    status: Obj = {k: v for k, v in prev.items() if k not in OWNED_STATUS}
+    status |= {
         "observedGeneration": _int(meta.get("generation"), 1),
         "state": "successful" if all_done else "pending",
         "rollingUpdate": {"phase": "Completed" if all_done else "InProgress"},

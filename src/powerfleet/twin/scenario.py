@@ -9,8 +9,9 @@ fails at once with that reason: it is never skipped silently or faked.
 Steps:
 1. ``cap_change``: the decode component of ``llm-disagg`` gets a lower power annotation;
    the operator rolls its pods; holds when every GPU of the new pods runs at the new cap.
-2. ``scale_up_clamped``: ``budget.propose`` asks for more decode replicas than the rack
-   budget allows; holds when the replicas grew but stayed below the proposal.
+2. ``scale_up_clamped``: the deployment is re-admitted after step 1's drift, then
+   ``budget.propose`` asks for more decode replicas than the rack budget allows; holds when
+   the replicas grew, stayed below the proposal, and the planner gave a power reason.
 3. ``retune_applied``: at least one retune window was decided and applied to the routers.
 4. ``manual_change_reverted``: someone PATCHes a router by hand; holds when retune puts
    the decided settings back.
@@ -60,6 +61,7 @@ class Scenario:
         self._proposed: int | None = None
         self._initial_decode = 0
         self._manual_frontend: str | None = None
+        self._reasons: set[str] = set()
         self.steps = [
             Step("cap_change", 0.08, self._start_cap, self._poll_cap),
             Step("scale_up_clamped", 0.25, self._start_scale, self._poll_scale),
@@ -73,7 +75,10 @@ class Scenario:
         for step in self.steps:
             o = step.outcome
             if o.state == "pending" and fraction >= step.at:
-                reason = step.start()
+                try:
+                    reason = step.start()
+                except Exception as exc:  # noqa: BLE001 - a refused send is this step's failure, not the run's
+                    reason = f"{type(exc).__name__}: {exc}"
                 if reason is not None:
                     o.state, o.detail = "failed", reason
                     self.log(f"scenario {step.name}: cannot run: {reason}")
@@ -137,17 +142,26 @@ class Scenario:
         self._initial_decode = int(dgd["spec"]["services"]["decode"].get("replicas", 1))
         # Enough 2-GPU decode replicas to fill every GPU: far above any rack budget.
         self._proposed = self._initial_decode + self.twin.spec.total_gpus // 2
-        self.send("powerfleet.budget.propose", {"deployment": DISAGG, "replicas": {"decode": self._proposed}})
+        deployment = f"{self.twin.spec.namespace}/{DISAGG}"
+        if self.has_task("powerfleet.budget.readmit"):
+            # The cap change was drift against what the planner admitted: it failed this deployment
+            # closed. An operator re-admits it once the new caps are rolled out (docs/budget.md).
+            self.send("powerfleet.budget.readmit", {"deployment": deployment})
+            self.log(f"scenario: budget.readmit {deployment} (new caps rolled out)")
+        self.send("powerfleet.budget.propose", {"deployment": deployment, "replicas": {"decode": self._proposed}})
         self.log(f"scenario: budget.propose {DISAGG} decode {self._initial_decode} -> {self._proposed} replicas")
         return None
 
     def _poll_scale(self) -> tuple[bool, str]:
         dgd = self._dgd(DISAGG)
         now = int(dgd["spec"]["services"]["decode"].get("replicas", 0))
-        budget = json.dumps((dgd.get("status") or {}).get("budget", {}), sort_keys=True)[:200]
+        budget = (dgd.get("status") or {}).get("budget") or {}
+        self._reasons.update(r for r in budget.get("reasons", []) if isinstance(r, str))
         assert self._proposed is not None
-        ok = self._initial_decode < now < self._proposed
-        return ok, f"decode replicas {self._initial_decode} -> {now} (proposed {self._proposed}); status.budget {budget}"
+        clamped = any(r.startswith("power_") for r in self._reasons)
+        ok = self._initial_decode < now < self._proposed and clamped
+        return ok, (f"decode replicas {self._initial_decode} -> {now} (proposed {self._proposed}); "
+                    f"planner reasons seen {sorted(self._reasons)}; status.budget.reason {budget.get('reason')}")
 
     # -- 3. retune decisions --
 

@@ -1,0 +1,92 @@
+"""The demo's self-checks (pure), its live view's plain mode, and the report files."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from powerfleet.twin import checks as C
+from powerfleet.twin.frontends import WindowTtft
+from powerfleet.twin.nodes import GpuSample
+from powerfleet.twin.report import summary, write_report
+from powerfleet.twin.runtime import Sample
+from powerfleet.twin.view import PlainView, ViewState, make_view
+
+
+def _sample(t: float, cap: float, want: float | None, rack_w: float = 1000.0) -> Sample:
+    g = GpuSample("n0", 0, "GPU-x", cap, min(cap, 300.0), "pod-a" if want else None, "decode", False)
+    return Sample(t, rack_w, {"rack-a": rack_w}, [g], {"n0/0": want}, {"d": 3})
+
+
+def test_power_check_names_the_worst_excess() -> None:
+    ok = C.power_within_budget([_sample(0, 500, 500)], {"rack-a": 2000}, 2000)
+    assert ok.ok and "1 samples" in ok.detail
+    bad = C.power_within_budget([_sample(0, 500, 500, 2100), _sample(1, 500, 500, 2500)], {"rack-a": 3000}, 2000)
+    assert not bad.ok and "fleet 500 W over budget at t=1" in bad.detail
+    assert not C.power_within_budget([], {}, 1).ok
+
+
+def test_caps_check_allows_one_lag_and_no_more() -> None:
+    # A pod asks 400 W from t=10; the agent gets there at t=14: within a 5 s lag.
+    series = [_sample(t, 700 if t < 14 else 400, 400) for t in range(10, 20)]
+    assert C.caps_match_annotations(series, 5).ok
+    slow = [_sample(t, 700 if t < 17 else 400, 400) for t in range(10, 20)]
+    res = C.caps_match_annotations(slow, 5)
+    assert not res.ok and "n0/0 at 700 W while its pod pod-a asks 400 W for 6 s" in res.detail
+    # Before ``since`` (the fleet still starting) nothing is judged.
+    assert C.caps_match_annotations(slow, 5, since=13).ok
+    assert not C.caps_match_annotations([_sample(0, 700, None)], 5).ok  # nothing ever annotated
+
+
+def test_windows_check_needs_an_outcome_for_each_and_one_decision() -> None:
+    launched = [("a", 1), ("a", 2), ("b", 1)]
+    decided = ("apply", "keep")
+    full = {("a", 1): "apply", ("a", 2): "abandoned", ("b", 1): "keep"}
+    res = C.windows_decided(launched, full, decided=decided)
+    assert res.ok and "1 abandoned, 1 apply, 1 keep" in res.detail
+    lost = C.windows_decided(launched, {("a", 1): "apply"}, decided=decided)
+    assert not lost.ok and "a#2, b#1" in lost.detail
+    assert C.windows_decided(launched, {("a", 1): "apply"}, still_running=[("a", 2), ("b", 1)], decided=decided).ok
+    assert not C.windows_decided(launched, {w: "abandoned" for w in launched}, decided=decided).ok
+    assert not C.windows_decided([], {}, decided=decided).ok
+
+
+def test_task_failures_are_found_in_worker_logs() -> None:
+    clean = [("control", "Task powerfleet.budget.tick[1] succeeded in 0.1s: {}")]
+    assert C.no_task_failures(clean).ok
+    res = C.no_task_failures(clean + [("sweep-1", "Task powerfleet.retune.shard[2] raised unexpected: KeyError('x')")])
+    assert not res.ok and "sweep-1" in res.detail and "KeyError" in res.detail
+
+
+def test_plain_view_prints_status_lines_and_each_decision_once() -> None:
+    out = io.StringIO()
+    view = PlainView(out, every_s=5)
+    state = ViewState(elapsed_s=1, fleet_w=900, fleet_budget_w=2000, rack_w={"rack-a": 900},
+                      rack_budget_w={"rack-a": 2000}, queues={"control": 2, "sweep": 0}, decisions=["cap set"])
+    view.update(state)
+    state.elapsed_s = 2
+    view.update(state)
+    text = out.getvalue()
+    assert text.count("cap set") == 1 and text.count("power fleet 900/2000 W") == 1 and "control=2" in text
+    assert isinstance(make_view(is_tty=lambda: False), PlainView)
+
+
+def test_report_writes_summary_images_and_html(tmp_path: Path) -> None:
+    samples = [_sample(float(t), 700 if t < 3 else 400, 400, 1000 + 10 * t) for t in range(10)]
+    windows = [WindowTtft("llm-agg", k, 0.0, 10, 2, 900.0 - k, 1000.0, {"temperature": 0.0}) for k in range(3)]
+    checks = [C.Check("power_within_budget", True, "fine"), C.Check("retune_applied", False, "absent")]
+    data = summary(samples=samples, windows=windows, checks=checks, rack_budget_w={"rack-a": 2000},
+                   fleet_budget_w=2000, extra={"nodes": 1, "steps": {"retune_applied": "failed: absent"}})
+    index = write_report(tmp_path / "r", data, samples, windows, {"rack-a": 2000})
+    saved = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert saved["checks"] == {"power_within_budget": True, "retune_applied": False}
+    assert saved["power"]["rack_w"]["rack-a"]["max"] == 1090 and saved["retune_windows"][0]["ttft_ms_default"] == 1000
+    html = index.read_text()
+    assert "FAILED" in html and "absent" in html
+    for name in ("power.png", "caps.png", "ttft.png"):
+        with Image.open(tmp_path / "r" / name) as img:
+            img.verify()
+        assert f'src="{name}"' in html
