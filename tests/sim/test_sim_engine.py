@@ -299,3 +299,34 @@ def test_warm_start_equals_the_warm_up_span_replayed_with_only_the_window_scored
     assert cold.requests == warm.requests and cold.ttft_ms != warm.ttft_ms
     with pytest.raises(ValueError, match="warm-up"):
         prepare(tiny_requests, window=(5, 10), warmup_s=-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=traces(), pol=policies, workers=st.integers(1, 3), seed=st.integers(0, 5),
+       split=st.sampled_from([0.0, 100.0, 2500.0]), alloc=st.sampled_from(["reserve", "incremental"]),
+       opts=router_options)
+def test_a_run_stopped_and_forked_under_the_same_policy_equals_one_run(reqs, pol, workers, seed, split, alloc,
+                                                                       opts) -> None:
+    from powerfleet.sim.engine import Simulation
+
+    arr = prepare(reqs, seed=seed, jitter_ms=500)
+    args = (arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, pol, dataclasses.replace(P, kv_capacity_tokens=
+            10 * 512), EngineConfig(max_num_batched_tokens=1024, kv_allocation=alloc), seed)
+    whole = simulate(*args, router=opts)
+    forked = Simulation(*args, router=opts).run(until=split).fork(pol).run().result()
+    assert forked == whole or (forked.worker == whole.worker and forked.dropped == whole.dropped and all(
+        (math.isnan(x) and math.isnan(y)) or x == y
+        for x, y in zip(forked.first_token_ms + forked.finish_ms, whole.first_token_ms + whole.finish_ms)))
+
+
+def test_a_shared_warm_up_is_served_by_the_current_settings(tiny_requests) -> None:
+    from powerfleet.sim.replay import warm_snapshot
+
+    cur, cand = RouterPolicy(), RouterPolicy(overlap_score_credit=0.0, temperature=1.0)
+    arr = prepare(tiny_requests, seed=1, window=(15, 30))
+    warm = warm_snapshot(arr, 3, cur, 1)
+    shared = replay_arrivals(arr, 3, cand, 1, warm=warm)
+    assert replay_arrivals(arr, 3, cand, 1, warm=warm) == shared  # the snapshot is not consumed
+    assert replay_arrivals(arr, 3, cur, 1, warm=warm) == replay_arrivals(arr, 3, cur, 1)
+    own = replay_arrivals(arr, 3, cand, 1)  # the warm-up replayed under the candidate itself
+    assert own.requests == shared.requests and own.ttft_ms != shared.ttft_ms

@@ -211,3 +211,20 @@ def test_sweep_reports_grid_and_search_points_and_warm_starts(tiny_requests) -> 
     assert off.search_points == 0 and off.warmup_s == 0 and len(off.candidates) == 4
     assert off.probe.score == replay(tiny_requests, 3, RouterPolicy(), 2, window=(10, 20), warmup_s=0).ttft_ms.mean
     assert res.probe.score == replay(tiny_requests, 3, RouterPolicy(), 2, window=(10, 20)).ttft_ms.mean
+
+
+def test_shard_entry_warm_started_by_the_current_settings_matches_the_sweep(tiny_requests) -> None:
+    from powerfleet.retune.sweep import run_shard_from_trace
+
+    from .conftest import TINY
+
+    grid = parse_grid({"overlap_score_credit": {"choices": [0.0, 1.0]}})
+    cur = RouterPolicy(temperature=0.5)
+    res = run_sweep(tiny_requests, 2, "ttft", cur, grid, seed=1, window=(10, 20), processes=1,
+                    search=EdgeSearch(enabled=False))
+    got = run_shard_from_trace(str(TINY), 2, [{"overlap_score_credit": 0.0, "temperature": 0.5}], objective="ttft",
+                               seed=1, window=(10, 20), warmup_policy=cur.model_dump())
+    assert got[0].score == res.candidates[0].score
+    own = run_shard_from_trace(str(TINY), 2, [{"overlap_score_credit": 0.0, "temperature": 0.5}], objective="ttft",
+                               seed=1, window=(10, 20))  # warm-up under the point's own settings
+    assert own[0].score != got[0].score

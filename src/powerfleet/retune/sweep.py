@@ -19,10 +19,10 @@ from typing import Any
 from powerfleet.retune.decision import Candidate, Decision, decide
 from powerfleet.retune.grid import EdgeSearch, SweepGrid, search_beyond, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
-from powerfleet.sim.engine import EngineConfig
+from powerfleet.sim.engine import EngineConfig, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
 from powerfleet.sim.profile import TimingProfile
-from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals, warmup_span
+from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals, warm_snapshot, warmup_span
 from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
 
@@ -87,9 +87,12 @@ def evaluate(
     shard: int | None = None,
     engine: EngineConfig | None = None,
     router: RouterOptions | None = None,
+    warm: Simulation | None = None,
 ) -> Candidate:
-    """Replay one setting and score it (a failed score is a candidate with ``ok`` false)."""
-    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine, router=router)
+    """Replay one setting and score it (a failed score is a candidate with ``ok`` false);
+    ``warm``: the shared warm-up state to continue from (``replay.warm_snapshot``)."""
+    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine, router=router,
+                              warm=warm)
     res = score(summary, objective, sla)
     return Candidate(params=policy.model_dump(), score=res.score, ok=res.ok, reason=res.reason, shard=shard)
 
@@ -105,10 +108,11 @@ def run_shard(
     profile: TimingProfile | None = None,
     engine: EngineConfig | None = None,
     router: RouterOptions | None = None,
+    warm: Simulation | None = None,
 ) -> list[Candidate]:
     """What one shard task does: replay and score its points in order."""
     obj = parse_objective(objective) if isinstance(objective, str) else objective
-    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine, router) for p in points]
+    return [evaluate(arr, workers, p, seed, obj, sla, profile, shard, engine, router, warm) for p in points]
 
 
 def run_shard_from_trace(
@@ -124,6 +128,7 @@ def run_shard_from_trace(
     engine: dict[str, Any] | None = None,
     warmup_s: float | None = None,
     router: dict[str, Any] | None = None,
+    warmup_policy: dict[str, Any] | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -133,7 +138,10 @@ def run_shard_from_trace(
     Warm start: with a ``window``, ``warmup_s`` seconds before it (None: one window length)
     are replayed unscored first. Without a ``window``, a ``warmup_s`` > 0 marks the file's
     first ``warmup_s`` seconds as the warm-up and scores the rest (for a window file cut
-    with its warm-up span in front). ``router``: Dynamo's further router options (JSON).
+    with its warm-up span in front). ``warmup_policy``: the settings that served the
+    warm-up span (the current ones; what ``run_sweep`` uses): it is replayed once under
+    them and every point continues from a copy. Without it each point replays the
+    warm-up under its own settings. ``router``: Dynamo's further router options (JSON).
     """
     from powerfleet.sim.engine import parse_engine
     from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
@@ -143,8 +151,11 @@ def run_shard_from_trace(
     if window is None and warmup_s:
         window = (warmup_s, None)
     arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
-    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, parse_engine(engine),
-                     parse_router_options(router))
+    eng, opts = parse_engine(engine), parse_router_options(router)
+    warm = None
+    if warmup_policy is not None:
+        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, engine=eng, router=opts)
+    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, eng, opts, warm)
 
 
 _STATE: dict[str, Any] = {}
@@ -159,7 +170,7 @@ def _task(shard: int | None, points: list[RouterPolicy]) -> list[Candidate]:
     s = _STATE
     return run_shard(
         s["arr"], s["workers"], points, s["seed"], s["objective"], s["sla"], shard, s["profile"], s["engine"],
-        s["router"],
+        s["router"], s["warm"],
     )
 
 
@@ -233,8 +244,9 @@ def run_sweep(
     """Replay every grid point and the probe in a local process pool, search beyond the
     grid's edge (``search``, on by default) while ``budget_s`` wall seconds last, then decide.
 
-    Every replay starts warm (``warmup_s``, default one window length before the window)
-    and uses the same random streams (CRN).
+    Every replay starts warm (``warmup_s``, default one window length before the window):
+    the warm-up span is replayed once under ``current`` and each candidate continues from
+    a copy of that state, with the same random streams (CRN).
     """
     t_start = clock()
     obj = parse_objective(objective) if isinstance(objective, str) else objective
@@ -242,8 +254,11 @@ def run_sweep(
     points = grid.points(current)
     shards = split_shards(points, max_shards)
     arr = prepare(requests, seed=seed, window=window, warmup_s=warmup_s)
+    # The warm-up span was served by the current settings: replay it once, before the pool
+    # forks, and let every candidate continue from a copy of that state.
+    warm = warm_snapshot(arr, workers, current, seed, profile=profile, engine=engine, router=router)
     state = dict(arr=arr, workers=workers, seed=seed, objective=obj, sla=sla, profile=profile, engine=engine,
-                 router=router)
+                 router=router, warm=warm)
     # Work items: the probe first, then each shard cut into small pieces so the pool stays
     # balanced and the progress bar moves; results are reassembled in grid order.
     items: Items = [(None, [current])]

@@ -16,6 +16,7 @@ A request that could never fit in one worker is dropped; nothing else may vanish
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import OrderedDict
@@ -109,6 +110,168 @@ def build_caches(workers: int, capacity: int, engine: EngineConfig) -> list[Bloc
     return caches
 
 
+class Simulation:
+    """The event loop and its state; ``run(until)`` may stop at a time and resume later, and
+    ``fork(policy)`` continues a copy under other router settings (a shared warm start)."""
+
+    def __init__(
+        self,
+        arrivals: list[float],
+        isls: list[int],
+        osls: list[int],
+        hashes: list[tuple[int, ...]],
+        workers: int,
+        policy: RouterPolicy,
+        profile: TimingProfile,
+        engine: EngineConfig,
+        router_seed: int,
+        prefill_speed: float = 1.0,
+        decode_speed: float = 1.0,
+        max_run_steps: int | None = None,
+        router: RouterOptions | None = None,
+    ) -> None:
+        n = len(arrivals)
+        self.arrivals, self.isls, self.osls, self.hashes = arrivals, isls, osls, hashes
+        bt = engine.block_tokens
+        self.capacity = max(1, profile.kv_capacity_tokens // bt)
+        caches = build_caches(workers, self.capacity, engine)
+        self.ws = [Worker(i, c) for i, c in enumerate(caches)]
+        self.profile = profile
+        self.pf = 1.0 / prefill_speed
+        self.rt = Router(
+            policy, caches, bt, router_seed, router, max_batched_tokens=engine.max_num_batched_tokens,
+            predict_prefill_ms=self.predict_prefill_ms, steps_at=self.steps_at,
+        )
+        self.first = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.where = [-1] * n
+        self.hit_blocks = [0] * n
+        self.prompt_blocks = [0] * n
+        self.loaded_blocks = [0] * n
+        self.dropped: dict[int, str] = {}
+        self.freed = False  # a prefill completed: the router queue may release held requests
+        self.model = StepModel(
+            profile.prefill_ms, profile.decode_ms, prefill_speed, decode_speed, engine.max_num_batched_tokens,
+            engine.max_num_seqs, bt, max_run_steps, self.on_first, self.on_finish,
+            incremental=engine.kv_allocation == "incremental",
+        )
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.i = 0  # next arrival
+
+    def predict_prefill_ms(self, tokens: float) -> float:
+        return self.profile.prefill_ms(tokens) * self.pf
+
+    def steps_at(self, wid: int, now: float) -> int:
+        return steps_done(self.ws[wid], now)
+
+    def on_first(self, w: Worker, r: Req, t: float) -> None:
+        if math.isnan(self.first[r.idx]):  # a preempted request's second prefill is not a first token
+            self.first[r.idx] = t
+            self.hit_blocks[r.idx] = r.dev_hits  # of its first admission
+            self.loaded_blocks[r.idx] = r.loaded
+            self.prompt_blocks[r.idx] = r.nhash
+            self.rt.prefill_done(w.wid, r, t, w.steps)
+            self.freed = True
+
+    def on_finish(self, w: Worker, r: Req, t: float) -> None:
+        self.finish[r.idx] = t
+        self.rt.complete(w.wid, r)
+
+    def place(self, r: Req, t: float) -> None:
+        """Route ``r`` at ``t``; it joins its worker's next step."""
+        wid = self.rt.route(r, t)
+        w = self.ws[wid]
+        self.where[r.idx] = wid
+        w.routed += 1
+        w.waiting.append(r)
+        if w.kind == IDLE:
+            started = self.model.start(w, t)
+        else:
+            started = self.model.cut(w, t)
+        if started:
+            self.seq += 1
+            heapq.heappush(self.heap, (w.end, self.seq, wid, w.gen))
+
+    def fork(self, policy: RouterPolicy) -> Simulation:
+        """A copy of this simulation whose router continues with ``policy``."""
+        # the inputs are never written: share them instead of copying
+        shared = (self.arrivals, self.isls, self.osls, self.hashes, self.profile)
+        other = copy.deepcopy(self, {id(x): x for x in shared})
+        other.rt.set_policy(policy)
+        return other
+
+    def run(self, until: float | None = None) -> Simulation:
+        """Process arrivals and step ends in time order, those before ``until`` (all if None)."""
+        arrivals, heap, ws, model, rt = self.arrivals, self.heap, self.ws, self.model, self.rt
+        n = len(arrivals)
+        capacity = self.capacity
+        stop = math.inf if until is None else until
+        i = self.i
+        while i < n or heap:
+            if heap and (i >= n or heap[0][0] <= arrivals[i]):
+                if heap[0][0] >= stop:
+                    break
+                t, _, wid, gen = heapq.heappop(heap)
+                w = ws[wid]
+                if gen != w.gen:
+                    continue  # the run was cut by an arrival; a newer event replaced this one
+                model.advance(w, t)
+                if rt.held and self.freed:
+                    # Held requests are released as prefills complete (the router learns it on
+                    # the response path), not at other step ends, which event skipping elides.
+                    while (r := rt.release(t)) is not None:
+                        self.place(r, t)
+                self.freed = False
+                if w.kind == IDLE and model.start(w, t):
+                    self.seq += 1
+                    heapq.heappush(heap, (w.end, self.seq, wid, w.gen))
+                rt.observe(t)
+                continue
+            t = arrivals[i]
+            if t >= stop:
+                break
+            r = Req(i, t, self.isls[i], self.osls[i], self.hashes[i])
+            i += 1
+            self.i = i
+            if model.footprint(r) > capacity:
+                self.dropped[r.idx] = DROP_KV
+                continue
+            rt.observe(t)
+            if rt.held or rt.must_hold(t):
+                rt.hold(r)
+                while (r := rt.release(t)) is not None:
+                    self.place(r, t)
+            else:
+                self.place(r, t)
+            rt.observe(t)
+        self.i = i
+        return self
+
+    def result(self) -> EngineResult:
+        """Per-request outcomes; anything still queued is reported (nothing may vanish)."""
+        dropped = dict(self.dropped)
+        finish = self.finish
+        for w in self.ws:
+            for r in list(w.waiting) + w.prefilling + [e[2] for e in w.decoding]:
+                if math.isnan(finish[r.idx]):
+                    dropped[r.idx] = "not_scheduled"
+        for _, _, r in self.rt.held:
+            dropped[r.idx] = "not_scheduled"
+        return EngineResult(
+            arrival_ms=list(self.arrivals),
+            first_token_ms=list(self.first),
+            finish_ms=list(finish),
+            worker=list(self.where),
+            hit_blocks=list(self.hit_blocks),
+            prompt_blocks=list(self.prompt_blocks),
+            loaded_blocks=list(self.loaded_blocks),
+            dropped=dropped,
+            routed_per_worker=[w.routed for w in self.ws],
+            preemptions=sum(w.preempted for w in self.ws),
+        )
+
+
 def simulate(
     arrivals: list[float],
     isls: list[int],
@@ -130,118 +293,7 @@ def simulate(
     step-by-step simulation the tests compare event skipping against). ``router``: Dynamo's
     further router options (all off by default).
     """
-    n = len(arrivals)
-    bt = engine.block_tokens
-    capacity = max(1, profile.kv_capacity_tokens // bt)
-    caches = build_caches(workers, capacity, engine)
-    ws = [Worker(i, c) for i, c in enumerate(caches)]
-    pf = 1.0 / prefill_speed
-    rt = Router(
-        policy, caches, bt, router_seed, router, max_batched_tokens=engine.max_num_batched_tokens,
-        predict_prefill_ms=lambda tokens: profile.prefill_ms(tokens) * pf,
-        steps_at=lambda wid, now: steps_done(ws[wid], now),
-    )
-    first = [math.nan] * n
-    finish = [math.nan] * n
-    where = [-1] * n
-    routed: list[Req] = []
-    dropped: dict[int, str] = {}
-
-    freed = [False]  # a prefill completed: the router queue may release held requests
-
-    def on_first(w: Worker, r: Req, t: float) -> None:
-        if math.isnan(first[r.idx]):  # a preempted request's second prefill is not a first token
-            first[r.idx] = t
-            rt.prefill_done(w.wid, r, t, w.steps)
-            freed[0] = True
-
-    def on_finish(w: Worker, r: Req, t: float) -> None:
-        finish[r.idx] = t
-        rt.complete(w.wid, r)
-
-    model = StepModel(
-        profile.prefill_ms, profile.decode_ms, prefill_speed, decode_speed, engine.max_num_batched_tokens,
-        engine.max_num_seqs, bt, max_run_steps, on_first, on_finish,
-        incremental=engine.kv_allocation == "incremental",
-    )
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-
-    def place(r: Req, t: float) -> None:
-        """Route ``r`` at ``t``; it joins its worker's next step."""
-        nonlocal seq
-        wid = rt.route(r, t)
-        w = ws[wid]
-        where[r.idx] = wid
-        w.routed += 1
-        w.waiting.append(r)
-        routed.append(r)
-        if w.kind == IDLE:
-            started = model.start(w, t)
-        else:
-            started = model.cut(w, t)
-        if started:
-            seq += 1
-            heapq.heappush(heap, (w.end, seq, wid, w.gen))
-
-    i = 0
-    while i < n or heap:
-        if heap and (i >= n or heap[0][0] <= arrivals[i]):
-            t, _, wid, gen = heapq.heappop(heap)
-            w = ws[wid]
-            if gen != w.gen:
-                continue  # the run was cut by an arrival; a newer event replaced this one
-            model.advance(w, t)
-            if rt.held and freed[0]:
-                # Held requests are released as prefills complete (the router learns it on
-                # the response path), not at other step ends, which event skipping elides.
-                while (r := rt.release(t)) is not None:
-                    place(r, t)
-            freed[0] = False
-            if w.kind == IDLE and model.start(w, t):
-                seq += 1
-                heapq.heappush(heap, (w.end, seq, wid, w.gen))
-            rt.observe(t)
-            continue
-        t = arrivals[i]
-        r = Req(i, t, isls[i], osls[i], hashes[i])
-        i += 1
-        if model.footprint(r) > capacity:
-            dropped[r.idx] = DROP_KV
-            continue
-        rt.observe(t)
-        if rt.held or rt.must_hold(t):
-            rt.hold(r)
-            while (r := rt.release(t)) is not None:
-                place(r, t)
-        else:
-            place(r, t)
-        rt.observe(t)
-
-    for w in ws:  # nothing may vanish: anything still queued is reported
-        for r in list(w.waiting) + w.prefilling + [e[2] for e in w.decoding]:
-            if math.isnan(finish[r.idx]):
-                dropped[r.idx] = "not_scheduled"
-    for _, _, r in rt.held:
-        dropped[r.idx] = "not_scheduled"
-
-    hit_blocks = [0] * n
-    prompt_blocks = [0] * n
-    loaded_blocks = [0] * n
-    for r in routed:
-        if r.admits:
-            hit_blocks[r.idx] = r.dev_hits
-            loaded_blocks[r.idx] = r.loaded
-            prompt_blocks[r.idx] = r.nhash
-    return EngineResult(
-        arrival_ms=list(arrivals),
-        first_token_ms=first,
-        finish_ms=finish,
-        worker=where,
-        hit_blocks=hit_blocks,
-        prompt_blocks=prompt_blocks,
-        loaded_blocks=loaded_blocks,
-        dropped=dropped,
-        routed_per_worker=[w.routed for w in ws],
-        preemptions=sum(w.preempted for w in ws),
-    )
+    return Simulation(
+        arrivals, isls, osls, hashes, workers, policy, profile, engine, router_seed, prefill_speed, decode_speed,
+        max_run_steps, router,
+    ).run().result()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfleet.sim.engine import EngineConfig, simulate
+from powerfleet.sim.engine import EngineConfig, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
 from powerfleet.sim.profile import CapCurve, TimingProfile, default_profile, validate_cap_fraction
 from powerfleet.sim.summary import ReplaySummary, summarize
@@ -114,6 +114,54 @@ def warmup_span(window: tuple[float | None, float | None] | None, warmup_s: floa
     return min(warmup_s, start)
 
 
+def start_simulation(
+    arr: Arrivals,
+    workers: int,
+    policy: RouterPolicy,
+    seed: int,
+    *,
+    profile: TimingProfile,
+    engine: EngineConfig | None = None,
+    cap_fraction: float = 1.0,
+    cap_curve: CapCurve | None = None,
+    router: RouterOptions | None = None,
+) -> Simulation:
+    """A simulation of prepared arrivals, not yet run (the router stream is seeded from ``seed``)."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    curve = cap_curve or CapCurve()
+    validate_cap_fraction(cap_fraction, curve)
+    return Simulation(
+        arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, policy, profile, engine or EngineConfig(),
+        router_seed=seed * 2 + 1,
+        prefill_speed=curve.prefill_throughput(cap_fraction),
+        decode_speed=curve.decode_throughput(cap_fraction),
+        router=router,
+    )
+
+
+def warm_snapshot(
+    arr: Arrivals,
+    workers: int,
+    policy: RouterPolicy,
+    seed: int = 0,
+    *,
+    profile: TimingProfile | None = None,
+    engine: EngineConfig | None = None,
+    cap_fraction: float = 1.0,
+    cap_curve: CapCurve | None = None,
+    router: RouterOptions | None = None,
+) -> Simulation | None:
+    """The state the warm-up span leaves when replayed under ``policy`` (the settings that
+    served it), stopped at the window's start; None when ``arr`` has no warm-up. A sweep
+    computes it once and forks it for every candidate."""
+    if arr.scored is None:
+        return None
+    sim = start_simulation(arr, workers, policy, seed, profile=profile or default_profile(), engine=engine,
+                           cap_fraction=cap_fraction, cap_curve=cap_curve, router=router)
+    return sim.run(until=0.0)
+
+
 def replay_arrivals(
     arr: Arrivals,
     workers: int,
@@ -126,29 +174,23 @@ def replay_arrivals(
     cap_fraction: float = 1.0,
     cap_curve: CapCurve | None = None,
     router: RouterOptions | None = None,
+    warm: Simulation | None = None,
 ) -> ReplaySummary:
     """Replay prepared arrivals (the sweep prepares once and replays many policies);
-    warm-up requests (``arr.scored``) are replayed but not summarised."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    warm-up requests (``arr.scored``) are replayed but not summarised.
+
+    ``warm``: a ``warm_snapshot`` of the same arrivals (and profile, engine, cap, router
+    options); the window then continues from a copy of it under ``policy``. Without it the
+    warm-up span is replayed under ``policy`` itself.
+    """
     policy = policy or RouterPolicy()
     profile = profile or default_profile()
-    curve = cap_curve or CapCurve()
-    validate_cap_fraction(cap_fraction, curve)
-    res = simulate(
-        arr.arrival_ms,
-        arr.isl,
-        arr.osl,
-        arr.hashes,
-        workers,
-        policy,
-        profile,
-        engine or EngineConfig(),
-        router_seed=seed * 2 + 1,
-        prefill_speed=curve.prefill_throughput(cap_fraction),
-        decode_speed=curve.decode_throughput(cap_fraction),
-        router=router,
-    )
+    if warm is not None:
+        sim = warm.fork(policy)
+    else:
+        sim = start_simulation(arr, workers, policy, seed, profile=profile, engine=engine,
+                               cap_fraction=cap_fraction, cap_curve=cap_curve, router=router)
+    res = sim.run().result()
     return summarize(
         res,
         arr.osl,

@@ -35,3 +35,12 @@ class Req:
         self.generated = 0  # output tokens produced before a preemption (recomputed on readmission)
         self.length = 0  # tokens whose KV the sequence holds at admission (prompt + recomputed output)
         self.held = 0  # blocks the sequence holds (prompt + output), incremental allocation
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Req:
+        # Every field is a number or an immutable tuple: a shallow copy is a deep one, and
+        # it spares walking the hash ids when a warm-started simulation is forked.
+        other = Req.__new__(Req)
+        for name in Req.__slots__:
+            setattr(other, name, getattr(self, name))
+        memo[id(self)] = other
+        return other

@@ -58,14 +58,7 @@ class Router:
         self.workers = len(caches)
         self.bt = block_tokens
         self.rng = random.Random(seed)
-        self.credit = policy.overlap_score_credit
-        self.decay = policy.overlap_score_credit_decay
-        self.pls = policy.prefill_load_scale
-        self.temp = policy.temperature
-        self.arw = policy.decode_active_request_weight
-        self.host_w = policy.host_cache_hit_weight
-        self.disk_w = policy.disk_cache_hit_weight
-        self.shared_w = policy.shared_cache_multiplier
+        self.set_policy(policy)
         self.tiers = any(c.tiers is not None for c in caches)
         n = len(caches)
         self.prefill = [0] * n  # prompt tokens routed and not yet prefilled (router estimate)
@@ -95,6 +88,17 @@ class Router:
         self.queue_limit = None if thr is None else thr * max_batched_tokens
         self.held: list[tuple[float, int, Req]] = []
         self.held_seq = 0
+
+    def set_policy(self, policy: RouterPolicy) -> None:
+        """The eight cost knobs (a sweep candidate takes over a warm-started router here)."""
+        self.credit = policy.overlap_score_credit
+        self.decay = policy.overlap_score_credit_decay
+        self.pls = policy.prefill_load_scale
+        self.temp = policy.temperature
+        self.arw = policy.decode_active_request_weight
+        self.host_w = policy.host_cache_hit_weight
+        self.disk_w = policy.disk_cache_hit_weight
+        self.shared_w = policy.shared_cache_multiplier
 
     # -- what the router sees ------------------------------------------------------------
 
