@@ -164,3 +164,28 @@ def test_aggregated_v1alpha1_deployment_end_to_end(tmp_path, broker_url):
         assert REGISTRY.get_sample_value("powerfleet_budget_decisions_total",
                                          {"deployment": "default/agg", "reason": "power_budget_clamped"}) == 1
         kube.close()
+
+
+def test_tick_limits_from_one_list_each(tmp_path, broker_url):
+    from powerfleet.budget.runner import tick_limits
+    from powerfleet.config.fleet import DeploymentBudgetConfig
+
+    with ApiServer() as api:
+        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
+        api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-0", "labels": {"powerfleet.io/rack": "r1"}}})
+        for name, counts in (("a", (2, 2)), ("b", (1, 1))):
+            api.apply(dgd(name, *counts))
+            settle(api, kube, name, ["gpu-0"])
+        api.apply(dgd("unplaced", 1, 1))  # no pods yet
+        state = BudgetState(redis.Redis.from_url(broker_url))
+        state.propose("default/a", {"prefill": 8}, at=0, source="test")
+        cfg = {k: DeploymentBudgetConfig(power_limit_w=10_000) for k in ("default/a", "default/b", "default/unplaced",
+                                                                         "default/missing")}
+        plan = tick_limits(kube, state, cfg, {"r1": 4000}, "powerfleet.io/rack")
+        assert plan.skipped == {"default/missing": "not found or unreadable"}
+        a, b, unplaced = (plan.limits[f"default/{k}"] for k in ("a", "b", "unplaced"))
+        assert (a.group, b.group, unplaced.group) == ("r1", "r1", "(unplaced)") and unplaced.limit_w is None
+        assert (a.current_w, b.current_w) == (2000, 1000) and plan.group_current == {"r1": 3000}
+        # a wants 5000 W (8 x 500 + 2 x 500) but only the 1000 W free now: it plans against 3000 W
+        assert a.limit_w == 3000 and b.limit_w == 1000 and plan.group_peak_bound == {"r1": 4000}
+        kube.close()

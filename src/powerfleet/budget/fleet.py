@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from powerfleet.budget.groups import Member, allocate
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
-from powerfleet.cluster.dgd import DGD
+from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
@@ -31,7 +31,7 @@ class DeploymentView:
     admitted: AdmittedPowerInputs | None
     budget: DeploymentBudget
     proposal: Mapping[str, int] | None
-    pods: Sequence[PodInfo]
+    pods: Sequence[PodInfo]  # this deployment's pods (others are ignored)
 
 
 def _power(view: DeploymentView) -> PowerConfig | None:
@@ -68,12 +68,13 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
 
 def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
               group_label: str) -> set[str]:
-    out = {node_groups[p.node_name] for p in view.pods
+    own = [p for p in view.pods if p.namespace == view.dgd.namespace and p.labels.get(LABEL_DGD_NAME) == view.dgd.name]
+    out = {node_groups[p.node_name] for p in own
            if p.node_name in node_groups and p.is_running_or_starting and node_groups[p.node_name] in budgets}
     pinned = view.dgd.labels.get(group_label)
     if pinned in budgets:
         out.add(pinned)
-    if not out and budgets and not any(p.node_name for p in view.pods):
+    if not out and budgets and not any(p.node_name for p in own):
         out.add(UNPLACED)
     return out
 

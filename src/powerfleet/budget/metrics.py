@@ -25,6 +25,9 @@ GROUP_BUDGET = Gauge("powerfleet_budget_group_budget_watts", "A group's budget",
 GROUP_CURRENT = Gauge("powerfleet_budget_group_current_watts",
                       "Watts the deployments on a group draw or may draw at their current counts",
                       ["group"], multiprocess_mode=_MODE)
+GROUP_PEAK = Gauge("powerfleet_budget_group_projected_peak_watts",
+                   "Bound on a group's transition peak: sum over its deployments of max(current, planning limit)",
+                   ["group"], multiprocess_mode=_MODE)
 GROUP_UTILISATION = Gauge("powerfleet_budget_group_utilization_ratio", "Group current watts / group budget",
                           ["group"], multiprocess_mode=_MODE)
 
@@ -43,7 +46,8 @@ def record_evaluation(deployment: str, outcome: str, limit_w: int | None, settle
         DECISIONS.labels(deployment=deployment, reason=reason).inc()
 
 
-def record_group(group: str, budget_w: int, current_w: int) -> None:
+def record_group(group: str, budget_w: int, current_w: int, peak_w: int) -> None:
     GROUP_BUDGET.labels(group=group).set(budget_w)
     GROUP_CURRENT.labels(group=group).set(current_w)
+    GROUP_PEAK.labels(group=group).set(peak_w)
     GROUP_UTILISATION.labels(group=group).set(current_w / budget_w if budget_w else 0.0)

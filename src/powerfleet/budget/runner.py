@@ -164,8 +164,9 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
 @dataclass
 class TickPlan:
     limits: dict[str, GroupLimit]
-    group_current: dict[str, int]
+    group_current: dict[str, int]  # watts drawn or drawable at current counts
     skipped: dict[str, str]  # deployment -> why it is not evaluated
+    group_peak_bound: dict[str, int] = field(default_factory=dict)  # sum of max(current, limit): the peak bound
 
 
 def tick_limits(cluster: ClusterWriter, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
@@ -185,11 +186,14 @@ def tick_limits(cluster: ClusterWriter, state: BudgetState, deployments: Mapping
             continue
         views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
                                     proposal=proposals.get(key),
-                                    pods=[p for p in pods if p.namespace == dgd.namespace]))
+                                    pods=[p for p in pods if p.namespace == dgd.namespace
+                                          and p.labels.get(LABEL_DGD_NAME) == dgd.name]))
     limits = group_limits(views, node_groups, groups, group_label)
     current: dict[str, int] = {g: 0 for g in groups}
-    for key, gl in limits.items():
+    peak: dict[str, int] = {g: 0 for g in groups}
+    for gl in limits.values():
         for g in (gl.group or "").split(","):
             if g in current:
                 current[g] += gl.current_w
-    return TickPlan(limits, current, skipped)
+                peak[g] += max(gl.current_w, gl.limit_w or 0)
+    return TickPlan(limits, current, skipped, peak)

@@ -109,7 +109,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
 
     plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
     for group, watts in cfg.groups.items():
-        metrics.record_group(group, watts, plan.group_current.get(group, 0))
+        metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0))
     sent = []
     for key, gl in plan.limits.items():
         self.app.send_task("powerfleet.budget.evaluate", kwargs={
