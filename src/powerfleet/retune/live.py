@@ -14,14 +14,15 @@ import time
 from typing import Any
 
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
 from powerfleet.retune.decision import Candidate, decide
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
-from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import CANDIDATES, CONVERGED, DECISIONS, IMPROVEMENT, ROUTERS, SWEEP_SECONDS, WINDOWS
+from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, DECISIONS, IMPROVEMENT, ROUTERS, SWEEP_SECONDS,
+                                       WINDOWS)
 from powerfleet.retune.premises import check, worker_replicas
 from powerfleet.retune.state import DecisionRecord, RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace

@@ -12,7 +12,6 @@ successful claim, never a crash loop (``leadership.StateStore``).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from typing import Any, Literal
@@ -126,7 +125,3 @@ def dump_state(state: RetuneState) -> str:
     _check_policies(state)
     return json.dumps(state.model_dump(mode="json", by_alias=True), sort_keys=True, allow_nan=False)
 
-
-def deep_copy_details(details: dict[str, Any]) -> dict[str, Any]:
-    """Decision details handed to metrics and history are copies, never shared with the caller."""
-    return copy.deepcopy(details)
