@@ -93,3 +93,11 @@ def test_format_errors_name_the_path(mutate, path):
     with pytest.raises(DGDFormatError) as info:
         parse_dgd(obj)
     assert info.value.path == path
+
+
+def test_available_replicas_stand_in_for_ready_on_scaling_groups():
+    dgd = parse_dgd(disagg(status={"components": {
+        "decode": {"componentKind": "PodCliqueScalingGroup", "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2},
+        "prefill": {"componentKind": "PodClique", "replicas": 2, "readyReplicas": 1, "availableReplicas": 2}}}))
+    assert dgd.status.components["decode"].ready_replicas == 2
+    assert dgd.status.components["prefill"].ready_replicas == 1  # readyReplicas wins where present

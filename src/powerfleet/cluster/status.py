@@ -77,7 +77,8 @@ def parse_status(raw: Any) -> DGDStatus:
         message = rollout.get("message", "") if isinstance(rollout, Mapping) else ""
         comps[cname] = ComponentStatus(
             replicas=opt_int(v.get("replicas")),
-            ready_replicas=opt_int(v.get("readyReplicas")),
+            # Grove's PodCliqueScalingGroup (multinode) reports availableReplicas, not readyReplicas.
+            ready_replicas=opt_int(v.get("readyReplicas", v.get("availableReplicas"))),
             updated_replicas=opt_int(v.get("updatedReplicas")),
             rollout=phase,
             message=str(message or ""),
