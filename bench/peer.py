@@ -82,7 +82,8 @@ def fmt(row: dict[str, Any]) -> str:
         f"{d['dynamo_p50_ttft_ms'][0]:7.1f}-{d['dynamo_p50_ttft_ms'][1]:7.1f}  p90 {o['p90_ttft_ms']:7.1f} vs "
         f"{d['dynamo_p90_ttft_ms'][0]:7.1f}-{d['dynamo_p90_ttft_ms'][1]:7.1f} [{row['p90_ttft_ms_within_3pct']}]  "
         f"hit {o['block_hit_rate']:.3f} vs {d['dynamo_block_hit_rate'][0]:.3f}-{d['dynamo_block_hit_rate'][1]:.3f} "
-        f"[{row['hit_within_1pt']}]  wall {o['wall_s']:.2f} vs {d['dynamo_wall_s'][0]:.2f}-{d['dynamo_wall_s'][1]:.2f} s"
+        f"[{row['hit_within_1pt']}]  wall {o['wall_s']:.2f} vs "
+        f"{d['dynamo_wall_s'][0]:.2f}-{d['dynamo_wall_s'][1]:.2f} s"
         f"  preempt {o['preemptions']} vs {d['dynamo_preemptions'][0]}-{d['dynamo_preemptions'][1]}"
     )
 

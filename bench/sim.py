@@ -61,11 +61,12 @@ def main() -> None:
         max_shards=3, window=win, seed=0, processes=args.processes,
     )
     sweep_wall = time.perf_counter() - t
+    knobs = ("overlap_score_credit", "prefill_load_scale", "temperature")
     print(
         f"sweep: {res.grid_points} grid points + {res.search_points} beyond its edge + probe on window "
         f"{args.window} ({length:.0f} s, warm-up {res.warmup_s:.0f} s), {args.processes} processes, "
         f"wall {sweep_wall:.2f} s = {100 * sweep_wall / length:.2f} % of the window; decision "
-        f"{res.decision.action} {dict((k, res.decision.params[k]) for k in ('overlap_score_credit', 'prefill_load_scale', 'temperature'))}"
+        f"{res.decision.action} {({k: res.decision.params[k] for k in knobs})}"
     )
 
 

@@ -159,9 +159,9 @@ def replay_cmd(
     """Replay a trace over N workers under one router policy and summarise it."""
     from powerfleet.sim.replay import replay
 
-    inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=policy, policy_opt="--policy", sla=sla,
-                            window=window, warmup_s=warmup_s, profile=profile, engine=engine, router=router,
-                            strict=strict)
+    inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=policy, policy_opt="--policy",
+                            sla=sla, window=window, warmup_s=warmup_s, profile=profile, engine=engine,
+                            router=router, strict=strict)
     try:
         summary = replay(
             inp.requests, workers, inp.policy, seed, sla=inp.sla, speedup=speedup, window=inp.window,

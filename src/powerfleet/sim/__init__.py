@@ -6,21 +6,24 @@ Public API (what the Celery tasks call):
 * ``replay(requests, workers, policy, seed, *, sla, speedup, window, jitter_ms, profile,
   engine, cap_fraction) -> ReplaySummary`` (``sim.replay``); ``prepare`` +
   ``replay_arrivals`` to prepare a window once and replay many policies
-* ``RouterPolicy``, ``SLA``, ``parse_policy``, ``parse_sla`` (``sim.policy``)
+* ``RouterPolicy``, ``RouterOptions``, ``SLA``, ``parse_policy``, ``parse_router_options``,
+  ``parse_sla`` (``sim.policy``)
+* ``warm_snapshot`` (``sim.replay``) and ``Simulation`` (``sim.engine``): a warm-up replayed
+  once and forked per candidate
 * ``TimingProfile``, ``default_profile``, ``load_profile``, ``CapCurve`` (``sim.profile``)
 * ``EngineConfig``, ``parse_engine`` (``sim.engine``)
 """
 
-from powerfleet.sim.engine import EngineConfig, parse_engine
-from powerfleet.sim.policy import SLA, RouterPolicy, parse_policy, parse_sla
+from powerfleet.sim.engine import EngineConfig, Simulation, parse_engine
+from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy, parse_policy, parse_router_options, parse_sla
 from powerfleet.sim.profile import CapCurve, TimingProfile, default_profile, load_profile
-from powerfleet.sim.replay import parse_window, prepare, replay, replay_arrivals
+from powerfleet.sim.replay import parse_window, prepare, replay, replay_arrivals, warm_snapshot
 from powerfleet.sim.summary import REPLAY_SCHEMA, ReplaySummary
 from powerfleet.sim.trace import Trace, TraceError, TraceRequest, iter_trace, read_trace, select_window
 
 __all__ = [
-    "REPLAY_SCHEMA", "SLA", "CapCurve", "EngineConfig", "ReplaySummary", "RouterPolicy", "TimingProfile",
-    "Trace", "TraceError", "TraceRequest", "default_profile", "iter_trace", "load_profile", "parse_engine",
-    "parse_policy", "parse_sla", "parse_window", "prepare", "read_trace", "replay", "replay_arrivals",
-    "select_window",
+    "REPLAY_SCHEMA", "SLA", "CapCurve", "EngineConfig", "ReplaySummary", "RouterOptions", "RouterPolicy",
+    "Simulation", "TimingProfile", "Trace", "TraceError", "TraceRequest", "default_profile", "iter_trace",
+    "load_profile", "parse_engine", "parse_policy", "parse_router_options", "parse_sla", "parse_window",
+    "prepare", "read_trace", "replay", "replay_arrivals", "select_window", "warm_snapshot",
 ]

@@ -8,7 +8,8 @@ class Req:
 
     __slots__ = (
         "idx", "arrival", "isl", "osl", "hashes", "nhash", "hits", "dev_hits", "loaded", "left",
-        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits", "out_blocks", "done", "generated", "decode_from", "length", "held",
+        "private", "router_prefill", "router_blocks", "finish_step", "onboard_ms", "seq", "admits",
+        "out_blocks", "done", "generated", "decode_from", "length", "held",
     )
 
     def __init__(self, idx: int, arrival: float, isl: int, osl: int, hashes: tuple[int, ...]) -> None:
