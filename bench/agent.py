@@ -58,7 +58,8 @@ def gpu(i: int, pids: list[int]) -> dict[str, Any]:
 # -- (a) ---------------------------------------------------------------------------------------
 
 def bench_watch(changes: int) -> dict[str, float]:
-    from powerfleet.agent.runtime import AgentRuntime, node_pod_lister
+    from powerfleet.agent.build import node_pod_lister
+    from powerfleet.agent.runtime import AgentRuntime
     from powerfleet.agent.watcher import PodWatcher
     from powerfleet.cluster.kube import KubeCluster
     from powerfleet.twin.apiserver import ApiServer

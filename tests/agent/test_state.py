@@ -64,7 +64,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path: Path, monk
     def disk_full(*_a: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("powerfleet.agent.state.os.replace", disk_full)
+    monkeypatch.setattr("powerfleet.agent.files.os.replace", disk_full)
     with pytest.raises(OSError):
         store.save({"GPU-b"})
     monkeypatch.undo()

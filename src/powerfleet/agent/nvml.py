@@ -1,15 +1,17 @@
 """The GPU port on NVML through nvidia-ml-py (``import pynvml``).
 
 The module object is injectable so the backend can be tested against a stand-in (there is
-no GPU where powerfleet is developed). Only this file calls NVML.
+no GPU where powerfleet is developed). Only this file calls NVML; importing pynvml loads no
+library (that happens in ``nvmlInit``), so this module imports anywhere.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from types import ModuleType
 from typing import Any
+
+import pynvml
 
 from powerfleet.agent.gpu import GpuError, GpuReading, normalise_uuid
 
@@ -18,10 +20,7 @@ log = logging.getLogger(__name__)
 
 class NvmlBackend:
     def __init__(self, nvml: ModuleType | Any | None = None) -> None:
-        try:
-            self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
-        except ImportError as exc:
-            raise GpuError(f"NVML unavailable: {exc}") from None
+        self._nvml = nvml if nvml is not None else pynvml
         self._error: type[BaseException] = getattr(self._nvml, "NVMLError", Exception)
         try:
             self._nvml.nvmlInit()

@@ -23,7 +23,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from powerfleet.agent.files import write_atomic
 from powerfleet.agent.gpu import GpuError, GpuReading, normalise_uuid
 
 
@@ -91,18 +91,7 @@ def parse_devices(data: Any) -> list[SimDevice]:
 
 def write_devices(path: Path, devices: Iterable[SimDevice]) -> None:
     """Write ``{"devices": [...]}`` atomically (temp file in the same directory, fsync, rename)."""
-    body = json.dumps({"devices": [d.model_dump() for d in devices]}, indent=1, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(body)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps({"devices": [d.model_dump() for d in devices]}, indent=1, sort_keys=True))
 
 
 class SimulatedGpus:

@@ -9,12 +9,12 @@ the file until a pass has succeeded (so a transient read error never erases the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from powerfleet.agent.files import write_atomic
 
 STATE_FILE = "managed_gpus.json"
 MAX_STATE_BYTES = 1024 * 1024
@@ -69,21 +69,4 @@ class StateStore:
     def save(self, uuids: set[str] | frozenset[str]) -> None:
         """Atomically replace the file. Raises OSError; the caller keeps its in-memory set."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"version": 1, "managed_uuids": sorted(uuids)}, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{STATE_FILE}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(body)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        write_atomic(self.path, json.dumps({"version": 1, "managed_uuids": sorted(uuids)}, sort_keys=True))

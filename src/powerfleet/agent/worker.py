@@ -15,6 +15,7 @@ from typing import Any
 from celery import bootsteps, signals
 
 from powerfleet.agent import runtime as agent_runtime
+from powerfleet.agent.build import build_runtime
 from powerfleet.config import FleetConfig
 from powerfleet.workers.routes import node_queue
 
@@ -81,7 +82,7 @@ def binding_guard_step(node: str, interval_s: float) -> type[bootsteps.StartStop
 def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
                      probe: tuple[str, int] | None = None) -> None:
     """Build and start the runtime, run the worker until shutdown, then restore caps."""
-    rt = agent_runtime.build_runtime(config, node, broker_url=app.broker_url_resolved, probe=probe)
+    rt = build_runtime(config, node, broker_url=app.broker_url_resolved, probe=probe)
     agent_runtime.install(rt)
     # The check is a local look at the consumer (no I/O unless it must repair), so it runs more
     # often than passes: a binding changed from Flower is back within a few seconds.

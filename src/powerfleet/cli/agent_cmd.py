@@ -40,7 +40,7 @@ def agent(
         fail("--node: required (the Kubernetes node this agent runs on)")
     _check_node(node)
     config = fleet_config(ctx)
-    from powerfleet.agent.runtime import endpoint
+    from powerfleet.agent.build import endpoint
     from powerfleet.cli.ports import require_free_port
 
     address, port = endpoint(config, metrics_port)
@@ -92,7 +92,7 @@ def once(
     from powerfleet.agent.metrics import AgentMetrics
     from powerfleet.agent.offline import pods_from_podlist
     from powerfleet.agent.reconcile import NodeAgent
-    from powerfleet.agent.runtime import connect_cluster, node_pod_lister, node_state_dir, open_backend
+    from powerfleet.agent.build import connect_cluster, node_pod_lister, node_state_dir, open_backend
     from powerfleet.agent.simulated import SimulatedGpus, parse_devices
     from powerfleet.agent.state import StateStore
     from powerfleet.clock import SystemClock
