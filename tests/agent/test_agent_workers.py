@@ -3,7 +3,6 @@ with simulated GPUs, and the loopback Kubernetes API server reached through the 
 
 from __future__ import annotations
 
-import json
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass

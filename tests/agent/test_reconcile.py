@@ -63,7 +63,7 @@ def test_conflicting_pods_get_the_safe_default_and_agreeing_ones_their_cap(bench
     assert bench.metrics.value("powerfleet_agent_safe_default_applied_total") == 1
 
 
-def test_pod_list_failure_changes_nothing_and_is_counted(bench: Bench) -> None:
+def test_pod_list_failure_changes_nothing_and_is_counted(bench: Bench, caplog) -> None:
     bench.pod("p", "350", pids=(101,))
     bench.set_pids(0, [101])
     agent = bench.agent()
@@ -77,6 +77,14 @@ def test_pod_list_failure_changes_nothing_and_is_counted(bench: Bench) -> None:
     assert bench.limits() == [350, 700] and bench.gpus.sets == [(0, 350_000)]
     assert bench.metrics.value("powerfleet_agent_pod_list_failures_total") == 1
     assert not report.good
+    with caplog.at_level(logging.INFO, logger="powerfleet.agent"):
+        agent.run_pass()
+        agent.run_pass()
+        bench.list_error = None
+        assert agent.run_pass().good
+    assert bench.metrics.value("powerfleet_agent_pod_list_failures_total") == 3  # counted every pass
+    assert sum("pass skipped" in m for m in caplog.messages) == 1  # one warning for three skipped passes
+    assert any("passes run again" in m for m in caplog.messages)
 
 
 def test_one_gpu_failing_never_stops_the_others(bench: Bench) -> None:

@@ -83,6 +83,7 @@ class NodeAgent:
         self._unsaved = False
         self._last_kind: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.last_good_mono: float | None = None
+        self._last_skip: str | None = None
         if not loaded.conclusive:
             log.error("state file unusable (%s): starting without orphan recovery; it is kept until a pass succeeds",
                       loaded.problem)
@@ -110,7 +111,9 @@ class NodeAgent:
         return report
 
     def _skip(self, trigger: str, dry_run: bool, why: str) -> PassReport:
-        log.warning("node %s: pass skipped, nothing changed: %s", self.node, why)
+        if why != self._last_skip:  # one warning per cause, not one per pass
+            log.warning("node %s: pass skipped, nothing changed: %s", self.node, why)
+            self._last_skip = why
         return PassReport(node=self.node, trigger=trigger, dry_run=dry_run, at=self.clock.now(), duration_s=0.0,
                           skipped=why, managed=sorted(self.managed))
 
@@ -151,6 +154,9 @@ class NodeAgent:
             decision = decide(pods_of(r.pids, pid_to_pod), annotations, busy=not r.idle,
                               safe_default_watts=self.safe_default_watts)
             outcomes.append(self._enforce(gpus, r, decision, dry_run))
+        if self._last_skip is not None:
+            log.info("node %s: passes run again (were skipped: %s)", self.node, self._last_skip)
+            self._last_skip = None
         report = PassReport(node=self.node, trigger=trigger, dry_run=dry_run, at=self.clock.now(), duration_s=0.0,
                             gpus=outcomes)
         if not dry_run:
