@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from powerfleet.twin import checks as C
@@ -90,3 +93,22 @@ def test_report_writes_summary_images_and_html(tmp_path: Path) -> None:
         with Image.open(tmp_path / "r" / name) as img:
             img.verify()
         assert f'src="{name}"' in html
+
+
+def test_index_html_renders_in_a_headless_browser(tmp_path: Path) -> None:
+    """Chromium from Debian's `chromium` package; skipped where it is not installed."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium (apt-get install chromium)")
+    samples = [_sample(float(t), 400, 400, 1000 + 10 * t) for t in range(5)]
+    data = summary(samples=samples, windows=[], checks=[C.Check("power_within_budget", True, "fine")],
+                   rack_budget_w={"rack-a": 2000}, fleet_budget_w=2000, extra={"nodes": 1})
+    index = write_report(tmp_path / "r", data, samples, [], {"rack-a": 2000})
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1000,1600", f"--screenshot={shot}", index.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    with Image.open(shot) as img:
+        assert img.size == (1000, 1600)
+        # The page drew something beyond a blank background: the plots are many-coloured.
+        assert len(img.convert("RGB").getcolors(maxcolors=1_000_000) or []) > 50

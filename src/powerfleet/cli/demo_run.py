@@ -169,9 +169,14 @@ class DemoRun:
                 out.append((log.stem, line))
         return out
 
+    def _samples(self) -> list[Any]:
+        """Samples up to the end of the run: at shutdown the agents restore default caps, by design."""
+        end = self.ended_at or time.time()
+        return [s for s in self.twin.snapshot_samples() if s.t <= end]
+
     def judge(self) -> list[C.Check]:
         self.scenario.finish()
-        samples = self.twin.snapshot_samples()
+        samples = self._samples()
         budgets = self.twin.budgets
         # One reconcile interval, plus the twin's sampling period either side and a pass's own time.
         lag = self.config.beat.reconcile_interval_s + 2 * self.twin.options.tick_s + 2.0
@@ -195,7 +200,7 @@ class DemoRun:
     def write_report(self, out: Path) -> Path:
         checks = self.judge()
         self.state.steps = self.scenario.states()
-        samples = self.twin.snapshot_samples()
+        samples = self._samples()
         windows = self.twin.snapshot_windows()
         extra = {**self.meta, "traffic": self.twin.traffic_source, "speedup": self.twin.options.speedup,
                  "flower_url": self.flower_url, "work_dir": str(self.work),

@@ -24,6 +24,7 @@ from powerfleet.twin.frontends import WindowTtft
 from powerfleet.twin.runtime import Sample
 
 SCHEMA = "powerfleet.demo-report/v1"
+IMAGES = ("power.png", "caps.png", "ttft.png")
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -57,6 +58,7 @@ def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks:
         ],
         "checks": {c.name: c.ok for c in checks},
         "check_details": {c.name: c.detail for c in checks},
+        "images": list(IMAGES),
     }
 
 
@@ -107,12 +109,13 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
         ax.plot(xs, [w.ttft_ms_current for w in ws], marker="o", color=f"C{i}", label=f"{dgd} retuned")
         ax.plot(xs, [w.ttft_ms_default for w in ws], marker="x", linestyle="--", color=f"C{i}",
                 label=f"{dgd} default settings")
-    if not windows:
+    if windows:
+        ax.legend(fontsize=8)
+    else:
         ax.text(0.5, 0.5, "no retune window closed", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("retune window")
     ax.set_ylabel("mean TTFT (ms)")
     ax.set_title("TTFT per window: the routers' settings against default settings, same requests")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "ttft.png", dpi=100)
     plt.close(fig)
@@ -153,7 +156,7 @@ def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], win
                  rack_budget_w: Mapping[str, float]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     images = _plots(out, samples, windows, rack_budget_w)
-    data = {**data, "images": images}
+    assert tuple(images) == IMAGES, images
     (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
     (out / "index.html").write_text(_html(data, images))
     return out / "index.html"
