@@ -158,3 +158,25 @@ def test_the_agent_package_imports_no_budget_code() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_fan_out_puts_one_expiring_reconcile_on_each_node_queue(broker_url: str) -> None:  # noqa: F811
+    import base64
+    import json
+
+    from powerfleet.config import load_config
+    from powerfleet.tasks.fleet import fan_out
+    from powerfleet.workers.app import create_app
+
+    app = create_app(load_config(environ={"POWERFLEET_BROKER__URL": broker_url}))
+    r = redis.Redis.from_url(broker_url)
+    fan_out(app, [], expires=15)  # nothing to send is not an error
+    nodes = [f"gpu-{i}" for i in range(50)]
+    fan_out(app, nodes, expires=15)
+    fan_out(app, nodes, expires=15)  # a second tick on the same connection: declarations cached
+    for node in nodes:
+        assert r.llen(f"node.{node}") == 2
+        msg = json.loads(r.lindex(f"node.{node}", 0))
+        assert msg["headers"]["task"] == "powerfleet.agent.reconcile" and msg["headers"]["expires"]
+        assert json.loads(base64.b64decode(msg["body"]))[1] == {"node": node}
+        assert msg["properties"]["delivery_info"]["routing_key"] == f"node.{node}"
