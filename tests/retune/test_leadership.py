@@ -204,3 +204,14 @@ def test_a_frontend_that_appears_later_gets_its_initials_saved_before_its_first_
     assert control.promote(cfg, standby, "llama")["status"] == "not-leader"
     assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
     assert late.policy.temperature == 0.25
+
+
+def test_a_leadership_lease_deleted_by_hand_continues_above_the_saved_term(world, kube, redis_url) -> None:
+    fes, cfg, ports = _applied(world, kube, redis_url)
+    b = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
+    control.release_all(cfg, ports)
+    assert control.tick_deployment(cfg, b, "llama", T0)["term"] == 2
+    kube.delete_lease("default", leader_lease_name("llama"))
+    out = control.tick_deployment(cfg, ports, "llama", T0 + 10)
+    assert (out["status"], out["term"]) == ("leader", 3)
+    assert Deployment.open(cfg, ports, "llama").store.read()[0].term == 3

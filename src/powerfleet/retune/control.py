@@ -44,6 +44,11 @@ def _lead(dep: Deployment) -> tuple[Term, RetuneState, str | None]:
     state, corrupt = dep.store.read()
     if corrupt:
         CORRUPT_STATE.labels(dep.name).inc()
+    if state is not None and state.term > t.term:
+        # The leadership Lease was recreated (deleted by hand) below the saved term: continue
+        # above it, or every fenced write would refuse this leader forever.
+        t = dep.leadership.raise_term(t, state.term + 1)
+        TERM.labels(dep.name).set(t.term)
     if acquired or corrupt or state is None or state.term != t.term:
         state = dep.store.update(t, lambda s: s, replace_corrupt=True)
     assert state is not None

@@ -122,6 +122,17 @@ class Leadership:
         _RENEWED[key] = self.clock.monotonic()
         return Term(self.dgd, self.identity, transitions), self.identity, acquired
 
+    def raise_term(self, term: Term, to: int) -> Term:
+        """Move a held Lease's term up to ``to`` (a Lease recreated below a saved state's term)."""
+        self.check(term)
+        lease = self.current()
+        assert lease is not None  # check() just read it
+        try:
+            self.leases.update_lease(lease.model_copy(update={"lease_transitions": to}))
+        except (LeaseConflict, NotFound):
+            raise Fenced(f"{self.dgd}: the Lease changed while raising term {term.term} to {to}") from None
+        return Term(self.dgd, self.identity, to)
+
     def check(self, term: Term) -> None:
         """Raise ``Fenced`` unless the Lease still names this holder at this term."""
         lease = self.current()

@@ -21,8 +21,8 @@ from powerfleet.retune.decision import Candidate, decide
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, DECISIONS, IMPROVEMENT, ROUTERS, SWEEP_SECONDS,
-                                       WINDOWS)
+from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, CORRUPT_STATE, DECISIONS, IMPROVEMENT, ROUTERS,
+                                       SWEEP_SECONDS, WINDOWS)
 from powerfleet.retune.premises import check, worker_replicas
 from powerfleet.retune.state import DecisionRecord, RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
@@ -86,8 +86,20 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         WINDOWS.labels(dgd, "dropped", "generation").inc()
         return {"status": "dropped", "reason": f"configuration generation {generation} was superseded by {s.generation}"}
     state, corrupt = dep.store.read()
+    if corrupt:  # this step acts under a checked term: replace the corrupt state, as a claim would
+        CORRUPT_STATE.labels(dgd).inc()
+        state = dep.store.update(t, lambda x: x, replace_corrupt=True)
     if state is not None and state.last_window is not None and k <= state.last_window:
         return {"status": "already-decided", "window": k}
+    opts = {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10}
+    existing = ports.fanin.sweep(sweep_id(dgd, k, s.generation, t.term))
+    if existing is not None:
+        # A redelivered launch: never re-cut (shards may be reading the file); re-send the
+        # recorded shards, which adopt the results that exist.
+        if existing.status == "running":
+            for sh in existing.shards:
+                ports.send(SHARD_TASK, {"sid": existing.sid, "spec": sh.model_dump(mode="json")}, opts)
+        return {"status": "resent" if existing.status == "running" else existing.status, "sid": existing.sid}
     for old in ports.fanin.active(dgd):
         if old.generation != s.generation or old.term != t.term:
             ports.fanin.finish(old, "dropped", "superseded by a newer configuration or leader term")
@@ -130,12 +142,11 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
                       identity=t.identity, generation=s.generation, mode=s.mode, launched_at=now,
                       deadline=now + s.time_budget_s, window_file=cut.path, requests=cut.requests,
                       replicas=replicas, current=current, shards=shards, extra=cut_info)
-    fresh = ports.fanin.register(rec)
-    opts = {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10}
-    for sh in shards:  # a redelivered launch re-sends them; the shards adopt existing results
+    if not ports.fanin.register(rec):  # a concurrent duplicate launch registered first
+        return {"status": "resent", "sid": rec.sid}
+    for sh in shards:
         ports.send(SHARD_TASK, {"sid": rec.sid, "spec": sh.model_dump(mode="json")}, opts)
-    if fresh:
-        WINDOWS.labels(dgd, "launched", "").inc()
+    WINDOWS.labels(dgd, "launched", "").inc()
     return {"status": "launched", "sid": rec.sid, "shards": len(shards), "points": len(points), **cut_info,
             "corrupt_state": corrupt}
 
