@@ -20,23 +20,14 @@ def map_pids(proc_root: str | os.PathLike[str], pids: Iterable[int]) -> dict[int
     return out
 
 
-def annotations_by_uid(pods: Iterable[PodInfo]) -> tuple[dict[str, str], set[str]]:
-    """(pod UID -> raw power annotation for pods that carry the key, every listed pod UID).
+def annotations_by_uid(pods: Iterable[PodInfo]) -> dict[str, str]:
+    """Pod UID -> raw power annotation, for the pods that carry the key.
 
     A pod with the key but a malformed value stays in the map: the policy turns it into the
-    safe default rather than ignoring it.
+    safe default rather than ignoring it. A pod without the key is absent (not opted in).
     """
-    annotated: dict[str, str] = {}
-    listed: set[str] = set()
-    for pod in pods:
-        if not pod.uid:
-            continue
-        uid = pod.uid.lower()
-        listed.add(uid)
-        value = pod.annotations.get(POWER_ANNOTATION)
-        if value is not None:
-            annotated[uid] = value
-    return annotated, listed
+    return {pod.uid.lower(): pod.annotations[POWER_ANNOTATION]
+            for pod in pods if pod.uid and POWER_ANNOTATION in pod.annotations}
 
 
 def pods_of(pids: Iterable[int], pid_to_pod: Mapping[int, str]) -> list[str]:

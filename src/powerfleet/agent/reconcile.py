@@ -134,7 +134,7 @@ class NodeAgent:
             return self._skip(trigger, dry_run, f"GPU backend: {_one_line(exc)}")
         if count <= 0:
             return self._skip(trigger, dry_run, "no GPUs found")
-        annotations, _listed = annotations_by_uid(pods)
+        annotations = annotations_by_uid(pods)
         readings: list[GpuReading | GpuOutcome] = []
         for i in range(count):
             try:
