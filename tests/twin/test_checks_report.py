@@ -112,3 +112,20 @@ def test_index_html_renders_in_a_headless_browser(tmp_path: Path) -> None:
         assert img.size == (1000, 1600)
         # The page drew something beyond a blank background: the plots are many-coloured.
         assert len(img.convert("RGB").getcolors(maxcolors=1_000_000) or []) > 50
+
+
+def test_rich_view_renders_every_panel() -> None:
+    from rich.console import Console
+
+    from powerfleet.twin.view import render
+
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    state = ViewState(elapsed_s=12, duration_s=180, flower_url="http://127.0.0.1:5555", fleet_w=900,
+                      fleet_budget_w=2000, rack_w={"rack-a": 900}, rack_budget_w={"rack-a": 2000},
+                      caps={"twin-gpu-00": [700, 380]}, queues={"control": 1}, decisions=["retune apply"],
+                      steps={"cap_change": "ok", "retune_applied": "failed: absent"})
+    console.print(render(state))
+    text = console.file.getvalue()
+    for part in ("t+12s of 180s", "http://127.0.0.1:5555", "900 / 2,000 W", "700 380", "retune apply",
+                 "failed: absent", "control"):
+        assert part in text, part
