@@ -32,6 +32,7 @@ test: redis venv
 bench: redis venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/sim.py
+	$(BIN)/python bench/budget.py
 
 # The container image (Dockerfile): the unit tests run inside it first (target test), then the
 # runtime image is tagged. Needs Docker with BuildKit.
