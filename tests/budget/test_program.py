@@ -95,3 +95,9 @@ def test_group_allowance_limits_and_missing_allowance_blocks_growth():
     blocked = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 6},
                             group=GroupLimit("rack-a", None)))
     assert blocked.replicas == {} and "no allowance" in blocked.status["message"]
+
+
+def test_a_proposal_for_a_role_the_deployment_lacks_is_reported():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"worker": 3}))
+    assert res.replicas == {} and "proposal for worker ignored" in res.status["message"]

@@ -180,6 +180,9 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     failed = [w for w in rolling_why if w.endswith(RolloutPhase.FAILED.value)]
     if group_note:
         reasons.append(group_note)
+    unknown = sorted(set(snap.proposal or {}) - set(facts))
+    if unknown:
+        reasons.append(f"proposal for {', '.join(unknown)} ignored: the deployment has no such role")
     message = "; ".join([*(f"rollout failed: {w}" for w in failed), *reasons]) or "within budget"
     res.status = _status(
         snap, not failed, "RolloutFailed" if failed else "Planned", message,

@@ -107,7 +107,15 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.budget import metrics
     from powerfleet.budget.runner import tick_limits
 
-    plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
+    from powerfleet.cluster.ports import ClusterError
+
+    try:
+        plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
+    except ClusterError as exc:
+        # Without the group view no allowance can be proven safe: evaluate nothing this tick.
+        detail = f"group view unreadable, no evaluation sent: {exc}"
+        log.record("budget", now, self.request.origin, detail)
+        return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in cfg.deployments})
     for group, watts in cfg.groups.items():
         metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0))
     sent = []
