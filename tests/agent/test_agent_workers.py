@@ -135,7 +135,12 @@ def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_ap
     assert "Traceback" not in log, log
 
 
-def test_an_agent_refuses_and_counts_another_nodes_pass_however_it_was_routed(fleet: Fleet) -> None:
+def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
+    refuses_and_counts_another_nodes_pass_however_it_was_routed(fleet)
+    restores_its_own_binding_after_flower_style_consumer_changes(fleet)
+
+
+def refuses_and_counts_another_nodes_pass_however_it_was_routed(fleet: Fleet) -> None:
     result = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-a"}, queue="node.gpu-node-b")
     with pytest.raises(Exception) as err:
         result.get(timeout=30)
@@ -154,7 +159,7 @@ def active_queues(app: FleetCelery, worker: str) -> set[str]:
     return {q["name"] for q in reply.get(worker, [])}
 
 
-def test_an_agent_restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -> None:
+def restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -> None:
     worker, log = "agent@gpu-node-b", fleet.agents["gpu-node-b"].log
     fleet.app.control.cancel_consumer("node.gpu-node-b", destination=[worker], reply=True, timeout=5)
     wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "its own queue back", timeout_s=30)
@@ -164,4 +169,4 @@ def test_an_agent_restores_its_own_binding_after_flower_style_consumer_changes(f
     assert log.read_text().count("restoring the binding") == 2
     assert fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total") == 2
     ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
-    assert ok["ran"]
+    assert ok["ran"] and ok["queue"] == "node.gpu-node-b"
