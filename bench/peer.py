@@ -88,11 +88,16 @@ def fmt(row: dict[str, Any]) -> str:
     )
 
 
-def fidelity(slices: dict[str, list[TraceRequest]], workers: int, table: Path, runs: int) -> list[dict[str, Any]]:
+def fidelity(slices: dict[str, list[TraceRequest]], workers: int, table: Path, runs: int,
+             matched: bool = False) -> list[dict[str, Any]]:
+    """``matched``: powerfleet breaks ties at random too (from its seeded stream), as Dynamo does."""
     rows = []
+    base = RouterOptions(router_tie_break="random") if matched else RouterOptions()
     for sname, reqs in slices.items():
-        cases = [(f"{sname}: {k}", pol, RouterOptions(), EngineConfig()) for k, pol in SETTINGS.items()]
-        cases += [(f"{sname}: default + {k}", RouterPolicy(), o, e) for k, (o, e) in OPTIONS.items()]
+        cases = [(f"{sname}: {k}", pol, base, EngineConfig()) for k, pol in SETTINGS.items()]
+        cases += [(f"{sname}: default + {k}", RouterPolicy(),
+                   o.model_copy(update={"router_tie_break": "random"}) if matched else o, e)
+                  for k, (o, e) in OPTIONS.items() if not (matched and k == "random ties")]
         for name, pol, opts, eng in cases:
             try:
                 row = compare(name, reqs, workers, pol, opts, eng, table, runs)
@@ -146,6 +151,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--out", help="also write the rows as JSON here")
+    ap.add_argument("--matched", action="store_true", help="powerfleet breaks ties at random, as Dynamo does")
     args = ap.parse_args()
     if not peer.available():
         sys.exit("the peer is not installed: pip install -e '.[peer]' (ai-dynamo-runtime==1.6.1)")
@@ -156,7 +162,7 @@ def main() -> None:
         table = peer.write_timing_table(default_profile(), Path(d) / "timing.npz")
         if args.part in ("fidelity", "all"):
             slices = {"conversation 0:1800": select_window(conv, 0, 1800), "synthetic": synth}
-            out["fidelity"] = fidelity(slices, args.workers, table, args.runs)
+            out["fidelity"] = fidelity(slices, args.workers, table, args.runs, args.matched)
         if args.part in ("retune", "all"):
             wins = [(0.0, 1200.0), (1200.0, 2400.0), (2400.0, 3537.0)]
             out["retune"] = retune(conv, args.workers, table, args.runs, wins, args.processes)
