@@ -102,95 +102,113 @@ def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, rolling: bool) -> dict
     return facts
 
 
-def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence[str]) -> tuple[bool, list[str]]:
+@dataclass(frozen=True)
+class Rolling:
+    rolling: bool
+    why: list[str]
+    failed: list[str]  # the Failed rollouts among ``why``, reported at once
+
+
+def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence[str]) -> Rolling:
     """Rolling covers rollout phases InProgress, Pending and Failed and terminating pods; an
     unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
     why: list[str] = []
-    if dgd.status.rollout in ROLLING:
-        why.append(f"deployment rollout {dgd.status.rollout.value}")
-    for name in components:
-        st = dgd.status.components.get(name)
-        if st is not None and st.rollout in ROLLING:
-            why.append(f"{name} rollout {st.rollout.value}")
+    failed: list[str] = []
+    phases = [("deployment", dgd.status.rollout)]
+    phases += [(name, st.rollout) for name in components if (st := dgd.status.components.get(name)) is not None]
+    for name, phase in phases:
+        if phase in ROLLING:
+            assert phase is not None
+            why.append(f"{name} rollout {phase.value}")
+            if phase is RolloutPhase.FAILED:
+                failed.append(why[-1])
     if pods is None:
         why.append("pods could not be read")
     else:
         by = partition_pods(dgd, pods)
-        for name in components:
-            if any(p.terminating for p in by.get(name, [])):
-                why.append(f"{name} has terminating pods")
-    return bool(why), why
+        why.extend(f"{name} has terminating pods" for name in components if any(p.terminating for p in by.get(name, [])))
+    return Rolling(bool(why), why, failed)
+
+
+def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPowerInputs | None, bool, Result | None]:
+    """(admitted inputs, admitted just now, or the Result that ends this evaluation early)."""
+    dgd = snap.dgd
+    if snap.admitted is not None:
+        violations = check_power_inputs_unchanged(snap.admitted, dgd)
+        if not violations:
+            return snap.admitted, False, None
+        msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
+    try:
+        settlement = settle(dgd, snap.pods) if snap.pods is not None else None
+    except DGDInputError as exc:
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(exc))))
+    if settlement is None or settlement.state is SettlementState.PENDING:
+        why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
+        msg = f"caps are admitted only from a settled deployment: {why}"
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "AwaitingSettlement", msg)))
+    if settlement.state is SettlementState.FAILED:
+        msg = "; ".join(settlement.reasons)
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "RolloutFailed", msg)))
+    return admit_power_inputs(dgd), True, None
+
+
+def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, bool]:
+    """(the power limit to plan against, a note for the message, whether scale-ups are held)."""
+    own = snap.budget.power_limit_w
+    g = snap.group
+    if g is None or g.group is None:
+        return own, "", False
+    if g.limit_w is None:
+        # Without a group allowance growth cannot be proven safe: hold scale-ups.
+        return own, f"group {g.group}: no allowance, scale-ups blocked", True
+    minimum = sum(snap.budget.min_replicas.get(r.value, 1) * rp.watts_per_replica
+                  for r, rp in admitted.power.roles.items())
+    if g.limit_w >= minimum:
+        return min(own, g.limit_w), "", False
+    # Shrink toward the minimum footprint; never grow into watts the group does not have.
+    return (min(own, minimum), f"group {g.group}: allowance {g.limit_w} W is below the minimum footprint {minimum} W",
+            g.current_w < minimum)
 
 
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
     """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
     previous = previous or {}
     dgd = snap.dgd
-    admitted, admit_now = snap.admitted, None
-    if admitted is None:
-        try:
-            settlement = settle(dgd, snap.pods) if snap.pods is not None else None
-        except DGDInputError as exc:
-            return _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(exc))))
-        if settlement is None or settlement.state is SettlementState.PENDING:
-            why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
-            return _finish(snap, previous, Result(_status(snap, False, "AwaitingSettlement",
-                                                          f"caps are admitted only from a settled deployment: {why}")))
-        if settlement.state is SettlementState.FAILED:
-            return _finish(snap, previous, Result(_status(snap, False, "RolloutFailed", "; ".join(settlement.reasons))))
-        admitted = admit_now = admit_power_inputs(dgd)
-    else:
-        violations = check_power_inputs_unchanged(admitted, dgd)
-        if violations:
-            msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
-            return _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
-    components = [rp.component for rp in admitted.power.roles.values()]
-    rolling, rolling_why = rolling_state(dgd, snap.pods, components)
-    own = snap.budget.power_limit_w
-    limit, group_note, hold_ups = own, "", False
-    minimum = sum(snap.budget.min_replicas.get(r.value, 1) * rp.watts_per_replica
-                  for r, rp in admitted.power.roles.items())
-    if snap.group is not None and snap.group.group is not None:
-        g = snap.group
-        if g.limit_w is None:
-            # Without a group allowance growth cannot be proven safe: hold scale-ups.
-            hold_ups, group_note = True, f"group {g.group}: no allowance, scale-ups blocked"
-        elif g.limit_w >= minimum:
-            limit = min(own, g.limit_w)
-        else:
-            # Shrink toward the minimum footprint; never grow into watts the group does not have.
-            limit, hold_ups = min(own, minimum), g.current_w < minimum
-            group_note = f"group {g.group}: allowance {g.limit_w} W is below the minimum footprint {minimum} W"
-    facts = _facts(snap, admitted, rolling or hold_ups)
+    admitted, admitted_now, early = _admission(snap, previous)
+    if early is not None:
+        return early
+    assert admitted is not None
+    admit_now = admitted if admitted_now else None
+    by_role = {role.value: rp.component for role, rp in admitted.power.roles.items()}
+    roll = rolling_state(dgd, snap.pods, list(by_role.values()))
+    limit, group_note, hold_ups = _limit(snap, admitted)
+    facts = _facts(snap, admitted, roll.rolling or hold_ups)
     try:
         result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
     except PlanError as exc:
         return _finish(snap, previous, Result(_status(snap, False, "Refused", str(exc)), admit=admit_now))
-    res = Result(status={}, admit=admit_now, rolling=rolling, plan=result)
-    by_role = {role.value: rp.component for role, rp in admitted.power.roles.items()}
+    res = Result(status={}, admit=admit_now, rolling=roll.rolling, plan=result)
     for role, target in result.targets.items():
         comp = dgd.component(by_role[role])
         if target is not None and comp is not None and comp.replicas != target:
             res.replicas[comp.name] = target
             res.scale_events.append(Event("Scaled", f"{comp.name} replicas {comp.replicas} -> {target} ({role})"))
-    reasons = list(result.reasons)
-    if rolling and any(t is None for r, t in result.targets.items() if facts[r].proposed is not None):
-        if not snap.was_rolling:
-            res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(rolling_why)}")
-    failed = [w for w in rolling_why if w.endswith(RolloutPhase.FAILED.value)]
+    if roll.rolling and result.held and not snap.was_rolling:
+        res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
+    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons]
     if group_note:
-        reasons.append(group_note)
+        notes.append(group_note)
     unknown = sorted(set(snap.proposal or {}) - set(facts))
     if unknown:
-        reasons.append(f"proposal for {', '.join(unknown)} ignored: the deployment has no such role")
-    message = "; ".join([*(f"rollout failed: {w}" for w in failed), *reasons]) or "within budget"
+        notes.append(f"proposal for {', '.join(unknown)} ignored: the deployment has no such role")
     res.status = _status(
-        snap, not failed, "RolloutFailed" if failed else "Planned", message,
-        powerLimitWatts=limit, ownLimitWatts=own, group=snap.group.group if snap.group else None,
+        snap, not roll.failed, "RolloutFailed" if roll.failed else "Planned", "; ".join(notes) or "within budget",
+        powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
         settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
-        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=rolling)
+        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=roll.rolling)
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))
