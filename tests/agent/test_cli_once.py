@@ -95,3 +95,25 @@ def test_bad_input_is_one_line_and_exit_2(node: Path, args: list[str], msg: str)
     res = run(*args, "--dry-run", "--json")
     assert res.returncode == 2
     assert res.stderr.strip() == "powerfleet: error: " + msg.format(**paths)
+
+
+def test_without_dry_run_the_pass_is_real_and_records_what_it_manages(node: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
+              "--gpus", str(node / "gpus.json"), "--state-dir", str(state), "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["schema"] == "powerfleet.agent.once/v1" and out["dry_run"] is False
+    assert {g["index"]: g["action"] for g in out["gpus"]} == {0: "set", 1: "set", 2: "none", 3: "hold", 4: "none"}
+    assert out["managed"] == ["GPU-0000", "GPU-0001", "GPU-0003"]  # GPU 3 already held its clamped cap
+    assert json.loads((state / "managed_gpus.json").read_text())["managed_uuids"] == out["managed"]
+
+
+def test_human_output_names_each_gpu_decision_and_cap(node: Path) -> None:
+    res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
+              "--gpus", str(node / "gpus.json"), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "gpu-a: dry run, 5 GPU(s)"
+    assert "GPU 3 GPU-0003: single" in lines[4] and "requested 900 -> cap 700 W (clamped to max) [hold]" in lines[4]
+    assert "GPU 0 GPU-0000: single" in lines[1] and "requested 300 -> cap 300 W [would-set]" in lines[1]

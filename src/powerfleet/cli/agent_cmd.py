@@ -12,6 +12,8 @@ from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.config.fleet import is_node_name
 
+ONCE_SCHEMA = "powerfleet.agent.once/v1"  # docs/json-contracts.md
+
 app = typer.Typer(help="The GPU node agent: `agent --node N` runs it; `agent once` does one pass.",
                   invoke_without_command=True, add_completion=False)
 
@@ -128,7 +130,7 @@ def once(
     if not dry_run:
         agent.close()  # a one-off pass leaves its caps in place
     if as_json:
-        print_json(report.model_dump(mode="json", exclude={"trigger", "at", "duration_s"}))
+        print_json({"schema": ONCE_SCHEMA, **report.model_dump(mode="json", exclude={"trigger", "at", "duration_s"})})
     else:
         _print_human(report)
     if report.skipped:
