@@ -228,3 +228,14 @@ def test_shard_entry_warm_started_by_the_current_settings_matches_the_sweep(tiny
     own = run_shard_from_trace(str(TINY), 2, [{"overlap_score_credit": 0.0, "temperature": 0.5}], objective="ttft",
                                seed=1, window=(10, 20))  # warm-up under the point's own settings
     assert own[0].score != got[0].score
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=200), suffix=st.sampled_from([".json", ".yaml", ".yml", ""]))
+def test_grid_files_of_any_bytes_load_or_fail_in_one_line(tmp_path_factory, data: bytes, suffix: str) -> None:
+    p = tmp_path_factory.mktemp("g") / f"grid{suffix}"
+    p.write_bytes(data)
+    try:
+        load_grid(p)
+    except ValueError as exc:
+        assert "\n" not in str(exc) and str(exc)

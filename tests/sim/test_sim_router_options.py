@@ -6,6 +6,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from powerfleet.sim.cache import BlockCache
 from powerfleet.sim.engine import EngineConfig, simulate
@@ -132,3 +134,23 @@ def test_router_options_parse_with_named_errors() -> None:
         parse_router_options('{"router_queue_policy": "lifo"}')
     with pytest.raises(ValueError, match="--router kv_event_lag_ms"):
         parse_router_options('{"kv_event_lag_ms": -1}', "--router")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(obj=st.dictionaries(st.sampled_from(list(RouterOptions.model_fields) + ["bogus"]), json_values, max_size=4))
+def test_router_options_parser_accepts_or_names_the_problem(obj) -> None:
+    import json
+
+    try:
+        got = parse_router_options(json.dumps(obj), "--router")
+    except ValueError as exc:
+        assert str(exc).startswith("--router")
+    else:
+        assert isinstance(got, RouterOptions)
