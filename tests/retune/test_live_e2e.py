@@ -181,6 +181,16 @@ def test_a_sweep_worker_killed_mid_shard_still_decides(fleet: dict[str, Any]) ->
     assert any(x["redelivered"] for x in shard_runs)  # the killed run came back as a retry
 
 
+def test_a_corrupt_state_is_replaced_by_the_next_tick(fleet: dict[str, Any]) -> None:
+    app, kube = fleet["app"], fleet["kube"]
+    tick(app, start_of(K + 18) + 1)
+    lease = kube.get_lease("default", state_lease_name("llama"))
+    kube.update_lease(lease.model_copy(update={"annotations": {STATE_ANNOTATION: '{"schema": "x", "term": NaN'}}))
+    out = tick(app, start_of(K + 18) + 11)
+    row = next(d for d in out["deployments"] if d["deployment"] == "llama")
+    assert row["status"] == "leader" and "NaN" in row["corrupt_state_replaced"]
+    assert state_of(kube, "llama").term == row["term"]
+
 def test_graceful_shutdown_releases_the_leases(fleet: dict[str, Any]) -> None:
     app, kube = fleet["app"], fleet["kube"]
     tick(app, start_of(K + 20) + 1)  # the control worker holds both Leases now
