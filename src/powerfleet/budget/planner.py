@@ -122,8 +122,11 @@ class _State:
         upper = {r: self.t[r] for r in self.proposed}
         # When the current state fits, a clamp keeps each role between its current count and its
         # proposal (it never turns a requested scale-up into a scale-down); else shrink to minimum.
-        lower = {r: min(upper[r], max(self.roles[r].min_replicas, min(upper[r], self.cur[r])) if current_fits
-                        else self.roles[r].min_replicas) for r in self.proposed}
+        # (An earlier hold may have left a role below its minimum: the bound never exceeds upper.)
+        lower: dict[str, int] = {}
+        for r in self.proposed:
+            floor = self.roles[r].min_replicas
+            lower[r] = min(upper[r], max(floor, self.cur[r]) if current_fits else floor)
         got = fit(upper, lower, {r: cost[r] for r in self.proposed}, limit - fixed)
         if got is None:
             # Peers charged at their ready counts already exhaust the budget: hold, never grow.
