@@ -272,28 +272,13 @@ class Simulation:
         )
 
 
-def simulate(
-    arrivals: list[float],
-    isls: list[int],
-    osls: list[int],
-    hashes: list[tuple[int, ...]],
-    workers: int,
-    policy: RouterPolicy,
-    profile: TimingProfile,
-    engine: EngineConfig,
-    router_seed: int,
-    prefill_speed: float = 1.0,
-    decode_speed: float = 1.0,
-    max_run_steps: int | None = None,
-    router: RouterOptions | None = None,
-) -> EngineResult:
-    """Replay requests (sorted by arrival, ms) over ``workers`` replicas; deterministic.
+def simulate(*args: Any, **kwargs: Any) -> EngineResult:
+    """Replay requests (sorted by arrival, ms) over N replicas in one go; deterministic.
 
-    ``max_run_steps`` caps how many decode steps one event may cover (``1`` = the naive
-    step-by-step simulation the tests compare event skipping against). ``router``: Dynamo's
-    further router options (all off by default).
+    Arguments are ``Simulation``'s: arrivals, input and output lengths, hash ids, workers,
+    policy, profile, engine, router seed, then optionally the prefill / decode speeds,
+    ``max_run_steps`` (caps the decode steps one event may cover; ``1`` is the naive
+    step-by-step simulation the tests compare event skipping against) and ``router``
+    (Dynamo's further router options, all off by default).
     """
-    return Simulation(
-        arrivals, isls, osls, hashes, workers, policy, profile, engine, router_seed, prefill_speed, decode_speed,
-        max_run_steps, router,
-    ).run().result()
+    return Simulation(*args, **kwargs).run().result()
