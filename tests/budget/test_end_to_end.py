@@ -96,3 +96,13 @@ def test_group_budget_clamps_stages_and_fails_one_deployment_closed(cluster, lau
     wait_for(lambda: ("PowerInputsChanged", "Warning") in [(e.reason, e.type) for e in
                                                            kube.list_events("default", involved_name="beta")],
              "beta's PowerInputsChanged warning event")
+
+    # Re-admission: once the operator has rolled beta out at 400 W, readmit; the next tick admits the
+    # new caps from the settled snapshot and plans beta again.
+    settle(api, kube, "beta", NODES)
+    assert call("readmit", deployment="default/beta") == {"deployment": "default/beta", "forgot": True}
+    st = tick_and_wait("beta re-admitted", lambda: budget_status(api, "beta").get("reason") == "Planned"
+                       and budget_status(api, "beta"))
+    assert st["ready"] == "True"
+    wait_for(lambda: any(e.reason == "PowerInputsAdmitted" and "decode=400W/GPU" in e.message
+                         for e in kube.list_events("default", involved_name="beta")), "beta's new caps admitted")
