@@ -5,7 +5,7 @@ alpha runs (1 prefill, 3 decode) = 2000 W, beta (1, 1) = 1000 W. alpha is propos
 3500 W, more than its fair share (3000 W), so it is clamped to (5, 1); and (1, 3) -> (5, 1) is an
 opposing rebalance whose peak (5, 3) = 4000 W exceeds that share, so it is staged: decode goes
 down at the first evaluation, prefill up at the second. Then beta's cap annotation changes after
-admission: beta fails closed, alpha keeps running.
+admission: beta fails closed, alpha keeps running; once rolled out and re-admitted, beta is planned again.
 """
 
 from __future__ import annotations
