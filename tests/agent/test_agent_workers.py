@@ -120,6 +120,9 @@ def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_ap
                  f"{node}'s tick pass to be counted")
         assert fleet.metric(node, "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 1
 
+    ready = urllib.request.urlopen(f"http://127.0.0.1:{fleet.ports['gpu-node-a']}/readyz", timeout=5)
+    assert ready.status == 200 and ready.read().decode().startswith("ok last_good_pass_age_s=")
+
     # An annotation change on a running pod: live through the watch, long before the next tick (60 s).
     fleet.api.apply(pod("gpu-node-a", "250"))
     wait_for(lambda: fleet.limits("gpu-node-a") == [250, 700], "the watch to apply 250 W", timeout_s=30)
