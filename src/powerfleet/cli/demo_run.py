@@ -213,4 +213,5 @@ class DemoRun:
         self.summary = build_summary(samples=samples, windows=windows, checks=checks,
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra)
-        return write_report(out, self.summary, samples, windows, self.twin.budgets)
+        racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
+        return write_report(out, self.summary, samples, windows, self.twin.budgets, racks)

@@ -6,7 +6,8 @@ scenario's steps, retune windows with their TTFT) and ``checks``: one entry per 
 ``true`` when it held (``check_details`` says what was measured).
 
 Plots (matplotlib, Agg backend, no display needed):
-``power.png`` power per rack over time against its budget; ``caps.png`` the applied cap of
+``power.png`` power per rack over time against its budget, with the sum of the applied caps
+of the rack's GPUs that run pods (what they may draw); ``caps.png`` the applied cap of
 every GPU over time; ``ttft.png`` mean TTFT per retune window, the frontend's settings
 (retuned) against the default settings replayed on the same window.
 """
@@ -62,8 +63,13 @@ def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks:
     }
 
 
+def _rack_caps(s: Sample, rack: str, racks: Mapping[str, str]) -> float:
+    """What the GPUs running pods in ``rack`` may draw: the sum of their applied caps."""
+    return sum(g.cap_w for g in s.gpus if g.pod is not None and racks.get(g.node) == rack)
+
+
 def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
-           rack_budget_w: Mapping[str, float]) -> list[str]:
+           rack_budget_w: Mapping[str, float], racks: Mapping[str, str]) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +83,10 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
     for i, rack in enumerate(sorted(rack_budget_w)):
         color = f"C{i}"
         ax.plot(ts, [s.rack_w.get(rack, 0.0) for s in samples], color=color, label=f"{rack} draw")
-        ax.axhline(rack_budget_w[rack], color=color, linestyle="--", label=f"{rack} budget")
+        ax.plot(ts, [_rack_caps(s, rack, racks) for s in samples], color=color, linestyle="-.", linewidth=1,
+                label=f"{rack} caps of its pods' GPUs")
+        # Racks often share one budget figure: offset dash patterns keep both lines visible.
+        ax.axhline(rack_budget_w[rack], color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("GPU power (W)")
     ax.set_title("Power per rack against its budget")
@@ -153,9 +162,10 @@ Fleet power mean {p['fleet_w']['mean']:.0f} W, peak {p['fleet_w']['max']:.0f} W 
 
 
 def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], windows: Sequence[WindowTtft],
-                 rack_budget_w: Mapping[str, float]) -> Path:
+                 rack_budget_w: Mapping[str, float], racks: Mapping[str, str] | None = None) -> Path:
+    """``racks``: node -> rack, for the caps line of the power plot (omitted: no caps line)."""
     out.mkdir(parents=True, exist_ok=True)
-    images = _plots(out, samples, windows, rack_budget_w)
+    images = _plots(out, samples, windows, rack_budget_w, racks or {})
     assert tuple(images) == IMAGES, images
     (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
     (out / "index.html").write_text(_html(data, images))
