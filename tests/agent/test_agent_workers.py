@@ -173,3 +173,31 @@ def restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -
     assert fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total") == 2
     ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
     assert ok["ran"] and ok["queue"] == "node.gpu-node-b"
+
+
+def test_with_the_broker_down_the_agent_keeps_enforcing_and_still_restores_on_shutdown(tmp_path: Path) -> None:
+    from powerfleet.broker.embedded import EmbeddedRedis
+
+    node = "gpu-node-a"
+    with ApiServer() as api, EmbeddedRedis() as broker:
+        api.apply(pod(node, "300"))
+        port = free_port()
+        env = {"POWERFLEET_BROKER__URL": broker.url, "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "60",
+               "POWERFLEET_AGENT__GPU_BACKEND": "simulated", "POWERFLEET_AGENT__SIMULATED_DIR": str(tmp_path / "sim"),
+               "POWERFLEET_AGENT__KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+               "POWERFLEET_AGENT__STATE_DIR": str(tmp_path / "state"), "POWERFLEET_AGENT__PROC_ROOT": str(tmp_path / "proc"),
+               "POWERFLEET_AGENT__PROBE_PORT": str(port)}
+        write_proc_entry(tmp_path / "proc", PID, UIDS[node])
+        gpus = SimulatedGpus.shared(tmp_path / "sim" / f"{node}.json", [device(0, pids=[PID]), device(1)])
+        with Launcher(log_dir=tmp_path / "logs", env=env) as launcher:
+            agent = launcher.spawn(node, "agent", "--node", node)
+            wait_for(lambda: gpus.read_limit(0) == 300_000, "the first (watch) pass to cap GPU 0")
+            broker.stop()  # Redis gone: no ticks, no heartbeat
+            api.apply(pod(node, "275"))
+            wait_for(lambda: gpus.read_limit(0) == 275_000, "the watch to apply 275 W without a broker")
+            assert agent.proc.poll() is None  # a broker outage never ends the agent
+            agent.proc.send_signal(15)
+            assert agent.proc.wait(timeout=60) == 0
+            assert gpus.read_limit(0) == 700_000  # restored on the way out, broker or not
+            log = agent.log.read_text()
+            assert "Traceback" not in log, log
