@@ -183,7 +183,8 @@ def test_a_sweep_worker_killed_mid_shard_still_decides(fleet: dict[str, Any]) ->
 
 def test_a_corrupt_state_is_replaced_by_the_next_tick(fleet: dict[str, Any]) -> None:
     app, kube = fleet["app"], fleet["kube"]
-    tick(app, start_of(K + 18) + 1)
+    tick(app, start_of(K + 18) + 1)  # launches the (empty) window K+17: let it settle first
+    wait_for(lambda: decided(kube, "llama", K + 17), "window K+17 decided", 60)
     lease = kube.get_lease("default", state_lease_name("llama"))
     kube.update_lease(lease.model_copy(update={"annotations": {STATE_ANNOTATION: '{"schema": "x", "term": NaN'}}))
     out = tick(app, start_of(K + 18) + 11)
