@@ -6,6 +6,8 @@ import copy
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from powerfleet.cluster.dgd import LABEL_COMPONENT, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
@@ -150,3 +152,21 @@ def test_status_keys_other_controllers_own_are_kept() -> None:
     plan = reconcile(dgds, [], NODES)
     status = plan.dgd_status[DISAGG]
     assert status["budget"] == {"ready": "True", "reason": "Planned"} and status["state"] == "pending"
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 50) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+                     max_leaves=30)
+_dgd = st.fixed_dictionaries({"metadata": st.fixed_dictionaries({"name": st.sampled_from(["a", "b"])}),
+                              "spec": st.one_of(_json, st.fixed_dictionaries({"services": _json}),
+                                                st.fixed_dictionaries({"components": st.lists(_json, max_size=3)}))})
+
+
+@settings(max_examples=300, deadline=None)
+@given(dgd=_dgd)
+def test_the_program_never_raises_on_any_dgd_shape(dgd) -> None:
+    # The operator reads what users wrote: a malformed DGD renders what it can, never crashes a pass.
+    comps = components(dgd)
+    plan = reconcile([dgd], [], {"n": 4})
+    assert all(c.replicas >= 0 and c.gpus >= 0 for c in comps)
+    assert set(plan.dgd_status) == {dgd["metadata"]["name"]}

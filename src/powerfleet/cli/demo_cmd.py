@@ -127,7 +127,12 @@ def demo(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s)).start()
+    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s))
+    try:
+        twin.start()
+    except OSError as exc:
+        twin.stop()
+        fail(f"demo: the twin cannot start in {work}: {exc.strerror or exc}", EXIT_FAILURE)
     launcher = Launcher(log_dir=work / "logs")
     try:
         port = flower_port or free_loopback_port()

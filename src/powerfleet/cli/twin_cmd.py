@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from powerfleet.cli.errors import fail, print_json
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.twin.topology import MAX_NODES, MIN_NODES
 
 
@@ -38,10 +38,14 @@ def twin(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    tw = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=root, window_s=window, traces=traces)).start()
+    tw = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=root, window_s=window, traces=traces))
+    try:
+        tw.start()
+    except OSError as exc:
+        tw.stop()
+        fail(f"twin: cannot start in {root}: {exc.strerror or exc}", EXIT_FAILURE)
     try:
         # Frontends start once their pods run: wait for them before printing their URLs.
-        stop.wait(0)
         waited = 0.0
         while len(tw.frontends) < 2 and waited < 30 and not stop.is_set():
             stop.wait(0.5)

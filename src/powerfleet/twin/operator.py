@@ -91,7 +91,9 @@ def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
             item = _map(item)
             template = _map(item.get("podTemplate"))
             meta = _map(template.get("metadata"))
-            containers = _map(template.get("spec")).get("containers") or [{}]
+            containers = _map(template.get("spec")).get("containers")
+            if not isinstance(containers, list) or not containers:
+                containers = [{}]
             main = next((c for c in containers if _map(c).get("name") == "main"), _map(containers[0]))
             res = _map(main.get("resources"))
             gpus = _int(_map(res.get("limits")).get(GPU_RESOURCE), _int(_map(res.get("requests")).get(GPU_RESOURCE)))
