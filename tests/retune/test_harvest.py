@@ -1,0 +1,76 @@
+"""The harvest decides with what arrived by the deadline; an overrun sweep is abandoned.
+
+Shards run in-process here (the worker path is covered by test_live_e2e.py); Redis, the
+loopback API server and frontends are real, and the clock is a FakeClock.
+"""
+
+from __future__ import annotations
+
+import os
+
+from powerfleet.clock import FakeClock
+from powerfleet.retune import control, live
+from powerfleet.retune.context import Deployment
+from powerfleet.retune.fanin import ShardSpec
+from tests.retune.conftest import make_ports, retune_config
+from tests.retune.world import start_of, traffic_lines, write_segments
+
+K = 30_000_100
+
+
+def _launch(world, kube, redis_url, *, pods: int = 2):  # type: ignore[no-untyped-def]
+    fes = world.add_deployment("llama", pods=pods)
+    cfg = retune_config(world, ["llama"])
+    clock = FakeClock(start_of(K + 1) + 1, 1.0)
+    ports = make_ports(redis_url, kube, "ctl-a", clock)
+    ports.r.flushdb()  # the Redis server is shared by the module's tests
+    assert control.tick_deployment(cfg, ports, "llama", start_of(K) + 1)["status"] == "leader"
+    write_segments(world.trace_dir, "llama", sorted(fes), traffic_lines(60, start_of(K + 1)))
+    t = control.tick_deployment(cfg, ports, "llama", start_of(K + 2) + 1)["term"]
+    (win,) = ports.send.of(control.WINDOW_TASK)
+    out = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
+                             generation=win["generation"])
+    assert out["status"] == "launched", out
+    shards = ports.send.of(live.SHARD_TASK)
+    return fes, cfg, ports, clock, out["sid"], shards, t
+
+
+def _run(ports, sid, spec):  # type: ignore[no-untyped-def]
+    return live.run_shard(ports, sid, ShardSpec.model_validate(spec))
+
+
+def test_a_shard_that_fails_fails_only_its_candidates_and_the_deadline_decides(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, _ = _launch(world, kube, redis_url)
+    probe, first, second = (kw["spec"] for kw in shards)
+    assert probe["kind"] == "probe" and len(shards) == 3
+    assert _run(ports, sid, probe)["status"] == "computed"
+    broken = dict(first, window_file=first["window_file"] + ".gone")
+    assert _run(ports, sid, broken)["status"] == "dropped"  # not a spec of this sweep
+    # The second shard never arrives; the first one fails (its window file disappeared).
+    os.rename(first["window_file"], first["window_file"] + ".moved")
+    failed = _run(ports, sid, first)
+    assert failed["status"] == "failed"
+    os.rename(first["window_file"] + ".moved", first["window_file"])
+    assert live.harvest(cfg, ports, sid)["status"] == "waiting"  # before the deadline
+    clock.advance(cfg.time_budget_s + 1)
+    out = live.harvest(cfg, ports, sid)
+    assert out["status"] == "abandoned" and "time budget" in out["reason"]  # no candidate scored
+    state = Deployment.open(cfg, ports, "llama").store.read()[0]
+    rec = state.history[-1]
+    assert rec.failure_reason == "time-budget" and rec.candidates == 4 and rec.candidates_failed == 4
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+
+
+def test_partial_results_at_the_deadline_still_decide(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, _ = _launch(world, kube, redis_url)
+    probe, first, _second = (kw["spec"] for kw in shards)
+    _run(ports, sid, probe)
+    _run(ports, sid, first)
+    clock.advance(cfg.time_budget_s + 1)
+    out = live.harvest(cfg, ports, sid)
+    assert out["status"] == "decided", out
+    state = Deployment.open(cfg, ports, "llama").store.read()[0]
+    rec = state.history[-1]
+    assert rec.candidates == 4 and rec.candidates_failed == 2 and rec.replicas_verified
+    assert live.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
+    assert len(Deployment.open(cfg, ports, "llama").store.read()[0].history) == len(state.history)
