@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerfleet.cluster.router import RevisionConflict, RouterClient, RouterError
+from powerfleet.cluster.router import RevisionConflict, RouterClient, RouterError, parse_answer
 from powerfleet.retune.actuator import Actuator
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.premises import Frontend
@@ -101,3 +102,16 @@ def test_initials_are_saved_before_the_first_patch_and_a_fenced_leader_writes_no
         state, reports = Actuator(c, store, _Lead(), Term("d", "me", 1)).reconcile(  # type: ignore[arg-type]
             [Frontend("fe-0", fe.url)], _Store.state)
         assert state.initial["fe-0"]["temperature"] == 1.0 and reports[0].converged
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=120) | st.builds(lambda rev, pol: json.dumps({"revision": rev, "policy": pol}).encode(),
+                                                  st.one_of(st.integers(), st.booleans(), st.none(), st.text(max_size=3)),
+                                                  st.dictionaries(st.sampled_from(list(RouterPolicy.model_fields)),
+                                                                  st.one_of(st.floats(), st.booleans(), st.text(max_size=2)))))
+def test_a_frontend_answer_is_a_full_finite_policy_or_a_router_error(body: bytes) -> None:
+    try:
+        got = parse_answer("http://fe", httpx.Response(200, content=body))
+    except RouterError:
+        return
+    assert set(got.policy) == set(RouterPolicy.model_fields) and isinstance(got.revision, int)

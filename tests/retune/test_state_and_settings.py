@@ -149,3 +149,16 @@ def test_premises_each_have_their_code(tmp_path) -> None:
                                      grid={"overlap_score_credit": {"choices": [0.0]}}), "llama")
     credit0 = _snap(ok, frontend_policies={"fe-0": {**POLICY, "overlap_score_credit": 0.0}})
     assert "credit-zero-frontend" not in {p.code for p in check(zero_grid, credit0)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.text(max_size=80) | st.dictionaries(st.sampled_from(["mode", "max_shards", "grid", "enabled", "x"]),
+                                                  st.one_of(st.integers(-3, 300), st.text(max_size=4), st.booleans(),
+                                                            st.none())).map(json.dumps))
+def test_the_dgd_annotation_parses_or_is_one_settings_error(raw: str) -> None:
+    try:
+        over = dgd_overrides({"powerfleet.nvidia.com/retune": raw})
+    except SettingsError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert over is not None

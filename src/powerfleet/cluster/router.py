@@ -32,7 +32,7 @@ class RouterPolicyState:
     policy: dict[str, float]
 
 
-def _parse(url: str, resp: httpx.Response) -> RouterPolicyState:
+def parse_answer(url: str, resp: httpx.Response) -> RouterPolicyState:
     try:
         body = resp.json()
     except ValueError:
@@ -75,7 +75,7 @@ class RouterClient:
             raise RouterError(f"{url}: {type(exc).__name__}: {exc}") from None
         if resp.status_code != 200:
             raise RouterError(f"{url}: GET answered HTTP {resp.status_code}")
-        return _parse(url, resp)
+        return parse_answer(url, resp)
 
     def patch(self, base_url: str, policy: dict[str, Any], revision: int) -> RouterPolicyState:
         url = base_url.rstrip("/") + "/router_policy"
@@ -87,4 +87,4 @@ class RouterClient:
             raise RevisionConflict(f"{url}: revision {revision} is stale")
         if resp.status_code != 200:
             raise RouterError(f"{url}: PATCH answered HTTP {resp.status_code}")
-        return _parse(url, resp)
+        return parse_answer(url, resp)
