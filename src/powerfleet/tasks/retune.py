@@ -26,7 +26,7 @@ from powerfleet.cluster.router import RouterClient
 from powerfleet.retune import control, live
 from powerfleet.retune.context import Ports
 from powerfleet.retune.fanin import ShardSpec
-from powerfleet.retune.settings import configured
+from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
 from powerfleet.workers.routes import SWEEP_QUEUE
@@ -118,6 +118,8 @@ def _run(task: Any, fn: Any, *args: Any, at: float | None = None) -> Any:
     ports = ports_for(task, at)
     try:
         return fn(task.app.fleet_config.retune, ports, *args)
+    except SettingsError as exc:  # not retried: the same settings fail the same way
+        return {"status": "invalid-settings", "error": str(exc)}
     finally:
         ports.router.close()
 
