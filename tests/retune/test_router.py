@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerfleet.cluster.router import RevisionConflict, RouterClient, RouterError, parse_answer
-from powerfleet.retune.actuator import Actuator
+from powerfleet.retune.actuator import Actuator, target_for
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.premises import Frontend
 from powerfleet.retune.state import RetuneState
@@ -115,3 +115,12 @@ def test_a_frontend_answer_is_a_full_finite_policy_or_a_router_error(body: bytes
     except RouterError:
         return
     assert set(got.policy) == set(RouterPolicy.model_fields) and isinstance(got.revision, int)
+
+
+def test_a_frontend_that_started_with_credit_zero_keeps_it_at_zero() -> None:
+    zero = {**RouterPolicy().model_dump(), "overlap_score_credit": 0.0}
+    state = RetuneState(term=1, desired=DESIRED, initial={"fe-0": zero, "fe-1": RouterPolicy().model_dump()})
+    assert target_for(state, "fe-0")["overlap_score_credit"] == 0.0
+    assert target_for(state, "fe-1")["overlap_score_credit"] == DESIRED["overlap_score_credit"]
+    assert target_for(state.model_copy(update={"mode": "advisory"}), "fe-1") is None
+    assert target_for(state.model_copy(update={"rollback": "intent"}), "fe-0") == zero
