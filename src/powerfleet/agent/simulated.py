@@ -89,6 +89,10 @@ def parse_devices(data: Any) -> list[SimDevice]:
     return sorted(out, key=lambda d: d.index)
 
 
+def _as_dicts(devices: Iterable[SimDevice | Mapping[str, Any]]) -> list[Any]:
+    return [d.model_dump() if isinstance(d, SimDevice) else dict(d) for d in devices]
+
+
 def write_devices(path: Path, devices: Iterable[SimDevice]) -> None:
     """Write ``{"devices": [...]}`` atomically (temp file in the same directory, fsync, rename)."""
     write_atomic(path, json.dumps({"devices": [d.model_dump() for d in devices]}, indent=1, sort_keys=True))
@@ -98,13 +102,11 @@ class SimulatedGpus:
     """``GpuBackend`` over simulated devices, in memory or shared through a JSON file."""
 
     def __init__(self, devices: Iterable[SimDevice | Mapping[str, Any]] = (), *, path: Path | None = None) -> None:
+        """In memory from ``devices``; with ``path`` (see ``shared``) the file is the truth."""
         self._path = path
         self._mutex = threading.RLock()
-        self._devices = parse_devices([d.model_dump() if isinstance(d, SimDevice) else dict(d) for d in devices])
+        self._devices = [] if path is not None else parse_devices(_as_dicts(devices))
         self.sets: list[tuple[int, int]] = []  # (index, mW) of every set this object made, for tests
-        if path is not None and not path.exists():
-            with self._locked():
-                write_devices(path, self._devices)
 
     @classmethod
     def shared(cls, path: str | os.PathLike[str], devices: Iterable[SimDevice | Mapping[str, Any]] | None = None) -> "SimulatedGpus":
@@ -113,7 +115,7 @@ class SimulatedGpus:
         if devices is not None:
             p.parent.mkdir(parents=True, exist_ok=True)
             with _flock(p):
-                write_devices(p, parse_devices([d.model_dump() if isinstance(d, SimDevice) else dict(d) for d in devices]))
+                write_devices(p, parse_devices(_as_dicts(devices)))
         elif not p.exists():
             raise GpuError(f"simulated GPUs: {p} does not exist")
         return cls(path=p)
