@@ -41,7 +41,6 @@ class AgentRuntime:
         self._on_timer = False
         self._stopped = False
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
-        self.last_report: PassReport | None = None
 
     def serves(self, node: str) -> bool:
         return node == self.node
@@ -49,9 +48,7 @@ class AgentRuntime:
     # -- passes --
 
     def _run(self, trigger: str) -> PassReport:
-        report = self.agent.run_pass(trigger)
-        self.last_report = report
-        return report
+        return self.agent.run_pass(trigger)
 
     def tick_pass(self) -> PassReport | None:
         """A pass for a tick; None when one is already running (the tick is dropped, not queued)."""
