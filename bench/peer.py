@@ -60,8 +60,15 @@ def compare(name: str, reqs: list[TraceRequest], workers: int, pol: RouterPolicy
     blocks = prof.kv_capacity_tokens // eng.block_tokens
     dyn = [peer.run_peer(reqs, workers, pol, table=table, kv_blocks=blocks, options=opts, engine=eng,
                          scored_from_ms=scored_from_ms) for _ in range(runs)]
-    ours = peer.run_ours(reqs, workers, pol, options=opts, engine=eng, scored_from_ms=scored_from_ms)
-    row: dict[str, Any] = {"case": name, "ours": ours.as_dict()}
+    # With random ties powerfleet's run is one draw too: average its figures over as many seeds.
+    seeds = range(runs) if opts.router_tie_break == "random" else range(1)
+    mine = [peer.run_ours(reqs, workers, pol, options=opts, engine=eng, scored_from_ms=scored_from_ms, seed=s)
+            for s in seeds]
+    ours = peer.Metrics(**{k: (sum(getattr(m, k) for m in mine) / len(mine)) if k != "requests" else mine[0].requests
+                           for k in peer.Metrics.__dataclass_fields__})
+    row: dict[str, Any] = {"case": name, "ours": ours.as_dict(), "ours_seeds": len(mine),
+                           "ours_mean_ttft_range": [round(min(m.mean_ttft_ms for m in mine), 1),
+                                                    round(max(m.mean_ttft_ms for m in mine), 1)]}
     for key in ("mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "block_hit_rate", "wall_s", "preemptions"):
         vals = [getattr(d, key) for d in dyn]
         row[f"dynamo_{key}"] = [round(min(vals), 4), round(max(vals), 4)]
@@ -119,10 +126,9 @@ def retune(reqs: list[TraceRequest], workers: int, table: Path, runs: int, windo
         res = run_sweep(reqs, workers, "ttft", RouterPolicy(), DEFAULT_GRID, window=(a, b), processes=processes)
         choice = RouterPolicy(**res.decision.params)
         nxt = select_window(reqs, a, d)  # the swept window warms the next one up
-        scored = (c - a) * 1000.0
         first = min(r.timestamp_ms for r in nxt)
         scored_from = t0 + c * 1000.0 - first
-        out: dict[str, Any] = {"swept": [a, b], "next": [c, d], "choice": {
+        out: dict[str, Any] = {"swept": [a, b], "next": [c, d], "params": {
             k: res.decision.params[k] for k in ("overlap_score_credit", "prefill_load_scale", "temperature")},
             "search_points": res.search_points, "action": res.decision.action}
         for name, pol in (("choice", choice), ("default", RouterPolicy())):
@@ -138,7 +144,6 @@ def retune(reqs: list[TraceRequest], workers: int, table: Path, runs: int, windo
         out["gain_ours_pct"] = round(100 * (1 - ch["ours_mean"] / de["ours_mean"]), 1)
         dm = lambda v: sum(v) / 2  # noqa: E731  (band midpoint)
         out["gain_dynamo_pct"] = round(100 * (1 - dm(ch["dynamo_mean"]) / dm(de["dynamo_mean"])), 1)
-        del scored
         print(json.dumps(out), flush=True)
         rows.append(out)
     return rows
