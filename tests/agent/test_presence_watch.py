@@ -173,7 +173,12 @@ def test_fan_out_puts_one_expiring_reconcile_on_each_node_queue(broker_url: str)
     fan_out(app, [], expires=15)  # nothing to send is not an error
     nodes = [f"gpu-{i}" for i in range(50)]
     fan_out(app, nodes, expires=15)
-    fan_out(app, nodes, expires=15)  # a second tick on the same connection: declarations cached
+
+    def calls(cmd: str) -> int:
+        return int(r.info("commandstats").get(f"cmdstat_{cmd}", {}).get("calls", 0))
+    before = {c: calls(c) for c in ("sadd", "llen", "lpush")}
+    fan_out(app, nodes, expires=15)  # the next tick: the queues are not declared again
+    assert {c: calls(c) - n for c, n in before.items()} == {"sadd": 0, "llen": 0, "lpush": 50}
     for node in nodes:
         assert r.llen(f"node.{node}") == 2
         msg = json.loads(r.lindex(f"node.{node}", 0))
