@@ -60,7 +60,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "networkPolicy": {"enabled": False},
         "beat": {"serviceAccount": {"create": False, "name": "fleet-beat"}},
         "redis": {"auth": {"existingSecret": "my-redis", "existingSecretKey": "pw"},
-                  "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb"},
+                  "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb",
+                  "resources": {"requests": {"cpu": "500m", "memory": "3Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}},
     },
 }
 

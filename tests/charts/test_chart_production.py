@@ -88,6 +88,20 @@ def test_redis_is_bounded_and_never_evicts() -> None:
     assert "--maxmemory-policy noeviction" in script
 
 
+@pytest.mark.parametrize(("maxmemory", "limit", "ok"), [
+    ("384mb", "512Mi", True), ("512mb", "512Mi", False), ("600m", "512Mi", False), ("1gb", "2Gi", True),
+    ("2gb", "2G", False), ("2g", "2G", False), ("1999m", "2G", True),
+])
+def test_redis_maxmemory_stays_below_the_memory_limit(maxmemory: str, limit: str, ok: bool) -> None:
+    values = {"redis": {"maxmemory": maxmemory, "resources": {"limits": {"cpu": "1", "memory": limit},
+                                                              "requests": {"cpu": "100m", "memory": limit}}}}
+    if ok:
+        objects(values)
+        return
+    with pytest.raises(helm.HelmRenderError, match=r"redis.maxmemory \(%s\) must stay below" % maxmemory):
+        objects(values)
+
+
 def _secret_checksums(objs: list[dict[str, Any]]) -> dict[str, str]:
     return {component_of(w): annotations_of(w).get("checksum/secret", "") for w in workloads(objs)}
 

@@ -307,6 +307,25 @@ checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
 {{- end }}
 {{- end }}
 
+{{/* Bytes of a Redis memory size ("384mb", "1gb", "500m", "1024"); Redis's k/m/g are powers of 1000, kb/mb/gb of 1024. */}}
+{{- define "powerfleet.redisBytes" -}}
+{{- $n := regexReplaceAll "^([0-9]+).*$" . "${1}" | int64 }}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" | lower }}
+{{- $mult := dict "" 1 "b" 1 "k" 1000 "kb" 1024 "m" 1000000 "mb" 1048576 "g" 1000000000 "gb" 1073741824 }}
+{{- mul $n (get $mult $unit | int64) }}
+{{- end }}
+
+{{/* Bytes of a Kubernetes memory quantity, or 0 when it is not one of the plain forms. */}}
+{{- define "powerfleet.quantityBytes" -}}
+{{- $q := toString . }}
+{{- if regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$" $q }}
+{{- $n := regexReplaceAll "^([0-9]+).*$" $q "${1}" | int64 }}
+{{- $unit := regexReplaceAll "^[0-9]+" $q "" }}
+{{- $mult := dict "" 1 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 }}
+{{- mul $n (get $mult $unit | int64) }}
+{{- else }}0{{ end }}
+{{- end }}
+
 {{/* ---------- Environment ---------- */}}
 
 {{/* POWERFLEET_BROKER__URL (and the result backend) from a Secret; never a literal URL with a password. */}}
