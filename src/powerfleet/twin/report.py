@@ -79,7 +79,7 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
     t0 = samples[0].t if samples else 0.0
     ts = [s.t - t0 for s in samples]
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     for i, rack in enumerate(sorted(rack_budget_w)):
         color = f"C{i}"
         ax.plot(ts, [s.rack_w.get(rack, 0.0) for s in samples], color=color, label=f"{rack} draw")
@@ -91,7 +91,7 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
     ax.set_ylabel("GPU power (W)")
     ax.set_title("Power per rack against its budget")
     ax.set_ylim(bottom=0)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "power.png", dpi=100)
     plt.close(fig)
