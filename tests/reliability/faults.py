@@ -1,0 +1,85 @@
+"""Fault injection for the reliability suite: a loopback API server that can be made to fail.
+
+``FaultyApiServer`` is the twin's loopback Kubernetes API server (unchanged: it subclasses it and
+overrides only ``handle``, the one entry point every HTTP request goes through), so the official
+client sees real HTTP failures on the wire: a 500 ``InternalError``, a 409 ``Conflict`` on writes,
+or a request that is never answered until the client's timeout fires. Python-side seeding
+(``apply``/``get``) bypasses HTTP and is never failed, so a test can change the world while the
+API is "down" for the fleet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver.errors import ApiError
+from powerfleet.twin.apiserver.http import Handler
+
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass
+class Fault:
+    """What to do instead of serving: ``kind`` is "500", "409" (writes only) or "timeout"."""
+
+    kind: str
+    stall_s: float = 3.0  # "timeout": hold the request this long without answering
+    path_contains: str = ""  # only requests whose path contains this (all when empty)
+
+
+@dataclass
+class FaultLog:
+    served: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+
+
+class FaultyApiServer(ApiServer):
+    """ApiServer whose HTTP requests fail while a fault is set (see the module docstring)."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.fault: Fault | None = None
+        self.log = FaultLog()
+        self._healed = threading.Event()
+
+    def handle(self, req: Handler, method: str) -> None:
+        fault = self.fault
+        hit = fault is not None and fault.path_contains in req.path
+        if hit and fault is not None:
+            if fault.kind == "500":
+                return self._fail(req, fault.kind, ApiError(500, "InternalError", "injected: etcd unavailable"))
+            if fault.kind == "409" and method in WRITES:
+                return self._fail(req, fault.kind, ApiError(409, "Conflict",
+                                                            "injected: the object has been modified"))
+            if fault.kind == "timeout":
+                self.log.failed["timeout"] = self.log.failed.get("timeout", 0) + 1
+                self._healed.wait(fault.stall_s)  # the client gives up first; then drop the connection
+                req.close_connection = True
+                return None
+        self.log.served += 1
+        return super().handle(req, method)
+
+    def _fail(self, req: Handler, kind: str, err: ApiError) -> None:
+        self.log.failed[kind] = self.log.failed.get(kind, 0) + 1
+        length = int(req.headers.get("Content-Length") or 0)
+        if length:  # drain the body, or the kept-alive connection reads it as the next request
+            req.rfile.read(length)
+        req.send_json(err.code, err.status())
+
+    def failures(self, kind: str) -> int:
+        return self.log.failed.get(kind, 0)
+
+    @contextmanager
+    def failing(self, kind: str, **kw: object) -> Iterator[Fault]:
+        """Fail requests while inside the block; heal on leaving it (even on error)."""
+        self.fault = Fault(kind, **kw)  # type: ignore[arg-type]
+        self._healed.clear()
+        try:
+            yield self.fault
+        finally:
+            self.fault = None
+            self._healed.set()
