@@ -11,6 +11,8 @@ sweep leftovers, and only while this process holds the term.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from powerfleet.cluster.ports import ClusterError
@@ -162,16 +164,32 @@ def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
     return {"deployment": dep.name, "status": "cleaned", "results_deleted": purged}
 
 
-def promote(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+Verb = Callable[[Deployment, Ports, Term, RetuneState], dict[str, Any]]
+
+
+def _as_leader(body: Verb) -> Callable[[RetuneConfig, Ports, str], dict[str, Any]]:
+    """An operator verb runs only as the leader, and stops (reporting why) when fenced."""
+
+    @functools.wraps(body)
+    def run(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+        dep = Deployment.open(cfg, ports, name)
+        try:
+            t, state, _ = _lead(dep)
+            return body(dep, ports, t, state)
+        except NotLeader as exc:
+            return {"deployment": name, "status": "not-leader", "reason": str(exc)}
+        except Fenced as exc:
+            return {"deployment": name, "status": "fenced", "reason": str(exc)}
+
+    return run
+
+
+@_as_leader
+def promote(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[str, Any]:
     """Apply the last advisory recommendation to every router (once, even in advisory mode)."""
-    dep = Deployment.open(cfg, ports, name)
-    try:
-        t, state, _ = _lead(dep)
-    except NotLeader as exc:
-        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     adv = state.advisory
     if adv is None or adv.params is None:
-        return {"deployment": name, "status": "nothing-to-promote"}
+        return {"deployment": dep.name, "status": "nothing-to-promote"}
     now = ports.clock.now()
     rec = DecisionRecord(window=-1, outcome="promoted", mode=state.mode, params=dict(adv.params),
                          improvement_pct=adv.improvement_pct, reason=f"promoted the advisory decision of window {adv.window}",
@@ -179,16 +197,12 @@ def promote(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
     state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(update={
         "desired": dict(adv.params or {}), "desired_window": adv.window, "advisory": None, "rollback": "none"}))
     routers = actuate(dep, ports, t, state, promote=state.desired)
-    return {"deployment": name, "status": "promoted", "window": adv.window, "params": adv.params, "routers": routers}
+    return {"deployment": dep.name, "status": "promoted", "window": adv.window, "params": adv.params, "routers": routers}
 
 
-def rollback(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+@_as_leader
+def rollback(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[str, Any]:
     """Two phases: save the intent, then write each router's initial settings (revision-checked)."""
-    dep = Deployment.open(cfg, ports, name)
-    try:
-        t, state, _ = _lead(dep)
-    except NotLeader as exc:
-        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     now = ports.clock.now()
     rec = DecisionRecord(window=-1, outcome="rollback", mode=state.mode, reason="rollback to the initial settings",
                          term=t.term, generation=dep.settings.generation, at=now)
@@ -196,21 +210,17 @@ def rollback(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
         update={"rollback": "intent"}))
     routers = actuate(dep, ports, t, state)
     state = _finish_rollback(dep, t, state, routers)
-    return {"deployment": name, "status": "rolled-back" if state.rollback == "done" else "rolling-back",
+    return {"deployment": dep.name, "status": "rolled-back" if state.rollback == "done" else "rolling-back",
             "routers": routers}
 
 
-def apply_now(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+@_as_leader
+def apply_now(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[str, Any]:
     """One reconcile round now: write the decided settings (active mode), report convergence."""
-    dep = Deployment.open(cfg, ports, name)
-    try:
-        t, state, _ = _lead(dep)
-    except NotLeader as exc:
-        return {"deployment": name, "status": "not-leader", "reason": str(exc)}
     state = _follow_config(dep, t, state)
     routers = actuate(dep, ports, t, state)
     state = _finish_rollback(dep, t, state, routers)
-    return {"deployment": name, "status": "reconciled", "mode": state.mode, "desired": state.desired,
+    return {"deployment": dep.name, "status": "reconciled", "mode": state.mode, "desired": state.desired,
             "routers": routers}
 
 
