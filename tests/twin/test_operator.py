@@ -79,7 +79,7 @@ def test_gpus_are_never_double_allocated_and_spread_over_nodes() -> None:
     dgds = _with_generation(dgd_manifests(SPEC))
     pods = _settle(dgds, [])
     used = [(p["spec"]["nodeName"], g) for p in pods for g in pod_gpus(p)]
-    assert len(used) == len(set(used)) == 1 * 2 + 1 * 2 + 2 * 1  # prefill 1x2, decode 1x2, worker 2x1
+    assert len(used) == len(set(used)) == 2 * 2 + 1 * 2 + 2 * 1  # prefill 2x2, decode 1x2, worker 2x1
     assert {n for n, _ in used} == set(SPEC.node_names)
 
 
@@ -105,12 +105,12 @@ def test_template_change_rolls_pods_surge_one_keeping_ready_count() -> None:
 def test_scale_down_and_unschedulable_pods_wait_for_room() -> None:
     dgds = _with_generation(dgd_manifests(SPEC))
     pods = _settle(dgds, [])
-    dgds[1]["spec"]["services"]["worker"]["replicas"] = 20  # 20 GPUs wanted, 16 - 4 (prefill, decode) free
+    dgds[1]["spec"]["services"]["worker"]["replicas"] = 20  # 20 GPUs wanted, 16 - 6 (prefill, decode) free
     pods = _settle(dgds, pods)
     workers = [p for p in pods if p["metadata"]["name"].startswith(f"{AGG}-worker")]
     pending = [p for p in workers if not p["spec"].get("nodeName")]
-    assert len(workers) == 20 and len(pending) == 8
-    assert dgds[1]["status"]["services"]["worker"]["readyReplicas"] == 12
+    assert len(workers) == 20 and len(pending) == 10
+    assert dgds[1]["status"]["services"]["worker"]["readyReplicas"] == 10
     dgds[1]["spec"]["services"]["worker"]["replicas"] = 1
     pods = _settle(dgds, pods)
     workers = [p for p in pods if p["metadata"]["name"].startswith(f"{AGG}-worker")]

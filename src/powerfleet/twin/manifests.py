@@ -36,7 +36,8 @@ def initial_replicas(spec: TwinSpec) -> dict[str, dict[str, int]]:
     """About 40% of the GPUs in use at start, so a scale-up has somewhere to go (and a budget to hit)."""
     g = spec.total_gpus
     return {
-        DISAGG: {"frontend": 1, "planner": 1, "prefill": max(1, g // 16), "decode": max(1, g // 16)},
+        # Two prefill replicas even on one node: the scenario's rebalance moves one to decode.
+        DISAGG: {"frontend": 1, "planner": 1, "prefill": max(2, g // 16), "decode": max(1, g // 16)},
         AGG: {"frontend": 1, "planner": 1, "worker": max(1, g // 8)},
     }
 

@@ -10,8 +10,9 @@ Steps:
 1. ``cap_change``: the decode component of ``llm-disagg`` gets a lower power annotation;
    the operator rolls its pods; holds when every GPU of the new pods runs at the new cap.
 2. ``scale_up_clamped``: the deployment is re-admitted after step 1's drift, then
-   ``budget.propose`` asks for more decode replicas than the rack budget allows; holds when
-   the replicas grew, stayed below the proposal, and the planner gave a power reason.
+   ``budget.propose`` asks for one prefill replica less and more decode replicas than the
+   rack budget allows; holds when decode grew but stayed below the proposal, the planner gave
+   a power reason, and it staged the rebalance (scale-down first, scale-up next evaluation).
 3. ``retune_applied``: at least one retune window was decided and applied to the routers.
 4. ``manual_change_reverted``: someone PATCHes a router by hand; holds when retune puts
    the decided settings back.
@@ -62,6 +63,8 @@ class Scenario:
         self._initial_decode = 0
         self._manual_frontend: str | None = None
         self._reasons: set[str] = set()
+        self._initial_prefill = 0
+        self._replica_steps: list[tuple[int, int]] = []
         self.steps = [
             Step("cap_change", 0.08, self._start_cap, self._poll_cap),
             Step("scale_up_clamped", 0.25, self._start_scale, self._poll_scale),
@@ -138,30 +141,44 @@ class Scenario:
     def _start_scale(self) -> str | None:
         if not self.has_task("powerfleet.budget.propose"):
             return "powerfleet.budget.propose is not a task in this build (budget planner absent)"
-        dgd = self._dgd(DISAGG)
-        self._initial_decode = int(dgd["spec"]["services"]["decode"].get("replicas", 1))
-        # Enough 2-GPU decode replicas to fill every GPU: far above any rack budget.
+        services = self._dgd(DISAGG)["spec"]["services"]
+        self._initial_decode = int(services["decode"].get("replicas", 1))
+        self._initial_prefill = int(services["prefill"].get("replicas", 1))
+        # A rebalance towards decode: one prefill replica less, and enough 2-GPU decode replicas
+        # to fill every GPU (far above any rack budget). The planner clamps the decode side to
+        # the budget and, when the transition peak would not fit, stages it: the scale-down
+        # first, the scale-up at the next evaluation.
         self._proposed = self._initial_decode + self.twin.spec.total_gpus // 2
+        proposal = {"decode": self._proposed}
+        if self._initial_prefill > 1:
+            proposal["prefill"] = self._initial_prefill - 1
         deployment = f"{self.twin.spec.namespace}/{DISAGG}"
         if self.has_task("powerfleet.budget.readmit"):
             # The cap change was drift against what the planner admitted: it failed this deployment
             # closed. An operator re-admits it once the new caps are rolled out (docs/budget.md).
             self.send("powerfleet.budget.readmit", {"deployment": deployment})
             self.log(f"scenario: budget.readmit {deployment} (new caps rolled out)")
-        self.send("powerfleet.budget.propose", {"deployment": deployment, "replicas": {"decode": self._proposed}})
-        self.log(f"scenario: budget.propose {DISAGG} decode {self._initial_decode} -> {self._proposed} replicas")
+        self.send("powerfleet.budget.propose", {"deployment": deployment, "replicas": proposal})
+        self.log(f"scenario: budget.propose {DISAGG} " + ", ".join(
+            f"{role} {self._initial_prefill if role == 'prefill' else self._initial_decode} -> {n}"
+            for role, n in proposal.items()))
         return None
 
     def _poll_scale(self) -> tuple[bool, str]:
-        dgd = self._dgd(DISAGG)
-        now = int(dgd["spec"]["services"]["decode"].get("replicas", 0))
-        budget = (dgd.get("status") or {}).get("budget") or {}
+        services = self._dgd(DISAGG)["spec"]["services"]
+        decode = int(services["decode"].get("replicas", 0))
+        prefill = int(services["prefill"].get("replicas", 0))
+        if not self._replica_steps or self._replica_steps[-1] != (prefill, decode):
+            self._replica_steps.append((prefill, decode))
+        budget = (self._dgd(DISAGG).get("status") or {}).get("budget") or {}
         self._reasons.update(r for r in budget.get("reasons", []) if isinstance(r, str))
         assert self._proposed is not None
         clamped = any(r.startswith("power_") for r in self._reasons)
-        ok = self._initial_decode < now < self._proposed and clamped
-        return ok, (f"decode replicas {self._initial_decode} -> {now} (proposed {self._proposed}); "
-                    f"planner reasons seen {sorted(self._reasons)}; status.budget.reason {budget.get('reason')}")
+        staged = "power_rebalance_staged" in self._reasons
+        ok = self._initial_decode < decode < self._proposed and clamped and (staged or self._initial_prefill <= 1)
+        steps = " -> ".join(f"({p}, {d})" for p, d in self._replica_steps)
+        return ok, (f"(prefill, decode) replicas {steps}; decode proposed {self._proposed}; "
+                    f"{'staged' if staged else 'not staged'}; planner reasons seen {sorted(self._reasons)}")
 
     # -- 3. retune decisions --
 
