@@ -18,9 +18,9 @@ from tests.retune.world import start_of, traffic_lines, write_segments
 K = 30_000_100
 
 
-def _launch(world, kube, redis_url, *, pods: int = 2):  # type: ignore[no-untyped-def]
-    fes = world.add_deployment("llama", pods=pods)
-    cfg = retune_config(world, ["llama"])
+def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"], **over)
     clock = FakeClock(start_of(K + 1) + 1, 1.0)
     ports = make_ports(redis_url, kube, "ctl-a", clock)
     ports.r.flushdb()  # the Redis server is shared by the module's tests
@@ -74,3 +74,16 @@ def test_partial_results_at_the_deadline_still_decide(world, kube, redis_url) ->
     assert rec.candidates == 4 and rec.candidates_failed == 2 and rec.replicas_verified
     assert live.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
     assert len(Deployment.open(cfg, ports, "llama").store.read()[0].history) == len(state.history)
+
+
+def test_a_window_kept_in_redis_needs_no_shared_volume(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, _ = _launch(world, kube, redis_url, window_store="redis")
+    ref = shards[0]["spec"]["window_file"]
+    assert ref.startswith("redis:") and ports.r.exists(ref[len("redis:"):])
+    assert not any((world.trace_dir / "windows" / "llama").iterdir())  # nothing left on the volume
+    for kw in shards:
+        assert _run(ports, sid, kw["spec"])["status"] == "computed"
+    out = live.harvest(cfg, ports, sid)
+    assert out["status"] == "decided" and out["outcome"] == "apply"
+    assert all(fe.policy.temperature == 0.0 for fe in fes.values())
+    assert not ports.r.exists(ref[len("redis:"):])  # removed with the final sweep

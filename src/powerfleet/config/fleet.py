@@ -159,6 +159,9 @@ class RetuneConfig(_Strict):
     lease_duration_s: int = Field(60, ge=5, le=3600)
     lease_renew_s: int = Field(15, ge=1, le=3600)
     history: int = Field(20, ge=1, le=200)  # decisions kept in the state Lease
+    # Where shards read the window: "file" (a volume shared with the sweep workers) or "redis"
+    # (the cut window kept in Redis until the sweep is final; no shared volume needed).
+    window_store: Literal["file", "redis"] = "file"
     per_deployment: dict[str, RetuneDeploymentConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +31,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field
 
 PREFIX = "powerfleet:retune:"
+WINDOW_REF = "redis:"  # a shard spec's window_file naming a Redis key instead of a path
 TTL_S = 7 * 86400
 Status = Literal["running", "decided", "abandoned", "dropped"]
 
@@ -203,14 +207,48 @@ class FanIn:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(_k("readers", sid)).items()}
 
     def gc_window_file(self, rec: SweepRecord, *, force: bool = False) -> bool:
-        """Remove a final sweep's window file when nothing reads it (or ``force``, after the VT)."""
+        """Remove a final sweep's window (file or Redis key) when nothing reads it (or ``force``)."""
         if rec.status == "running" or (self.readers(rec.sid) and not force):
             return False
+        self._drop_window(rec.window_file)
+        return True
+
+    def _drop_window(self, ref: str) -> None:
+        if ref.startswith(WINDOW_REF):
+            self.r.delete(ref[len(WINDOW_REF):])
+            return
         try:
-            os.unlink(rec.window_file)
+            os.unlink(ref)
         except FileNotFoundError:
             pass
-        return True
+
+    # -- windows kept in Redis (a fleet without a shared volume) --
+    def put_window(self, sid: str, path: str, ttl_s: int) -> str:
+        """Store a cut window in Redis until ``ttl_s``; returns the reference shards read."""
+        key = _k("window", sid)
+        with open(path, "rb") as fh:
+            self.r.set(key, fh.read(), ex=max(1, ttl_s))
+        return WINDOW_REF + key
+
+    @contextmanager
+    def window_path(self, ref: str, sha256: str) -> Iterator[str]:
+        """A local path to read the window from: the file itself, or a private 0600 copy of the
+        Redis-held window, checked against the spec's sha256 and removed afterwards."""
+        if not ref.startswith(WINDOW_REF):
+            yield ref
+            return
+        data = self.r.get(ref[len(WINDOW_REF):])
+        if data is None:
+            raise FileNotFoundError(f"window {ref} expired or was removed")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ValueError(f"window {ref} does not match its spec's sha256")
+        fd, tmp = tempfile.mkstemp(prefix="powerfleet-window-", suffix=".jsonl.gz")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            yield tmp
+        finally:
+            os.unlink(tmp)
 
     def purge(self, dgd: str) -> int:
         """Delete every sweep leftover of a deployment (retune disabled or removed)."""
@@ -221,10 +259,7 @@ class FanIn:
             if rec is not None:
                 for key in rec.keys():
                     n += int(self.r.delete(_k("result", key)))
-                try:
-                    os.unlink(rec.window_file)
-                except FileNotFoundError:
-                    pass
+                self._drop_window(rec.window_file)
             self.r.delete(_k("sweep", sid_s), _k("done", sid_s), _k("readers", sid_s), _k("harvesting", sid_s),
                           _k("adopted", sid_s))
         self.r.delete(_k("sweeps", dgd), _k("all", dgd))

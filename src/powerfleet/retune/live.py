@@ -131,16 +131,21 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     current = current_settings(dep, state, snap.frontend_policies)
     points = s.grid.points(RouterPolicy.model_validate(current))
     digest = file_sha256(cut.path)
+    sid = sweep_id(dgd, k, s.generation, t.term)
+    ref = cut.path
+    if s.window_store == "redis":  # no shared volume: shards fetch the window from Redis
+        ref = ports.fanin.put_window(sid, cut.path, int(s.time_budget_s + s.interval_s))
+        os.unlink(cut.path)
 
     def spec(kind: str, i: int, pts: list[dict[str, float]]) -> ShardSpec:
-        return ShardSpec(dgd=dgd, window=k, window_file=cut.path, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
+        return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
                          index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
-    rec = SweepRecord(sid=sweep_id(dgd, k, s.generation, t.term), dgd=dgd, window=k, term=t.term,
+    rec = SweepRecord(sid=sid, dgd=dgd, window=k, term=t.term,
                       identity=t.identity, generation=s.generation, mode=s.mode, launched_at=now,
-                      deadline=now + s.time_budget_s, window_file=cut.path, requests=cut.requests,
+                      deadline=now + s.time_budget_s, window_file=ref, requests=cut.requests,
                       replicas=replicas, current=current, shards=shards, extra=cut_info)
     if not ports.fanin.register(rec):  # a concurrent duplicate launch registered first
         return {"status": "resent", "sid": rec.sid}
@@ -173,8 +178,9 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
         err = None
         cands: list[dict[str, Any]] = []
         try:
-            got = run_shard_from_trace(spec.window_file, spec.replicas, spec.points, objective=spec.objective,
-                                       seed=spec.seed, sla=spec.sla, shard=None if spec.kind == "probe" else spec.index)
+            with fan.window_path(spec.window_file, spec.window_sha256) as path:
+                got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
+                                           sla=spec.sla, shard=None if spec.kind == "probe" else spec.index)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"

@@ -165,7 +165,7 @@ def check(s: DeploymentSettings, snap: Snapshot) -> list[Premise]:
                                               f"fixed while retune runs (set {LOAD_SCALING_ANNOTATION}: off)"))
     if not snap.sweep_consumers:
         out.append(Premise("no-sweep-consumer", "no worker consumes the sweep queue"))
-    elif not any(snap.sweep_consumers.values()):
+    elif s.window_store == "file" and not any(snap.sweep_consumers.values()):
         out.append(Premise("sweep-cannot-read", f"no sweep worker ({', '.join(sorted(snap.sweep_consumers))}) can read "
                                                 f"the trace directory {s.trace_dir!r}; mount the trace volume there"))
     if worker_replicas(snap.dgd) < 1:

@@ -48,6 +48,7 @@ class DeploymentSettings:
     lease_duration_s: int
     lease_renew_s: int
     history: int
+    window_store: str  # "file" | "redis"
     generation: str
 
     def searched_credit_positive(self) -> bool:
@@ -109,7 +110,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
-                  "trace_dir": m["trace_dir"]}
+                  "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
     generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
     return DeploymentSettings(
         dgd=dgd, namespace=m["namespace"], enabled=bool(m["enabled"]), mode=m["mode"],
@@ -118,5 +119,6 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         max_shards=m["max_shards"], time_budget_s=float(m["time_budget_s"]),
         shard_timeout_s=float(m["shard_timeout_s"]), trace_dir=m["trace_dir"],
         lease_duration_s=cfg.lease_duration_s, lease_renew_s=cfg.lease_renew_s, history=cfg.history,
+        window_store=cfg.window_store,
         generation=generation,
     )
