@@ -13,7 +13,6 @@ import os
 import signal
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
             for rack, w in twin.budgets.items()}
 
 
-def fleet_env(twin: Any, window_s: int, flower_port: int, work: Path) -> dict[str, str]:
+def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
     nodes = twin.spec.node_names
     fleet_max = twin.spec.total_gpus * GPU_MAX_W
     values = {
@@ -136,7 +135,7 @@ def demo(
     launcher = Launcher(log_dir=work / "logs")
     try:
         port = flower_port or free_loopback_port()
-        env = fleet_env(twin, window_s, port, work)
+        env = fleet_env(twin, window_s, port)
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
         os.environ.update(env)
         config = fleet_config(ctx)

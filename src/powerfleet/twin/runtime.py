@@ -18,6 +18,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -133,8 +134,6 @@ class Twin:
         self.stop()
 
     def _loop(self) -> None:
-        import time
-
         next_at = time.monotonic()
         while not self._stop.is_set():
             # A fixed period (not a fixed pause), so a slow tick does not stretch the time base.
