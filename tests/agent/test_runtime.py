@@ -110,3 +110,15 @@ def test_stop_restores_only_when_the_runtime_ran(bench: Bench) -> None:
     rt.stop()
     rt.stop()  # idempotent
     assert bench.limits()[0] == 700
+
+
+def test_no_tick_pass_runs_after_the_restore(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.tick_pass()
+    assert bench.limits()[0] == 300
+    rt.stop()
+    assert bench.limits()[0] == 700
+    assert rt.tick_pass() is None  # a message already received when SIGTERM came
+    assert bench.limits()[0] == 700

@@ -60,6 +60,8 @@ class AgentRuntime:
             self.metrics.passes.labels(trigger="tick", outcome="dropped").inc()
             return None
         try:
+            if self._stopped:
+                return None  # shutting down: the defaults are (being) restored, no cap may follow
             return self._run("tick")
         finally:
             self._lock.release()

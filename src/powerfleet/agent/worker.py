@@ -10,6 +10,8 @@ the calls that can hang carry their own timeouts (pod LIST 20 s server / 25 s cl
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import Any
 
 from celery import bootsteps, signals
@@ -22,6 +24,7 @@ from powerfleet.workers.routes import node_queue
 log = logging.getLogger("powerfleet.agent")
 
 BINDING_CHECK_S = 2.0
+FORCED_EXIT_AFTER_S = 15.0  # well inside the chart's 60 s grace period, after the restore
 
 
 def check_binding(consumer: Any, node: str) -> bool:
@@ -79,6 +82,16 @@ def binding_guard_step(node: str, interval_s: float) -> type[bootsteps.StartStop
     return BindingGuard
 
 
+def _restore_then_exit(rt: agent_runtime.AgentRuntime, grace_s: float) -> None:
+    rt.stop()  # waits for a running pass, restores every managed GPU, persists; never raises
+    if threading.Event().wait(grace_s):
+        return  # never set: this is a bounded wait for Celery's own shutdown
+    log.warning("agent %s: the worker did not finish its shutdown within %gs of the restore (broker "
+                "unreachable?); exiting now", rt.node, grace_s)
+    logging.shutdown()
+    os._exit(0)
+
+
 def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
                      probe: tuple[str, int] | None = None) -> None:
     """Build and start the runtime, run the worker until shutdown, then restore caps."""
@@ -91,11 +104,19 @@ def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
     def on_shutdown(**_: Any) -> None:
         rt.stop()
 
+    def on_shutting_down(**_: Any) -> None:
+        # Celery's SIGTERM/SIGINT handler only sets a flag that its loop checks; while the broker
+        # is unreachable the loop sits in its reconnect retries and never gets there. So the
+        # restore starts now, on its own thread, and the process exits if Celery cannot.
+        threading.Thread(target=_restore_then_exit, args=(rt, FORCED_EXIT_AFTER_S), name="agent-shutdown",
+                         daemon=True).start()
+
     def on_setup(**_: Any) -> None:
         rt.start()  # after Celery set up logging, before it connects: passes never wait for the broker
 
     signals.celeryd_after_setup.connect(on_setup, weak=False)
     signals.worker_shutdown.connect(on_shutdown, weak=False)
+    signals.worker_shutting_down.connect(on_shutting_down, weak=False)
     try:
         app.worker_main(["worker", "-Q", node_queue(node), "-n", f"agent@{node}", "-P", "solo", "-c", "1",
                          "--prefetch-multiplier", "1", "--loglevel", loglevel, "--without-mingle",
