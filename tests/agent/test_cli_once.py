@@ -81,7 +81,7 @@ def test_a_pass_that_cannot_list_pods_says_skipped_and_exits_1(node: Path, tmp_p
 
 @pytest.mark.parametrize("args,msg", [
     (["--node", "Bad Node"], "--node: 'Bad Node' is not a valid Kubernetes node name"),
-    (["--node", "gpu-a", "--pods", "/nope.json"], "--pods: cannot read /nope.json: No such file or directory"),
+    (["--node", "gpu-a", "--pods", "/nope.json"], "--pods: cannot read /nope.json (No such file or directory)"),
     (["--node", "gpu-a", "--pods", "{gpus}"], "--pods: {gpus}: items[0]: not a Pod (kind None, metadata.name None)"),
     (["--node", "gpu-a", "--gpus", "{pods}"], "--gpus: {pods}: expected a JSON list of GPUs, got dict"),
     (["--node", "gpu-a", "--gpus", "{bin}"], "--gpus: {bin} is not UTF-8 text"),

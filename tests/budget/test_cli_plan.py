@@ -54,5 +54,5 @@ def test_text_output_and_unreadable_input(tmp_path):
     assert out.returncode == 0 and out.stdout.startswith("prefill=") and "reasons=gpu_budget_clamped" in out.stdout
     missing = subprocess.run([POWERFLEET, "budget", "plan", "--input", str(tmp_path / "nope.json")],
                              capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 2 and missing.stderr.startswith("powerfleet: error: cannot read")
+    assert missing.returncode == 2 and missing.stderr.startswith("powerfleet: error: --input: cannot read")
     assert "Traceback" not in missing.stderr

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
-from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
 from powerfleet.config.fleet import is_node_name
 
 ONCE_SCHEMA = "powerfleet.agent.once/v1"  # docs/json-contracts.md
@@ -62,12 +62,7 @@ def agent(
 
 
 def _read_json(path: Path, option: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        fail(f"{option}: cannot read {path}: {exc.strerror or exc}")
-    except UnicodeDecodeError:
-        fail(f"{option}: {path} is not UTF-8 text")
+    text = read_text_input(path, option)
     try:
         return json.loads(text)
     except ValueError as exc:

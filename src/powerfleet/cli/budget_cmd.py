@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from powerfleet.cli.errors import EXIT_USAGE, fail
+from powerfleet.cli.errors import EXIT_USAGE, fail, read_text_input
 
 app = typer.Typer(help="Power and GPU budgets: plan replica targets.", no_args_is_help=True)
 
@@ -34,12 +33,7 @@ def plan_cmd(
     """
     from powerfleet.budget.io import answer, split_inputs
 
-    try:
-        text = sys.stdin.read() if str(input_file) == "-" else input_file.read_text()
-    except OSError as exc:
-        fail(f"cannot read {input_file}: {exc.strerror or exc}")
-    except UnicodeDecodeError:
-        fail(f"{input_file} is not UTF-8 text")
+    text = read_text_input(input_file, "--input")
     inputs = split_inputs(text)
     if not inputs:
         fail(f"{input_file} holds no input")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -14,6 +16,18 @@ EXIT_FAILURE = 1  # the command ran and found a problem (e.g. a validation viola
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     typer.echo(f"powerfleet: error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def read_text_input(path: str | os.PathLike[str], option: str) -> str:
+    """The UTF-8 text of a file a command was given, or of stdin for ``-``; any problem is exit 2."""
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
+    except UnicodeDecodeError:
+        fail(f"{option}: {path} is not UTF-8 text")
 
 
 def print_json(data: object) -> None:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from powerfleet.cli.context import fleet_app, fleet_config
-from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
 from powerfleet.workers.routes import NODE_QUEUE_PREFIX, is_fleet_queue
 
 
@@ -21,16 +19,8 @@ ARGS_HELP = ("Keyword arguments as one JSON object, checked against the task's o
 
 
 def _read_args_text(raw: str) -> str:
-    if raw == "-":
-        return sys.stdin.read()
-    if raw.startswith("@"):
-        path = raw[1:]
-        try:
-            return Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            fail(f"--args: cannot read {path} ({exc.strerror or exc})")
-        except UnicodeDecodeError:
-            fail(f"--args: {path} is not UTF-8 text")
+    if raw == "-" or raw.startswith("@"):
+        return read_text_input(raw.removeprefix("@"), "--args")
     return raw
 
 

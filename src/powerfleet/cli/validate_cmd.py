@@ -7,21 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
 
 app = typer.Typer(help="Offline checks of inputs before they reach a cluster: `dgd-update` checks that a "
                        "DGD update leaves every power-annotated component's power inputs unchanged.",
                   no_args_is_help=True)
 
 
-def _read_dgd_file(path: Path) -> Any:
+def _read_dgd_file(path: Path, option: str) -> Any:
     """Read one DGD from a YAML or JSON file (JSON is YAML); any problem -> exit 2."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc.strerror or exc}")
-    except UnicodeDecodeError:
-        fail(f"{path} is not UTF-8 text (a DGD is YAML or JSON)")
+    text = read_text_input(path, option)
     from powerfleet.cluster.manifests import ManifestError, load_document
 
     try:
@@ -50,7 +45,7 @@ def dgd_update(
     docs = {}
     for label, path in (("old", old), ("new", new)):
         try:
-            docs[label] = parse_dgd(_read_dgd_file(path))
+            docs[label] = parse_dgd(_read_dgd_file(path, f"--{label}"))
         except DGDInputError as exc:
             fail(f"{path}: {exc}")
     violations = validate_dgd_update(docs["old"], docs["new"])
