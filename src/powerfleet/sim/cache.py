@@ -14,7 +14,9 @@ enters (``+1``) or leaves (``-1``) the device cache.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
+from typing import Any
 
 from powerfleet.sim.request import Req
 
@@ -44,6 +46,18 @@ class OffloadTiers:
         self.host_ms = host_ms
         self.disk_ms = disk_ms
         self.shared_ms = shared_ms
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OffloadTiers:
+        # Keys are ints: C-level copies of the LRU dicts are deep copies, and much faster than
+        # copy.deepcopy's walk. The shared pool is copied once for all workers (memo).
+        other = copy.copy(self)
+        memo[id(self)] = other
+        other.host = OrderedDict(self.host)
+        other.disk = OrderedDict(self.disk)
+        if id(self.shared) not in memo:
+            memo[id(self.shared)] = OrderedDict(self.shared)
+        other.shared = memo[id(self.shared)]
+        return other
 
     def offload(self, h: int) -> None:
         """A block left the device: keep a copy (device -> host -> disk; and the shared pool)."""
@@ -87,6 +101,15 @@ class BlockCache:
         self.bt = block_tokens
         self.tiers = tiers
         self.journal: list[tuple[int, int]] | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BlockCache:
+        other = copy.copy(self)
+        memo[id(self)] = other
+        other.blocks = dict(self.blocks)
+        other.lru = OrderedDict(self.lru)
+        other.tiers = copy.deepcopy(self.tiers, memo)
+        other.journal = None if self.journal is None else list(self.journal)
+        return other
 
     def free_blocks(self) -> int:
         """Blocks a new reservation may take: never used, or cached but unreferenced."""

@@ -195,9 +195,15 @@ class Simulation:
 
     def fork(self, policy: RouterPolicy) -> Simulation:
         """A copy of this simulation whose router continues with ``policy``."""
-        # the inputs are never written: share them instead of copying
-        shared = (self.arrivals, self.isls, self.osls, self.hashes, self.profile)
-        other = copy.deepcopy(self, {id(x): x for x in shared})
+        other = copy.copy(self)  # the inputs are never written: shared, not copied
+        memo: dict[int, Any] = {id(x): x for x in (self.arrivals, self.isls, self.osls, self.hashes, self.profile)}
+        memo[id(self)] = other  # the callbacks bound to this simulation rebind to the copy
+        for name in ("first", "finish", "where", "hit_blocks", "prompt_blocks", "loaded_blocks", "heap"):
+            setattr(other, name, list(getattr(self, name)))
+        other.dropped = dict(self.dropped)
+        other.ws = copy.deepcopy(self.ws, memo)
+        other.rt = copy.deepcopy(self.rt, memo)
+        other.model = copy.deepcopy(self.model, memo)
         other.rt.set_policy(policy)
         return other
 
