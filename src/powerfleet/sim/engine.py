@@ -149,7 +149,7 @@ class Simulation:
         self.prompt_blocks = [0] * n
         self.loaded_blocks = [0] * n
         self.dropped: dict[int, str] = {}
-        self.freed = False  # a prefill completed: the router queue may release held requests
+        self.freed = False  # a prefill or request completed: the router queue may release
         self.model = StepModel(
             profile.prefill_ms, profile.decode_ms, prefill_speed, decode_speed, engine.max_num_batched_tokens,
             engine.max_num_seqs, bt, max_run_steps, self.on_first, self.on_finish,
@@ -177,6 +177,7 @@ class Simulation:
     def on_finish(self, w: Worker, r: Req, t: float) -> None:
         self.finish[r.idx] = t
         self.rt.complete(w.wid, r)
+        self.freed = True
 
     def place(self, r: Req, t: float) -> None:
         """Route ``r`` at ``t``; it joins its worker's next step."""
@@ -224,8 +225,9 @@ class Simulation:
                     continue  # the run was cut by an arrival; a newer event replaced this one
                 model.advance(w, t)
                 if rt.held and self.freed:
-                    # Held requests are released as prefills complete (the router learns it on
-                    # the response path), not at other step ends, which event skipping elides.
+                    # Held requests are released as prefills and requests complete (the router
+                    # learns it on the response path), as Dynamo's replay router drains its
+                    # queue; not at other step ends, which event skipping elides.
                     while (r := rt.release(t)) is not None:
                         self.place(r, t)
                 self.freed = False
@@ -244,10 +246,8 @@ class Simulation:
                 self.dropped[r.idx] = DROP_KV
                 continue
             rt.observe(t)
-            if rt.held or rt.must_hold(t):
+            if rt.must_hold(t):  # as Dynamo: an arrival queues only while every worker is busy
                 rt.hold(r)
-                while (r := rt.release(t)) is not None:
-                    self.place(r, t)
             else:
                 self.place(r, t)
             rt.observe(t)
