@@ -239,3 +239,13 @@ def test_grid_files_of_any_bytes_load_or_fail_in_one_line(tmp_path_factory, data
         load_grid(p)
     except ValueError as exc:
         assert "\n" not in str(exc) and str(exc)
+
+
+def test_sweep_starts_no_search_round_once_its_budget_is_spent(tiny_requests) -> None:
+    grid = parse_grid({"prefill_load_scale": {"choices": [0.0, 1.0]}, "temperature": {"choices": [0.0, 1.0]}})
+    ticks = iter(range(0, 10_000, 100))  # an injected clock: 100 s pass between readings
+    res = run_sweep(tiny_requests, 3, "ttft", RouterPolicy(), grid, seed=2, window=(10, 20), processes=1,
+                    budget_s=50, clock=lambda: float(next(ticks)))
+    assert res.search_points == 0 and len(res.candidates) == 4
+    free = run_sweep(tiny_requests, 3, "ttft", RouterPolicy(), grid, seed=2, window=(10, 20), processes=1)
+    assert free.search_points > 0
