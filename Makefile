@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	@# Dynamo's own replay, the simulator's reference peer (tests/sim/test_sim_peer.py); optional:
+	@# where the wheel cannot be had, those tests skip and nothing else changes.
+	$(BIN)/pip install -q -e '.[test,peer]' || echo "ai-dynamo-runtime (the [peer] extra) not installed; peer tests skip"
 	touch $(STAMP)
 
 venv: $(STAMP)
