@@ -141,6 +141,12 @@ def test_sweep_pool_consumes_only_sweep_and_calls_no_api() -> None:
     assert pod_spec(worker)["automountServiceAccountToken"] is True
     assert pod_spec(worker)["terminationGracePeriodSeconds"] == 90 + 60
     assert not find(objects({}), "Deployment", "sweep-worker")
+    # With the window kept in Redis only the control workers (the cut) need the volume.
+    redis_store = objects({"sweepWorker": {"enabled": True}, "worker": {"queues": ["control"]},
+                           "retune": {"enabled": True, "traceVolume": volume},
+                           "config": {"retune": {"window_store": "redis"}}})
+    assert "traces" not in {v["name"] for v in pod_spec(one(redis_store, "Deployment", "sweep-worker"))["volumes"]}
+    assert "traces" in {v["name"] for v in pod_spec(one(redis_store, "Deployment", "worker"))["volumes"]}
 
 
 def test_worker_probe_can_be_switched_off() -> None:

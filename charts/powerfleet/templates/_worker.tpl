@@ -18,6 +18,10 @@ A worker Deployment; call with (dict "root" $ "component" "worker" "key" "worker
 {{- $token := and (eq .component "worker") (include "powerfleet.workerNeedsApi" $root | eq "true") }}
 {{- /* The window cut (control) writes and the shards (sweep) read the trace volume. */}}
 {{- $traces := and $root.Values.retune.enabled $root.Values.retune.traceVolume }}
+{{- /* With retune.window_store: redis the shards read the cut window from Redis, not the volume. */}}
+{{- if and (eq .component "sweep-worker") (eq (dig "retune" "window_store" "file" ($root.Values.config | default dict)) "redis") }}
+{{- $traces = false }}
+{{- end }}
 {{- include "powerfleet.serviceAccount" (merge (dict "token" $token) $c) }}
 apiVersion: apps/v1
 kind: Deployment
