@@ -75,6 +75,7 @@ def test_node_processes_map_to_their_pods_and_vanish_with_them(tmp_path: Path) -
     samples = node.tick(pods, lambda i, cap, pod: (100.0 if pod else 70.0, False))
     agent_view = SimulatedGpus.shared(node.gpu_file)
     devs = agent_view.devices()
+    first = devs[0].pids[0] if devs[0].pids else None
     assert [len(d.pids) for d in devs] == [1, 1, 0, 0]
     assert {pod_uid_for_pid(node.proc_root, d.pids[0]) for d in devs[:2]} == {UID_A}
     assert pod_uid_for_pid(node.proc_root, SYSTEM_PID) is None  # outside Kubernetes
@@ -83,7 +84,7 @@ def test_node_processes_map_to_their_pods_and_vanish_with_them(tmp_path: Path) -
     node.tick(pods[1:], lambda i, cap, pod: (min(cap, 500.0), False))
     devs = agent_view.devices()
     assert devs[1].current_w == 350 and devs[1].draw_w == 350 and devs[0].pids == []
-    assert not (node.proc_root / "4100").exists()
+    assert first is not None and not (node.proc_root / str(first)).exists()
 
 
 def test_frontend_writes_readable_segments_serves_policy_and_metrics(tmp_path: Path) -> None:
@@ -116,3 +117,19 @@ def test_spec_bounds_and_racks() -> None:
             TwinSpec(nodes=bad)
     assert len(TwinSpec(nodes=64).node_names) == 64
 
+
+
+def test_shared_proc_root_links_every_node_with_unique_pids(tmp_path: Path) -> None:
+    from powerfleet.twin.nodes import pid_base
+
+    a = NodeSim("twin-gpu-00", 2, tmp_path, first_pid=pid_base(0))
+    b = NodeSim("twin-gpu-01", 2, tmp_path, first_pid=pid_base(1))
+    a.tick([_pod("a", UID_A, "0")], lambda i, cap, pod: (70.0, False))
+    b.tick([_pod("b", UID_B, "1")], lambda i, cap, pod: (70.0, False))
+    pid_a = SimulatedGpus.shared(a.gpu_file).devices()[0].pids[0]
+    pid_b = SimulatedGpus.shared(b.gpu_file).devices()[1].pids[0]
+    assert pid_a != pid_b
+    shared = tmp_path / "proc" / "all"
+    assert pod_uid_for_pid(shared, pid_a) == UID_A and pod_uid_for_pid(shared, pid_b) == UID_B
+    b.tick([], lambda i, cap, pod: (70.0, False))
+    assert pod_uid_for_pid(shared, pid_b) is None and not (shared / str(pid_b)).is_symlink()

@@ -7,12 +7,28 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+
+
+def fleet_settings(tw: Any) -> dict[str, str]:
+    """The POWERFLEET_* settings that point a fleet's agents, planner and retune at the twin."""
+    nodes = ", ".join(tw.spec.node_names)
+    return {
+        "POWERFLEET_NODES": f"[{nodes}]",
+        "POWERFLEET_AGENT__GPU_BACKEND": "simulated",
+        "POWERFLEET_AGENT__SIMULATED_DIR": str(tw.root / "gpus"),
+        "POWERFLEET_AGENT__PROC_ROOT": str(tw.root / "proc" / "all"),
+        "POWERFLEET_AGENT__KUBECONFIG": str(tw.kubeconfig),
+        "POWERFLEET_BUDGET__KUBECONFIG": str(tw.kubeconfig),
+        "POWERFLEET_RETUNE__KUBECONFIG": str(tw.kubeconfig),
+        "POWERFLEET_RETUNE__TRACE_DIR": str(tw.trace_dir),
+        "POWERFLEET_RETUNE__DEPLOYMENTS": "[llm-disagg, llm-agg]",
+    }
 
 
 def twin(
@@ -60,11 +76,10 @@ def twin(
             typer.echo(f"API server: {tw.api.url}")
             for name, fe in manifest["frontends"].items():
                 typer.echo(f"frontend {name}: router {fe['router_url']}/router_policy, metrics {fe['metrics_url']}")
-            typer.echo(f"point a fleet at it: POWERFLEET_AGENT__GPU_BACKEND=simulated "
-                       f"POWERFLEET_AGENT__SIMULATED_DIR={tw.root / 'gpus'} "
-                       f"POWERFLEET_AGENT__KUBECONFIG={tw.kubeconfig} POWERFLEET_RETUNE__KUBECONFIG={tw.kubeconfig} "
-                       f"POWERFLEET_RETUNE__TRACE_DIR={tw.trace_dir} (per agent: POWERFLEET_AGENT__PROC_ROOT="
-                       f"{tw.root / 'proc'}/<node>); paths in {tw.root / 'twin.json'}")
+            typer.echo("point a fleet at it (e.g. `powerfleet up`) with:")
+            for key, value in fleet_settings(tw).items():
+                typer.echo(f"  {key}={value}")
+            typer.echo(f"paths and URLs: {tw.root / 'twin.json'}")
             typer.echo("Ctrl-C stops the twin", err=True)
         stop.wait(duration if duration > 0 else None)
     finally:

@@ -9,6 +9,9 @@ Per node the twin keeps two things on disk, under the twin's directory:
 * ``proc/<node>/<pid>/cgroup``: one entry per process of every running pod on the node, a
   cgroup v2 systemd path carrying the pod UID (what kubelet and containerd produce), plus
   one system process outside Kubernetes that the agent must skip.
+* ``proc/all/<pid>``: a link to every node's pod processes (PIDs are unique across the twin:
+  each node has its own range), so agents started with one shared setting (``powerfleet
+  up``) can all use ``proc/all``: an agent looks up only the PIDs on its own GPUs.
 
 A pod's processes start when it is Running on this node and end when it is gone: one process
 per GPU the pod was given (annotation ``twin.powerfleet.io/gpus``), one for a pod without GPUs.
@@ -28,6 +31,11 @@ from powerfleet.twin.operator import pod_gpus
 from powerfleet.twin.topology import GPU_DEFAULT_W, GPU_MAX_W, GPU_MIN_W, gpu_uuid
 
 SYSTEM_PID = 812  # nvidia-persistenced: a process outside Kubernetes
+PIDS_PER_NODE = 60_000  # 64 ranges of 60,000 from 10,000 stay under Linux's pid_max (4,194,304)
+
+
+def pid_base(node_index: int) -> int:
+    return 10_000 + node_index * PIDS_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,15 @@ class NodeSim:
     root: Path
     seed: int = 0
     _pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (pod uid, gpu index or -1) -> pid
-    _next_pid: int = 4100
+    first_pid: int = pid_base(0)
 
     def __post_init__(self) -> None:
+        self._next_pid = self.first_pid
         self.gpu_file = self.root / "gpus" / f"{self.name}.json"
         self.proc_root = self.root / "proc" / self.name
         self.proc_root.mkdir(parents=True, exist_ok=True)
+        self.shared_proc = self.root / "proc" / "all"
+        self.shared_proc.mkdir(parents=True, exist_ok=True)
         devices = [SimDevice(index=i, uuid=gpu_uuid(self.name, i, self.seed), min_w=GPU_MIN_W, max_w=GPU_MAX_W,
                              default_w=GPU_DEFAULT_W) for i in range(self.gpus)]
         self.backend = SimulatedGpus.shared(self.gpu_file, devices)
@@ -90,10 +101,15 @@ class NodeSim:
                 live.add(key)
                 if new:
                     write_proc_entry(self.proc_root, pid, uid, qos="burstable", container=container)
+                    link = self.shared_proc / str(pid)
+                    link.unlink(missing_ok=True)
+                    link.symlink_to(Path("..") / self.name / str(pid))
                 if gpu >= 0:
                     on_gpu[gpu] = p
         for key in [k for k in self._pids if k not in live]:
-            shutil.rmtree(self.proc_root / str(self._pids.pop(key)), ignore_errors=True)
+            pid = self._pids.pop(key)
+            (self.shared_proc / str(pid)).unlink(missing_ok=True)
+            shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
         samples: list[GpuSample] = []
 
         def change(devices: list[SimDevice]) -> None:

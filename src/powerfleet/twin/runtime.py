@@ -30,7 +30,7 @@ from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, L
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.frontends import TwinFrontend, WindowTtft
 from powerfleet.twin.manifests import dgd_manifests
-from powerfleet.twin.nodes import GpuSample, NodeSim
+from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
 from powerfleet.twin.power import gpu_power, load_of
 from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
@@ -105,7 +105,8 @@ class Twin:
         for obj in node_objects(self.spec) + dgd_manifests(self.spec):
             self.api.apply(obj)
         self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
-        self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed) for n in self.spec.node_names}
+        self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed, first_pid=pid_base(i))
+                      for i, n in enumerate(self.spec.node_names)}
         self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
                                                          speedup=self.options.speedup, seed=self.spec.seed)
         self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock)
@@ -160,6 +161,7 @@ class Twin:
             "kubeconfig": str(self.kubeconfig), "api_server": self.api.url, "namespace": self.spec.namespace,
             "nodes": {n: {"rack": self.spec.rack_of(n), "gpu_file": str(s.gpu_file), "proc_root": str(s.proc_root)}
                       for n, s in self.nodes.items()},
+            "shared_proc_root": str(self.root / "proc" / "all"),
             "racks": self.spec.racks, "rack_budget_w": self.budgets, "trace_dir": str(self.trace_dir),
             "frontends": {k: {"router_url": f.url, "metrics_url": f.metrics_url, "dgd": f.dgd}
                           for k, f in self.frontends.items()},
