@@ -170,3 +170,19 @@ def test_the_program_never_raises_on_any_dgd_shape(dgd) -> None:
     plan = reconcile([dgd], [], {"n": 4})
     assert all(c.replicas >= 0 and c.gpus >= 0 for c in comps)
     assert set(plan.dgd_status) == {dgd["metadata"]["name"]}
+
+
+def test_a_full_cluster_rolls_out_by_replacing_in_place() -> None:
+    one = {"twin-gpu-00": 8}
+    dgds = _with_generation(dgd_manifests(TwinSpec(nodes=1)))
+    dgds[1]["spec"]["services"]["worker"]["replicas"] = 2  # 4 + 2 + 2 = all 8 GPUs busy
+    pods = []
+    for _ in range(6):
+        pods = _apply(reconcile(dgds, pods, one), pods, dgds)
+    dgds[0]["spec"]["services"]["decode"]["extraPodMetadata"]["annotations"][POWER_ANNOTATION] = "380"
+    dgds[0]["metadata"]["generation"] = 2
+    for _ in range(8):
+        pods = _apply(reconcile(dgds, pods, one), pods, dgds)
+    decode = [p for p in pods if p["metadata"]["labels"][LABEL_COMPONENT] == "decode"]
+    assert len(decode) == 1 and decode[0]["metadata"]["annotations"][POWER_ANNOTATION] == "380"
+    assert dgds[0]["status"]["state"] == "successful"

@@ -11,7 +11,8 @@ a plan and emits events only after a write that changed something.
 It also schedules: a new pod goes to the node with the most free GPUs (spreading the two
 racks), and is given concrete GPU indices (the device plugin's part), recorded in the pod
 annotation ``twin.powerfleet.io/gpus``. A rollout is surge-one: a pod of the new template is
-added, and an old pod is removed only once the ready count exceeds the desired replicas.
+added, and an old pod is removed only once the ready count exceeds the desired replicas; when
+the surge pod finds no GPUs, one old pod goes first (replace in place).
 """
 
 from __future__ import annotations
@@ -288,6 +289,12 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
             pname = str(_map(p.get("metadata")).get("name"))
             if not _map(p.get("spec")).get("nodeName"):
                 placed = sched.place(comp.gpus)
+                if placed is None and old:
+                    # No room to surge: replace in place (one old pod goes first, as a rollout with
+                    # maxUnavailable 1 would), so a full cluster can still roll out a new template.
+                    delete(old[0])
+                    old = old[1:]
+                    placed = sched.place(comp.gpus)
                 if placed is not None:
                     plan.placements[pname] = placed
                 continue
