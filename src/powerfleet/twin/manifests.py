@@ -38,7 +38,8 @@ def initial_replicas(spec: TwinSpec) -> dict[str, dict[str, int]]:
     return {
         # Two prefill replicas even on one node: the scenario's rebalance moves one to decode.
         DISAGG: {"frontend": 1, "planner": 1, "prefill": max(2, g // 16), "decode": max(1, g // 16)},
-        AGG: {"frontend": 1, "planner": 1, "worker": max(1, g // 8)},
+        # At least two workers: with one, every router setting routes the same, and retune has nothing to tune.
+        AGG: {"frontend": 1, "planner": 1, "worker": max(2, g // 8)},
     }
 
 

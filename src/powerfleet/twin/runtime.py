@@ -90,6 +90,7 @@ class Twin:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._manifest_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="twin-node")
         self._t0 = 0.0
         self._rng = random.Random(self.spec.seed)
@@ -164,16 +165,18 @@ class Twin:
             "shared_proc_root": str(self.root / "proc" / "all"),
             "racks": self.spec.racks, "rack_budget_w": self.budgets, "trace_dir": str(self.trace_dir),
             "frontends": {k: {"router_url": f.url, "metrics_url": f.metrics_url, "dgd": f.dgd}
-                          for k, f in self.frontends.items()},
+                          for k, f in list(self.frontends.items())},  # a copy: the tick thread adds to it
             "traffic": {"source": self.traffic_source, "speedup": self.options.speedup},
             "window_s": self.options.window_s,
         }
 
     def write_manifest(self) -> Path:
+        """Write twin.json atomically; the tick thread and the command's thread both call this."""
         path = self.root / "twin.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=1, sort_keys=True))
-        tmp.replace(path)
+        with self._manifest_lock:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.manifest(), indent=1, sort_keys=True))
+            tmp.replace(path)
         return path
 
     # -- one tick --

@@ -14,8 +14,8 @@ Steps:
    rack budget allows; holds when decode grew but stayed below the proposal, the planner gave
    a power reason, and it staged the rebalance (scale-down first, scale-up next evaluation).
 3. ``retune_applied``: at least one retune window was decided and applied to the routers.
-4. ``manual_change_reverted``: someone PATCHes a router by hand; holds when retune puts
-   the decided settings back.
+4. ``manual_change_reverted``: once retune has applied a decision, someone PATCHes a router
+   by hand; holds when retune puts the decided settings back.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ NEW_DECODE_CAP_W = 380
 MANUAL_TEMPERATURE = 0.9
 RETUNE_STATE_SUFFIX = "-powerfleet-retune-state"
 DECIDED = ("apply", "keep", "no-traffic", "advisory", "promoted")
+WAIT = "wait"  # a step's start() asking to be tried again at the next tick
 
 
 @dataclass
@@ -82,6 +83,9 @@ class Scenario:
                     reason = step.start()
                 except Exception as exc:  # noqa: BLE001 - a refused send is this step's failure, not the run's
                     reason = f"{type(exc).__name__}: {exc}"
+                if reason == WAIT:
+                    o.detail = "waiting for a retune decision to be applied first"
+                    continue
                 if reason is not None:
                     o.state, o.detail = "failed", reason
                     self.log(f"scenario {step.name}: cannot run: {reason}")
@@ -101,7 +105,7 @@ class Scenario:
         for step in self.steps:
             o = step.outcome
             if o.state == "pending":
-                o.state, o.detail = "failed", "did not start before the end"
+                o.state, o.detail = "failed", o.detail or "did not start before the end"
             elif o.state == "running":
                 o.state, o.detail = "failed", f"not reached before the end; last seen: {o.detail}"
 
@@ -217,6 +221,9 @@ class Scenario:
     def _start_manual(self) -> str | None:
         if not self.has_task("powerfleet.retune.apply"):
             return "powerfleet.retune.apply is not a task in this build (router actuation absent)"
+        if self.steps[2].outcome.state != "ok":
+            # Retune restores the settings it decided; until one was applied there are none to restore.
+            return WAIT
         fes = [f for f in self.twin.frontends.values() if f.dgd == AGG] or list(self.twin.frontends.values())
         if not fes:
             return "no frontend is running"
