@@ -149,6 +149,12 @@ def test_premises_each_have_their_code(tmp_path) -> None:
                                      grid={"overlap_score_credit": {"choices": [0.0]}}), "llama")
     credit0 = _snap(ok, frontend_policies={"fe-0": {**POLICY, "overlap_score_credit": 0.0}})
     assert "credit-zero-frontend" not in {p.code for p in check(zero_grid, credit0)}
+    # A 0 that retune decided itself (the frontend started with a positive credit) never blocks
+    # the next window; a frontend that started at 0 does.
+    started_positive = {"fe-0": {**POLICY, "overlap_score_credit": 0.5}}
+    assert "credit-zero-frontend" not in {p.code for p in check(s, credit0, initial=started_positive)}
+    started_zero = {"fe-0": {**POLICY, "overlap_score_credit": 0.0}}
+    assert "credit-zero-frontend" in {p.code for p in check(s, credit0, initial=started_zero)}
 
 
 @settings(max_examples=200, deadline=None)

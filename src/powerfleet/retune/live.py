@@ -106,7 +106,7 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
             WINDOWS.labels(dgd, "dropped", "superseded").inc()
     w = window(k, s.interval_s, s.phase_s)
     snap = dep.snapshot(ports)
-    failed = check(s, snap)
+    failed = check(s, snap, initial=state.initial if state is not None else None)
     if failed:
         codes = ",".join(sorted({p.code for p in failed}))
         reason = "; ".join(str(p) for p in failed)

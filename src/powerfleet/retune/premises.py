@@ -135,8 +135,13 @@ class Snapshot:
     load_scaling: bool
 
 
-def check(s: DeploymentSettings, snap: Snapshot) -> list[Premise]:
-    """Every premise that fails (empty: the window may launch)."""
+def check(s: DeploymentSettings, snap: Snapshot,
+          initial: Mapping[str, Mapping[str, float]] | None = None) -> list[Premise]:
+    """Every premise that fails (empty: the window may launch).
+
+    ``initial``: each frontend's settings saved before retune first wrote to it. A credit of 0
+    is the operator's choice only there: a 0 that retune itself decided must not block it.
+    """
     out: list[Premise] = []
     if snap.dgd is None or snap.dgd_obj is None:
         return [Premise("dgd-missing", f"deployment {s.namespace}/{s.dgd} does not exist")]
@@ -151,7 +156,9 @@ def check(s: DeploymentSettings, snap: Snapshot) -> list[Premise]:
                                                    f"e.g. {first[0]}: {first[1]}"))
     if over := router_overrides(snap.dgd_obj, snap.dgd):
         out.append(Premise("worker-router-override", "workers set their own router options: " + "; ".join(over)))
-    zero = sorted(p for p, pol in snap.frontend_policies.items() if pol.get("overlap_score_credit") == 0)
+    initial = initial or {}
+    zero = sorted(p for p, pol in snap.frontend_policies.items()
+                  if initial.get(p, pol).get("overlap_score_credit") == 0)
     if zero and s.searched_credit_positive():
         out.append(Premise("credit-zero-frontend", f"frontend(s) {', '.join(zero)} run overlap_score_credit 0, "
                                                    "which a live router keeps at 0; drop positive credits from the grid"))
