@@ -41,21 +41,29 @@ def cgroup(data: bytes) -> None:
     assert uid is None or UID.match(uid), uid
 
 
-def trace(data: bytes) -> None:
-    from powerfleet.sim.trace import TraceError, read_trace
-
-    fd, path = tempfile.mkstemp(suffix=".jsonl")
+def _in_file(data: bytes, suffix: str, read: Callable[[str], None]) -> None:
+    # The trace reader and the config loader read paths: give them the bytes as a file.
+    fd, path = tempfile.mkstemp(suffix=suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        read(path)
+    finally:
+        os.unlink(path)
+
+
+def trace(data: bytes) -> None:
+    from powerfleet.sim.trace import TraceError, read_trace
+
+    def read(path: str) -> None:
         try:
             t = read_trace(path)
         except TraceError:
             return
         for req in t.requests:
             assert req.input_length >= 0 and req.output_length >= 0
-    finally:
-        os.unlink(path)
+
+    _in_file(data, ".jsonl", read)
 
 
 def agent_state(data: bytes) -> None:
@@ -97,16 +105,13 @@ def dgd(data: bytes) -> None:
 def config(data: bytes) -> None:
     from powerfleet.config import ConfigError, load_config
 
-    fd, path = tempfile.mkstemp(suffix=".yaml")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    def read(path: str) -> None:
         try:
             load_config(path, environ={})
         except ConfigError as exc:
             assert "\n" not in str(exc), str(exc)
-    finally:
-        os.unlink(path)
+
+    _in_file(data, ".yaml", read)
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
