@@ -189,9 +189,9 @@ def main() -> None:
         procs = []
         for w in range(a.workers):
             part = nodes[w * share:(w + 1) * share]
-            procs.append(subprocess.Popen([sys.executable, __file__, "--_worker", server.url, f"agents{w}@load",
-                                           ",".join(part)], env=env, stdout=open(logs / f"agents{w}.log", "wb"),
-                                          stderr=subprocess.STDOUT))
+            with open(logs / f"agents{w}.log", "wb") as out:  # the child keeps its own copy of the handle
+                procs.append(subprocess.Popen([sys.executable, __file__, "--_worker", server.url, f"agents{w}@load",
+                                               ",".join(part)], env=env, stdout=out, stderr=subprocess.STDOUT))
         try:
             for w in range(a.workers):
                 _wait(lambda w=w: app.control.ping(destination=[f"agents{w}@load"], timeout=0.5), f"worker {w}", 180)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -30,7 +31,7 @@ class CrashableRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "CrashableRedis":
+    def start(self) -> Self:
         argv = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
                 "--maxmemory-policy", "noeviction", "--logfile", str(self.dir / "redis.log")]
@@ -60,7 +61,7 @@ class CrashableRedis:
                 self.proc.wait()
         self.proc = None
 
-    def __enter__(self) -> "CrashableRedis":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

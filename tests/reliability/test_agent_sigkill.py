@@ -21,7 +21,6 @@ from powerfleet.agent.state import STATE_FILE
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
-from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -39,7 +38,7 @@ def pod(i: int, cap: str) -> dict[str, Any]:
 
 
 def test_a_killed_agent_restores_idle_orphans_and_reconciles_busy_gpus_on_restart(tmp_path: Path,
-                                                                                  broker_url: str) -> None:  # noqa: F811
+                                                                                  broker_url: str) -> None:
     from powerfleet.twin.apiserver import ApiServer
 
     with ApiServer() as api:
@@ -54,12 +53,12 @@ def test_a_killed_agent_restores_idle_orphans_and_reconciles_busy_gpus_on_restar
                "POWERFLEET_AGENT__KUBECONFIG": str(api.write_kubeconfig(tmp_path / "kubeconfig")),
                "POWERFLEET_AGENT__STATE_DIR": str(tmp_path / "state"), "POWERFLEET_AGENT__PROC_ROOT": str(tmp_path / "proc"),
                "POWERFLEET_AGENT__NAMESPACES": "[llm]"}
-        limits = lambda: [d.current_w for d in gpus.devices()]  # noqa: E731
+        limits = lambda: [d.current_w for d in gpus.devices()]
         with Launcher(log_dir=tmp_path / "logs", env=env) as launcher:
             first = launcher.spawn("agent-1", "agent", "--node", NODE)
             wait_for(lambda: limits() == [300, 350], "the first agent to cap both GPUs", 60)
             state_file = tmp_path / "state" / NODE / STATE_FILE
-            managed = lambda: json.loads(state_file.read_text())["managed_uuids"]  # noqa: E731
+            managed = lambda: json.loads(state_file.read_text())["managed_uuids"]
             wait_for(lambda: managed() == ["GPU-0000", "GPU-0001"], "both GPUs recorded as managed")
             first.proc.send_signal(signal.SIGKILL)
             assert first.proc.wait(timeout=30) == -signal.SIGKILL

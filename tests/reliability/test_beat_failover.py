@@ -65,11 +65,8 @@ def test_a_killed_beat_is_replaced_and_no_window_is_launched_twice(tmp_path: Pat
             st = parse_state(lease.annotations.get(STATE_ANNOTATION))
             return [] if st is None else [h.window for h in st.history]
 
-        def decided(k: int) -> bool:
-            try:
-                return k in history()
-            except Exception:  # no state Lease yet
-                return False
+        def decided(k: int) -> bool:  # wait_for retries while the state Lease does not exist yet
+            return k in history()
 
         try:
             with Launcher(log_dir=tmp_path / "logs", env={"POWERFLEET_CONFIG": str(cfg_path)}) as launcher:

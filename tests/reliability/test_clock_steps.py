@@ -18,7 +18,7 @@ from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import Fenced
 from powerfleet.retune.windows import dedupe_key
-from tests.retune.conftest import Outbox, kube, make_ports, redis_url, retune_config, world  # noqa: F401 - fixtures
+from tests.retune.conftest import Outbox, make_ports, retune_config
 from tests.retune.world import BASE_K, start_of
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from powerfleet.clock import FakeClock
 from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
 from powerfleet.twin.frontend import LoopbackFrontend
-from tests.retune.conftest import kube, make_ports, redis_url, retune_config, world  # noqa: F401 - fixtures
+from tests.retune.conftest import make_ports, retune_config
 from tests.retune.world import START_POLICY, frontend_pod
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ DECIDED = {"overlap_score_credit": 1.0, "overlap_score_credit_decay": 0.0, "pref
 
 
 class _Garbage(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:
@@ -50,7 +50,7 @@ def garbage_url() -> Iterator[str]:
 
 
 def test_a_dead_or_garbage_frontend_is_not_converged_the_others_are_updated_and_it_is_retried(
-        world, kube, redis_url, garbage_url) -> None:  # noqa: F811
+        world, kube, redis_url, garbage_url) -> None:
     fes = world.add_deployment("llama", pods=3)
     ok_pod, dead_pod, garbage_pod = sorted(fes)
     cfg = retune_config(world, ["llama"])

@@ -33,7 +33,6 @@ from powerfleet.retune import control
 from powerfleet.retune.windows import dedupe_key
 from tests.agent.conftest import device
 from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
-from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
 from tests.reliability.faults import FaultyApiServer
 from tests.retune.conftest import Outbox, make_ports, retune_config
 from tests.retune.world import BASE_K, World, start_of
@@ -81,7 +80,7 @@ def test_an_agent_changes_nothing_while_the_api_fails_and_caps_once_it_heals(api
     assert [d.current_w for d in gpus.devices()] == [250, 700]
 
 
-def test_the_planner_holds_while_the_api_fails_and_scales_once_it_heals(api, broker_url: str) -> None:  # noqa: F811
+def test_the_planner_holds_while_the_api_fails_and_scales_once_it_heals(api, broker_url: str) -> None:
     server, kube = api
     state = BudgetState(redis.Redis.from_url(broker_url))
     budget = DeploymentBudget(power_limit_w=5000)
@@ -109,7 +108,7 @@ def test_the_planner_holds_while_the_api_fails_and_scales_once_it_heals(api, bro
     assert budget_status(server, "llama")["targets"] == {"decode": 3}
 
 
-def test_retune_defers_while_the_api_fails_and_launches_the_window_once_it_heals(api, broker_url: str,  # noqa: F811
+def test_retune_defers_while_the_api_fails_and_launches_the_window_once_it_heals(api, broker_url: str,
                                                                                  tmp_path: Path) -> None:
     server, kube = api
     (tmp_path / "traces").mkdir()

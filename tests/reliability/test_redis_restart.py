@@ -38,7 +38,15 @@ from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
 from tests.integration.conftest import wait_worker
 from tests.reliability.redisproc import CrashableRedis
-from tests.retune.world import BASE_K, GRID, INTERVAL, World, start_of, traffic_lines, write_segments
+from tests.retune.world import (
+    BASE_K,
+    GRID,
+    INTERVAL,
+    World,
+    start_of,
+    traffic_lines,
+    write_segments,
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
