@@ -92,7 +92,7 @@ def key_kind(key: str) -> str:
     if key.startswith("celery-task-meta-"):
         return "task results"
     if key.startswith("node.") or key in ("control", "sweep"):
-        return "queues"
+        return f"queue {key}"
     if key.startswith("_kombu.binding"):
         return "kombu bindings (one per queue)"
     if key.startswith("powerfleet:retune:launched:"):
