@@ -107,6 +107,11 @@ def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str,
     if dict(previous) != res.status:
         try:
             cluster.patch_dgd_status(dgd.namespace, dgd.name, _status_patch(previous, res.status))
+        except Conflict as exc:
+            # As for replicas: nothing written, no event; the next evaluation computes it again.
+            log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
+                        dgd.namespace, dgd.name, exc)
+            return
         except ClusterError as exc:
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc

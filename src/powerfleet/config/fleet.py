@@ -43,7 +43,9 @@ class BrokerConfig(_Strict):
     result_backend: str | None = None  # defaults to the broker URL
     # Must exceed the longest acks_late task, or Redis redelivers it while it still runs.
     visibility_timeout_s: int = Field(3600, ge=60, le=7 * 86400)
-    result_expires_s: int = Field(7 * 86400, ge=3600)
+    # Every tick stores a small result: a day of them at the default rates is ~36 MB of Redis
+    # (docs/reliability.md measured ~1.5 MB per hour); a week would be ~250 MB.
+    result_expires_s: int = Field(86400, ge=3600)
 
     @field_validator("url", "result_backend")
     @classmethod
