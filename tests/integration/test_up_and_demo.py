@@ -58,8 +58,22 @@ def short_demo(tmp_path_factory):
     report = tmp_path_factory.mktemp("demo") / "report"
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--duration", "60", "--nodes", "2",
                           "--report", str(report), "--json"],
-                         env=_clean_env(), capture_output=True, text=True, timeout=400)
+                         env=_clean_env(POWERFLEET_FLOWER__BASIC_AUTH=f"[ops:{FLOWER_SECRET}]"),
+                         capture_output=True, text=True, timeout=400)
     return out, report
+
+
+FLOWER_SECRET = "demo-fl0wer-S3cret"
+
+
+def test_demo_report_and_output_carry_no_secret(short_demo) -> None:
+    out, report = short_demo
+    assert out.returncode == 0, out.stderr[-2000:]
+    texts = {"stdout": out.stdout, "stderr": out.stderr}
+    texts.update({str(p): p.read_bytes().decode("latin-1") for p in report.rglob("*") if p.is_file()})
+    assert len(texts) > 4  # the report's files were read
+    leaks = [where for where, text in texts.items() if FLOWER_SECRET in text]
+    assert not leaks, leaks
 
 
 def test_demo_writes_a_report_with_valid_images(short_demo) -> None:
