@@ -30,8 +30,8 @@ def _apply(plan, pods, dgds):
     for name, (node, gpus) in plan.placements.items():
         pods[name]["spec"]["nodeName"] = node
         pods[name]["metadata"]["annotations"][GPUS_ANNOTATION] = ",".join(map(str, gpus))
-    for name, st in plan.pod_status.items():
-        pods[name]["status"] = st
+    for name, pod_status in plan.pod_status.items():
+        pods[name]["status"] = pod_status
     for d in dgds:
         d["status"] = plan.dgd_status[d["metadata"]["name"]]
     return list(pods.values())
