@@ -54,6 +54,7 @@ def test_trigger_no_wait_prints_the_task_id(control_worker, fleet_env, app) -> N
          "node 'bad node/../x' is not a valid Kubernetes node name"),
         (["powerfleet.fleet.echo", "--args", '{"bogus": 1}'], "powerfleet.fleet.echo: bogus: unknown argument"),
         (["powerfleet.retune.window", "--args", '{"dgd": "d", "window": "soon"}'], "window: Input should be"),
+        (["powerfleet.retune.window", "--args", '{"dgd": "d", "window": -3}'], "window: Input should be greater than"),
         (["powerfleet.fleet.echo", "--queue", "node.bad node"], "--queue: 'node.bad node' is not a fleet queue"),
         (["powerfleet.fleet.echo", "--args", "@/nonexistent/args.json"], "--args: cannot read /nonexistent/args.json"),
     ],

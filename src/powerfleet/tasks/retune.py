@@ -42,7 +42,7 @@ class TickArgs(TaskArgs):
 
 class WindowArgs(TaskArgs):
     dgd: str = _DGD
-    window: int
+    window: int = Field(ge=0)
     leader: str | None = None
     term: int | None = Field(None, ge=1)
     generation: str | None = None
