@@ -30,11 +30,11 @@ from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.retune import control
 from powerfleet.retune.windows import dedupe_key
+from powerfleet.testing.retune_world import BASE_K, World, start_of
 from tests.agent.conftest import device
 from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.reliability.faults import FaultyApiServer
 from tests.retune.conftest import Outbox, make_ports, retune_config
-from tests.retune.world import BASE_K, World, start_of
 
 pytestmark = pytest.mark.integration
 FAULTS = ("500", "timeout", "409")

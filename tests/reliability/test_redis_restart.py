@@ -32,13 +32,7 @@ from powerfleet.retune.fanin import FanIn
 from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.tasks.fleet import fan_out
-from powerfleet.twin.apiserver import ApiServer
-from powerfleet.workers.app import create_app
-from powerfleet.workers.launcher import Launcher
-from tests.agent.conftest import device
-from tests.integration.conftest import wait_worker
-from tests.reliability.redisproc import CrashableRedis
-from tests.retune.world import (
+from powerfleet.testing.retune_world import (
     BASE_K,
     GRID,
     INTERVAL,
@@ -47,6 +41,12 @@ from tests.retune.world import (
     traffic_lines,
     write_segments,
 )
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.workers.app import create_app
+from powerfleet.workers.launcher import Launcher
+from tests.agent.conftest import device
+from tests.integration.conftest import wait_worker
+from tests.reliability.redisproc import CrashableRedis
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

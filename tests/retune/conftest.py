@@ -13,8 +13,8 @@ from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.router import RouterClient
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.context import Ports
+from powerfleet.testing.retune_world import GRID, INTERVAL, World
 from powerfleet.twin.apiserver import ApiServer
-from tests.retune.world import GRID, INTERVAL, World
 
 
 @pytest.fixture(scope="module")

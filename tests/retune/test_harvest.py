@@ -12,8 +12,8 @@ from powerfleet.clock import FakeClock
 from powerfleet.retune import control, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
+from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import start_of, traffic_lines, write_segments
 
 K = 30_000_100
 

@@ -13,15 +13,15 @@ import pytest
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.objects import Lease
 from powerfleet.retune import control, live
-from powerfleet.retune.fanin import SweepRecord
-from powerfleet.retune.settings import resolve
 from powerfleet.retune.context import Deployment
+from powerfleet.retune.fanin import SweepRecord
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
+from powerfleet.retune.settings import resolve
 from powerfleet.retune.state import RetuneState, parse_state
+from powerfleet.testing.retune_world import frontend_pod
 from powerfleet.twin.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import frontend_pod
 
 T0 = 1_800_000_000.0
 DECIDED = {"overlap_score_credit": 1.0, "overlap_score_credit_decay": 0.0, "prefill_load_scale": 4.0,

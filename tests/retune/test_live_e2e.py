@@ -23,11 +23,11 @@ from powerfleet.retune.leadership import STATE_ANNOTATION, leader_lease_name, st
 from powerfleet.retune.settings import resolve
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.retune.windows import dedupe_key
+from powerfleet.testing.retune_world import BASE_K, GRID, INTERVAL, World, start_of, traffic_lines, write_segments
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
 from tests.integration.conftest import wait_worker
-from tests.retune.world import BASE_K, GRID, INTERVAL, World, start_of, traffic_lines, write_segments
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

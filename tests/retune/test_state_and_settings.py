@@ -15,7 +15,7 @@ from powerfleet.retune.premises import Frontend, Snapshot, check
 from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
 from powerfleet.sim.policy import RouterPolicy
-from tests.retune.world import dgd_object
+from powerfleet.testing.retune_world import dgd_object
 
 POLICY = RouterPolicy().model_dump()
 

@@ -4,10 +4,10 @@ import pytest
 
 from powerfleet.cli.context import redact
 from powerfleet.config import load_config
+from powerfleet.queues import RoutingError, family_of, route_task, worker_prefetch
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.retune import WindowArgs
 from powerfleet.workers.app import beat_schedule, create_app
-from powerfleet.workers.routes import RoutingError, family_of, route_task, worker_prefetch
 
 
 def test_decode_args_accepts_valid_keywords() -> None:
@@ -73,3 +73,18 @@ def test_beat_schedule_uses_configured_intervals() -> None:
 )
 def test_redact_hides_passwords(url, shown) -> None:
     assert redact(url) == shown
+
+
+def test_queue_names_sit_on_the_bottom_floor_and_tasks_and_the_agent_import_them_downward() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import powerfleet.queues\n"
+            "print(sorted(m for m in sys.modules if m.startswith('powerfleet.')))\n"
+            "import powerfleet.agent.worker, powerfleet.tasks.agent, powerfleet.tasks.budget\n"
+            "import powerfleet.tasks.fleet, powerfleet.tasks.retune\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('powerfleet.workers', 'powerfleet.cli'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["['powerfleet.config', 'powerfleet.config.fleet', 'powerfleet.queues']", "[]"]

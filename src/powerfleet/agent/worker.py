@@ -19,7 +19,7 @@ from celery import bootsteps, signals
 from powerfleet.agent import runtime as agent_runtime
 from powerfleet.agent.build import build_runtime
 from powerfleet.config import FleetConfig
-from powerfleet.workers.routes import node_queue
+from powerfleet.queues import node_queue
 
 log = logging.getLogger("powerfleet.agent")
 

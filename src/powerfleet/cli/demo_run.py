@@ -12,13 +12,13 @@ import redis
 
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.config import FleetConfig
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 from powerfleet.twin import checks as C
 from powerfleet.twin.report import summary as build_summary
 from powerfleet.twin.report import write_report
 from powerfleet.twin.runtime import Twin
 from powerfleet.twin.scenario import DECIDED, Scenario
 from powerfleet.twin.view import ViewState, make_view
-from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 
 FLEET_UP_TIMEOUT_S = 120.0
 

@@ -17,7 +17,7 @@ def install_task_api_checks() -> None:
     from tornado.web import HTTPError
 
     from powerfleet.workers.app import SEND_ERRORS
-    from powerfleet.workers.routes import RoutingError, route_task
+    from powerfleet.queues import RoutingError, route_task
 
     original = BaseTaskHandler.get_task_args
     if getattr(original, "_powerfleet_checked", False):

@@ -10,7 +10,7 @@ import typer
 
 from powerfleet.cli.context import fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
-from powerfleet.workers.routes import NODE_QUEUE_PREFIX, is_fleet_queue
+from powerfleet.queues import NODE_QUEUE_PREFIX, is_fleet_queue
 
 
 ARGS_HELP = ("Keyword arguments as one JSON object, checked against the task's own argument model "
@@ -63,7 +63,7 @@ def trigger(
     config = fleet_config(ctx)
     app = fleet_app(config)
     from powerfleet.workers.app import SEND_ERRORS
-    from powerfleet.workers.routes import RoutingError, family_of, route_task
+    from powerfleet.queues import RoutingError, family_of, route_task
 
     try:
         app.check_send(task, None, kwargs, task_api=True)
@@ -122,7 +122,7 @@ def status(
     from powerfleet.beat.ticklog import TickLog
     from powerfleet.tasks.ports import fleet_redis
     from powerfleet.workers.app import TICK_FAMILIES
-    from powerfleet.workers.routes import node_queue
+    from powerfleet.queues import node_queue
 
     replies = app.control.inspect(timeout=timeout).active_queues() or {}
     workers = {name: sorted(q["name"] for q in qs) for name, qs in sorted(replies.items())}

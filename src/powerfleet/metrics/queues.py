@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator
 
 import redis
 
-from powerfleet.workers.routes import CONTROL_QUEUE, NODE_QUEUE_PREFIX, SWEEP_QUEUE, is_fleet_queue
+from powerfleet.queues import CONTROL_QUEUE, NODE_QUEUE_PREFIX, SWEEP_QUEUE, is_fleet_queue
 
 
 def queue_depths(r: redis.Redis, also: Iterable[str] = ()) -> dict[str, int]:

@@ -23,13 +23,13 @@ from pydantic import Field
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.cluster.leases import connect
 from powerfleet.cluster.router import RouterClient
+from powerfleet.queues import SWEEP_QUEUE
 from powerfleet.retune import control, live
 from powerfleet.retune.context import Ports
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
-from powerfleet.workers.routes import SWEEP_QUEUE
 
 _DGD = Field(min_length=1, max_length=253)
 _clusters: dict[str | None, Any] = {}

@@ -14,8 +14,8 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from powerfleet.config import FleetConfig
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
 from powerfleet.tasks.base import TaskInputError, args_model_of, decode_args
-from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
 # CLI, Flower) knows the same task names.

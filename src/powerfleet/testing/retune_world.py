@@ -1,4 +1,4 @@
-"""A small retune world for the tests: a DGD with frontend pods, loopback frontends, traffic.
+"""A small retune world (tests, bench/load.py): a DGD with frontend pods, loopback frontends, traffic.
 
 Everything is real except the time: the loopback API server (official client), loopback
 frontends (HTTP), a real Redis, and gzip trace segments as frontends write them.
