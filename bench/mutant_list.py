@@ -26,7 +26,7 @@ class Mutant:
 
 
 AGENT = ("tests/agent/test_policy.py", "tests/agent/test_reconcile.py", "tests/agent/test_state.py",
-         "tests/agent/test_recovery_shutdown.py")
+         "tests/agent/test_recovery_shutdown.py", "tests/agent/test_partial_failures.py")
 BUDGET = ("tests/budget/test_program.py", "tests/budget/test_groups.py", "tests/budget/test_planner.py")
 RETUNE_CUT = ("tests/retune/test_cut.py",)
 LEADERSHIP = ("tests/retune/test_leadership.py",)
