@@ -101,3 +101,24 @@ def test_a_proposal_for_a_role_the_deployment_lacks_is_reported():
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
     res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"worker": 3}))
     assert res.replicas == {} and "proposal for worker ignored" in res.status["message"]
+
+
+def test_one_evaluation_derives_the_power_inputs_once(monkeypatch):
+    import powerfleet.budget.program as program
+    import powerfleet.cluster.immutability as immutability
+    import powerfleet.cluster.settlement as settlement
+    from powerfleet.cluster.power import resolve_power_config
+
+    calls = []
+
+    def counting(dgd):
+        calls.append(dgd.name)
+        return resolve_power_config(dgd)
+
+    for module in (program, immutability, settlement):
+        monkeypatch.setattr(module, "resolve_power_config", counting)
+    first = evaluate(snap(disagg(status=settled()), proposal={"prefill": 3}))  # settle + admit
+    assert first.admit is not None and calls == ["llama"]
+    calls.clear()
+    evaluate(snap(disagg(status=settled()), admitted=first.admit, proposal={"prefill": 3}))  # drift check + plan
+    assert calls == ["llama"]

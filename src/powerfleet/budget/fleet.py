@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from powerfleet.budget.groups import Member, allocate
+from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.errors import DGDInputError
@@ -44,24 +45,20 @@ def _power(view: DeploymentView) -> PowerConfig | None:
 
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
-    """Minimum, demand and current watts; current counts the desired, ready and live-pod replicas."""
+    """Minimum, demand and current watts; current charges what holds GPUs (budget/ledger.py): the
+    max of desired, ready, updated and existing-pod replicas, surge and Terminating pods included."""
     by_comp = partition_pods(view.dgd, view.pods)
     # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
     # claims no share of the group.
     frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd))
     minimum = demand = current = 0
     for role, rp in power.roles.items():
-        comp = view.dgd.component(rp.component)
-        st = view.dgd.status.components.get(rp.component)
-        ready = (st.ready_replicas if st else None) or 0
-        live = sum(1 for p in by_comp.get(rp.component, []) if p.is_running_or_starting)
-        pods_as_replicas = -(-live // rp.node_count)
-        desired = comp.replicas if comp else 0
+        charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
         proposed = None if frozen else (view.proposal or {}).get(role.value)
-        demand += (ready if proposed is None else proposed) * w
-        current += max(desired, ready, pods_as_replicas) * w
+        demand += (charged if proposed is None else proposed) * w
+        current += charged * w
     return Member(minimum_w=minimum, demand_w=max(demand, minimum), current_w=current,
                   own_limit_w=view.budget.power_limit_w)
 

@@ -11,14 +11,16 @@ once, skipped when unchanged, then the status-transition events.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
 from powerfleet.cluster.dgd import DGD, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.power import PowerConfig, resolve_power_config
 from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
 
 ROLLING = (RolloutPhase.PENDING, RolloutPhase.IN_PROGRESS, RolloutPhase.FAILED)
@@ -90,15 +92,17 @@ def _finish(snap: Snapshot, previous: Mapping[str, Any], res: Result) -> Result:
     return res
 
 
-def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, rolling: bool) -> dict[str, RoleFacts]:
+def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, list[PodInfo]] | None,
+           rolling: bool) -> dict[str, RoleFacts]:
+    """Each role's planner input, charged for what holds GPUs (budget/ledger.py)."""
     facts: dict[str, RoleFacts] = {}
     for role, rp in admitted.power.roles.items():
-        st = snap.dgd.status.components.get(rp.component)
-        proposed = (snap.proposal or {}).get(role.value)
+        n = role_counts(snap.dgd, rp, None if by_comp is None else by_comp.get(rp.component, []))
         facts[role.value] = RoleFacts(
             watts_per_replica=rp.watts_per_replica, gpus_per_replica=rp.gpus_per_pod * rp.node_count,
-            min_replicas=snap.budget.min_replicas.get(role.value, 1),
-            ready=st.ready_replicas if st is not None else None, proposed=proposed, rolling=rolling)
+            min_replicas=snap.budget.min_replicas.get(role.value, 1), ready=n.ready,
+            proposed=(snap.proposal or {}).get(role.value), rolling=rolling, desired=n.desired, updated=n.updated,
+            pods=n.pods)
     return facts
 
 
@@ -109,9 +113,11 @@ class Rolling:
     failed: list[str]  # the Failed rollouts among ``why``, reported at once
 
 
-def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence[str]) -> Rolling:
-    """Rolling covers rollout phases InProgress, Pending and Failed and terminating pods; an
-    unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
+def rolling_state(dgd: DGD, by_comp: Mapping[str, list[PodInfo]] | None, components: Sequence[str],
+                  facts: Mapping[str, RoleFacts] | None = None, by_role: Mapping[str, str] | None = None) -> Rolling:
+    """Rolling covers rollout phases InProgress, Pending and Failed, terminating pods, and
+    replicas not yet ready or not yet updated (a Grove rollout writes no rollingUpdate phase);
+    an unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
     why: list[str] = []
     failed: list[str] = []
     phases = [("deployment", dgd.status.rollout)]
@@ -122,27 +128,40 @@ def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence
             why.append(f"{name} rollout {phase.value}")
             if phase is RolloutPhase.FAILED:
                 failed.append(why[-1])
-    if pods is None:
+    if by_comp is None:
         why.append("pods could not be read")
     else:
-        by = partition_pods(dgd, pods)
-        why.extend(f"{name} has terminating pods" for name in components if any(p.terminating for p in by.get(name, [])))
+        why.extend(f"{name} has terminating pods" for name in components
+                   if any(p.terminating for p in by_comp.get(name, [])))
+    for role, f in (facts or {}).items():
+        if f.in_flight:
+            name = (by_role or {}).get(role, role)
+            why.append(f"{name}: {f.ready or 0} ready, {f.updated if f.updated is not None else f.ready or 0} updated "
+                       f"of {f.charged} charged")
     return Rolling(bool(why), why, failed)
+
+
+def _resolve(dgd: DGD) -> PowerConfig | DGDInputError:
+    """The DGD's power inputs, derived once per evaluation (or the error that refuses them)."""
+    try:
+        return resolve_power_config(dgd)
+    except DGDInputError as exc:
+        return exc
 
 
 def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPowerInputs | None, bool, Result | None]:
     """(admitted inputs, admitted just now, or the Result that ends this evaluation early)."""
     dgd = snap.dgd
+    power = _resolve(dgd)
     if snap.admitted is not None:
-        violations = check_power_inputs_unchanged(snap.admitted, dgd)
+        violations = check_power_inputs_unchanged(snap.admitted, dgd, resolved=power)
         if not violations:
             return snap.admitted, False, None
         msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
         return None, False, _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
-    try:
-        settlement = settle(dgd, snap.pods) if snap.pods is not None else None
-    except DGDInputError as exc:
-        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(exc))))
+    if isinstance(power, DGDInputError):
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(power))))
+    settlement = settle(dgd, snap.pods, power=power) if snap.pods is not None else None
     if settlement is None or settlement.state is SettlementState.PENDING:
         why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
         msg = f"caps are admitted only from a settled deployment: {why}"
@@ -150,7 +169,7 @@ def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPow
     if settlement.state is SettlementState.FAILED:
         msg = "; ".join(settlement.reasons)
         return None, False, _finish(snap, previous, Result(_status(snap, False, "RolloutFailed", msg)))
-    return admit_power_inputs(dgd), True, None
+    return admit_power_inputs(dgd, power=power), True, None
 
 
 def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, bool]:
@@ -181,9 +200,11 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     assert admitted is not None
     admit_now = admitted if admitted_now else None
     by_role = {role.value: rp.component for role, rp in admitted.power.roles.items()}
-    roll = rolling_state(dgd, snap.pods, list(by_role.values()))
+    by_comp = partition_pods(dgd, snap.pods) if snap.pods is not None else None
     limit, group_note, hold_ups = _limit(snap, admitted)
-    facts = _facts(snap, admitted, roll.rolling or hold_ups)
+    counted = _facts(snap, admitted, by_comp, False)
+    roll = rolling_state(dgd, by_comp, list(by_role.values()), counted, by_role)
+    facts = {r: replace(f, rolling=roll.rolling or hold_ups) for r, f in counted.items()}
     try:
         result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
     except PlanError as exc:
