@@ -12,8 +12,8 @@ from tests.cluster.builders import disagg, pod_obj
 
 
 def settled(**comp_overrides):
-    comps = {"prefill": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}},
-             "decode": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "rollout": {"phase": "Completed"}}}
+    comps = {"prefill": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2},
+             "decode": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}}
     comps.update(comp_overrides)
     return {"observedGeneration": 1, "rollingUpdate": {"phase": "Completed"}, "components": comps}
 
@@ -69,7 +69,8 @@ def test_power_clamp_and_an_over_limit_proposal():
 
 def test_rolling_or_unreadable_pods_block_scale_ups_and_warn_once_per_stretch():
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
-    rolling = settled(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1, "rollout": {"phase": "InProgress"}})
+    rolling = {**settled(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1}),
+               "rollingUpdate": {"phase": "InProgress", "updatedServices": ["decode"]}}
     res = evaluate(snap(disagg(status=rolling), admitted=admitted, proposal={"prefill": 4}))
     assert res.replicas == {} and res.rolling and len(res.warnings) == 1
     assert res.status["targets"] == {} and res.status["held"] == ["prefill"]
@@ -82,7 +83,8 @@ def test_rolling_or_unreadable_pods_block_scale_ups_and_warn_once_per_stretch():
 
 def test_failed_rollout_is_reported_at_once():
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
-    failed = settled(decode={"replicas": 1, "readyReplicas": 1, "rollout": {"phase": "Failed", "message": "crash"}})
+    failed = {**settled(decode={"replicas": 1, "readyReplicas": 1}), "rollingUpdate": {"phase": "Failed"},
+              "conditions": [{"type": "Ready", "status": "False", "reason": "pods_not_ready", "message": "crash"}]}
     res = evaluate(snap(disagg(status=failed), admitted=admitted))
     assert res.status["reason"] == "RolloutFailed" and res.status_events[0].type == "Warning"
 

@@ -28,7 +28,9 @@ from typing import Any
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.fidelity import DEMO_STARTUP_DELAY_S, OperatorSettings
 from powerfleet.twin.frontends import TwinFrontend, WindowTtft
+from powerfleet.twin.kubelet import serving, terminating
 from powerfleet.twin.manifests import dgd_manifests
 from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
 from powerfleet.twin.power import gpu_power, load_of
@@ -56,6 +58,8 @@ class TwinOptions:
     operator_interval_s: float = 1.0
     # Fraction of each rack's maximum GPU power that is its budget (the report's reference line).
     rack_budget_fraction: float = 0.8
+    # Startup delays, grace period, foreign status keys (twin/fidelity.py).
+    operator: OperatorSettings = OperatorSettings(startup_delay_s=DEMO_STARTUP_DELAY_S)
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,8 @@ class Twin:
                       for i, n in enumerate(self.spec.node_names)}
         self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
                                                          speedup=self.options.speedup, seed=self.spec.seed)
-        self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock)
+        self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock,
+                                     settings=self.options.operator)
         self.operator.start(self.options.operator_interval_s)
         self._t0 = self.clock.now()
         self._thread = threading.Thread(target=self._loop, name="twin-tick", daemon=True)
@@ -257,7 +262,7 @@ class Twin:
     def _sync_frontends(self, pods: list[dict[str, Any]]) -> None:
         running = {p["metadata"]["name"]: p for p in pods
                    if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "frontend"
-                   and (p.get("status") or {}).get("phase") == "Running"}
+                   and (p.get("status") or {}).get("phase") == "Running" and not terminating(p)}
         changed = False
         for name in [n for n in self.frontends if n not in running]:
             self.frontends.pop(name).stop()
@@ -313,9 +318,8 @@ class Twin:
             return list(self.windows)
 
 
-def _is_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+# A terminating pod is out of its service's endpoints: it gets no traffic, though it still runs.
+_is_ready = serving
 
 
 def _role(pod: Mapping[str, Any]) -> str:

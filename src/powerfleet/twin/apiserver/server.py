@@ -16,6 +16,7 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.twin.apiserver import verbs
 from powerfleet.twin.apiserver.errors import Obj
 from powerfleet.twin.apiserver.http import Handler, HTTPServer
+from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import DEFAULT_RESOURCES, Registry, ResourceType
 from powerfleet.twin.apiserver.store import Store
 
@@ -31,7 +32,9 @@ class ApiServer:
         persist_path: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
+        options: ServerOptions | None = None,
     ) -> None:
+        self.options = options or ServerOptions()
         self.host = host
         self._port = port
         self.persist_path = Path(persist_path) if persist_path else None
@@ -161,4 +164,4 @@ class ApiServer:
     # -- HTTP --
 
     def handle(self, req: Handler, method: str) -> None:
-        verbs.handle(self.store, self.registry, self._stopping, req, method)
+        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options)

@@ -9,14 +9,37 @@ from urllib.parse import parse_qs, urlsplit
 from powerfleet.twin.apiserver.errors import ApiError
 from powerfleet.twin.apiserver.http import Handler
 from powerfleet.twin.apiserver.patches import json_patch, merge_patch
-from powerfleet.twin.apiserver.resources import Registry
+from powerfleet.twin.apiserver.options import ServerOptions
+from powerfleet.twin.apiserver.resources import Registry, ResourceType
 from powerfleet.twin.apiserver.routing import Route, route
 from powerfleet.twin.apiserver.selectors import parse_field_selector, parse_label_selector
 from powerfleet.twin.apiserver.store import Store
 from powerfleet.twin.apiserver.watch import watch
 
 
-def handle(store: Store, registry: Registry, stopping: threading.Event, req: Handler, method: str) -> None:
+_DEFAULT_GRACE_S = 30
+
+
+def _pod_grace(store: Store, rt: ResourceType, ns: str, name: str, query: Mapping[str, str], body: object) -> int:
+    """The grace period of a pod delete; 0 (remove now) for other kinds and unscheduled pods."""
+    if (rt.group, rt.kind) != ("", "Pod"):
+        return 0
+    pod = store.get(rt, ns, name)
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return 0  # never started: nothing to stop
+    raw: object = query.get("gracePeriodSeconds")
+    if raw is None and isinstance(body, Mapping):
+        raw = body.get("gracePeriodSeconds")
+    if raw is None:
+        raw = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", _DEFAULT_GRACE_S)
+    try:
+        return max(0, int(str(raw)))
+    except ValueError:
+        raise ApiError(400, "BadRequest", f"invalid gracePeriodSeconds {raw!r}") from None
+
+
+def handle(store: Store, registry: Registry, stopping: threading.Event, req: Handler, method: str,
+           options: ServerOptions) -> None:
     split = urlsplit(req.path)
     query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
     found = route(split.path, registry)
@@ -81,6 +104,11 @@ def handle(store: Store, registry: Registry, stopping: threading.Event, req: Han
         return
     if method == "DELETE":
         pre = body.get("preconditions") if isinstance(body, Mapping) else None
+        grace = _pod_grace(store, rt, ns, name, query, body) if options.graceful_pod_deletion else None
+        if grace:
+            store.check_preconditions(rt, ns, name, pre)
+            req.send_json(200, store.mark_deleting(rt, ns, name, grace))
+            return
         old = store.delete(rt, ns, name, pre)
         if rt.delete_returns_object:
             req.send_json(200, old)
