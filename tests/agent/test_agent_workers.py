@@ -57,6 +57,14 @@ class Fleet:
     ports: dict[str, int]
     agents: dict[str, Child]
     r: redis.Redis
+    launcher: Launcher
+    tmp: Path
+
+    def respawn(self, node: str) -> Child:
+        self.launcher.env["POWERFLEET_AGENT__PROC_ROOT"] = str(self.tmp / "proc" / node)
+        self.launcher.env["POWERFLEET_AGENT__PROBE_PORT"] = str(self.ports[node])
+        self.agents[node] = self.launcher.spawn(f"{node}-2", "agent", "--node", node)
+        return self.agents[node]
 
     def metric(self, node: str, name: str, labels: str = "") -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports[node]}/metrics", timeout=5).read().decode()
@@ -93,14 +101,14 @@ def fleet(tmp_path: Path, broker_url: str) -> Iterator[Fleet]:  # noqa: F811
             for node in NODES:
                 wait_worker(app, f"agent@{node}")
             r = redis.Redis.from_url(broker_url)
-            fleet = Fleet(app, api, gpus, ports, agents, r)
+            fleet = Fleet(app, api, gpus, ports, agents, r, launcher, tmp_path)
             # The startup passes (the watch's first listing) find idle GPUs: nothing to set yet.
             for node in NODES:
                 wait_for(lambda n=node: fleet.metric(n, "powerfleet_agent_passes_total", 'outcome="ok",trigger="watch"'),
                          f"{node}'s first watch pass")
             yield fleet
             for node in NODES:
-                launcher.stop_child(agents[node])
+                launcher.stop_child(fleet.agents[node])
 
 
 def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_applies_a_change(fleet: Fleet) -> None:
@@ -129,13 +137,23 @@ def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_ap
     assert fleet.limits("gpu-node-b") == [700, 450]
     assert fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 1
 
-    # Warm shutdown restores the agent's GPUs to their default and forgets them.
+    # A DaemonSet-style restart (SIGTERM, then a new agent): the caps stay in force throughout.
+    seen: list[list[float]] = []
     fleet.agents["gpu-node-a"].proc.send_signal(15)
-    assert fleet.agents["gpu-node-a"].proc.wait(timeout=60) == 0
-    assert fleet.limits("gpu-node-a") == [700, 700]
+    assert wait_for(lambda: seen.append(fleet.limits("gpu-node-a")) or fleet.agents["gpu-node-a"].proc.poll() is not None,
+                    "the agent to exit", timeout_s=60)
+    assert fleet.agents["gpu-node-a"].proc.returncode == 0
+    assert fleet.limits("gpu-node-a") == [250, 700]
     assert "gpu-node-a" not in live_agents(fleet.r)
     log = fleet.agents["gpu-node-a"].log.read_text()
     assert "Traceback" not in log, log
+    assert "keep their caps for the next agent" in log, log
+    successor = fleet.respawn("gpu-node-a")
+    wait_for(lambda: seen.append(fleet.limits("gpu-node-a")) or
+             fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="watch"') >= 1,
+             "the successor's first pass", timeout_s=60)
+    assert all(x == [250, 700] for x in seen), seen  # never uncapped, not even for a moment
+    assert "Traceback" not in successor.log.read_text()
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
@@ -164,18 +182,20 @@ def active_queues(app: FleetCelery, worker: str) -> set[str]:
 
 def restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -> None:
     worker, log = "agent@gpu-node-b", fleet.agents["gpu-node-b"].log
+    restores = lambda: fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total")  # noqa: E731
     fleet.app.control.cancel_consumer("node.gpu-node-b", destination=[worker], reply=True, timeout=5)
+    # Wait on the counter, which moves after the repair, not on the queue list (seen before the log line).
+    wait_for(lambda: restores() == 1, "the binding restored once", timeout_s=30)
     wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "its own queue back", timeout_s=30)
-    assert log.read_text().count("restoring the binding") == 1
     fleet.app.control.add_consumer("control", destination=[worker], reply=True, timeout=5)
+    wait_for(lambda: restores() == 2, "the binding restored a second time", timeout_s=30)
     wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "the foreign queue dropped", timeout_s=30)
     assert log.read_text().count("restoring the binding") == 2
-    assert fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total") == 2
     ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
     assert ok["ran"] and ok["queue"] == "node.gpu-node-b"
 
 
-def test_with_the_broker_down_the_agent_keeps_enforcing_and_still_restores_on_shutdown(tmp_path: Path) -> None:
+def test_with_the_broker_down_the_agent_keeps_enforcing_and_exits_cleanly(tmp_path: Path) -> None:
     from powerfleet.broker.embedded import EmbeddedRedis
 
     node = "gpu-node-a"
@@ -198,6 +218,6 @@ def test_with_the_broker_down_the_agent_keeps_enforcing_and_still_restores_on_sh
             assert agent.proc.poll() is None  # a broker outage never ends the agent
             agent.proc.send_signal(15)
             assert agent.proc.wait(timeout=60) == 0
-            assert gpus.read_limit(0) == 700_000  # restored on the way out, broker or not
+            assert gpus.read_limit(0) == 275_000  # a stop is no drain: the cap stays for the next agent
             log = agent.log.read_text()
             assert "Traceback" not in log, log

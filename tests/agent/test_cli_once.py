@@ -52,10 +52,10 @@ def test_dry_run_prints_what_the_agent_would_do_per_gpu(node: Path) -> None:
     rows = {g["index"]: (g["decision"], g["pods"], g["requested_w"], g["cap_w"]) for g in out["gpus"]}
     assert rows == {
         0: ("single", [A], 300, 300),            # two processes, one pod
-        1: ("conflict", sorted([B, C]), 450, 450),
+        1: ("conflict", sorted([B, C]), 350, 350),  # the lowest valid cap, never the higher safe default
         2: ("idle", [], None, None),
         3: ("single", [C], 900, 700),            # clamped to max
-        4: ("release", [], 700, None),           # a host process; the GPU is not managed
+        4: ("hold", [], None, None),             # a host process: unattributed, its cap stays
     }
     assert [g["uuid"] for g in out["gpus"]] == [f"GPU-{i:04d}" for i in range(5)]
     assert json.loads((node / "gpus.json").read_text())[0]["current_w"] == 700  # touched nothing
@@ -65,7 +65,7 @@ def test_namespace_scope(node: Path) -> None:
     res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
               "--gpus", str(node / "gpus.json"), "--namespace", "llm", "--dry-run", "--json")
     rows = {g["index"]: g["decision"] for g in json.loads(res.stdout)["gpus"]}
-    assert rows[1] == "conflict" and rows[3] == "release"  # c is out of scope: not opted in here
+    assert rows[1] == "conflict" and rows[3] == "hold"  # c is out of scope: unseen, so its cap stays
 
 
 def test_a_pass_that_cannot_list_pods_says_skipped_and_exits_1(node: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from powerfleet.agent.runtime import STALE_INTERVALS, AgentRuntime
+from powerfleet.cluster.dgd import POWER_ANNOTATION
 from tests.agent.conftest import Bench
 from tests.waiting import wait_for
 
@@ -97,28 +98,29 @@ def test_readiness_follows_the_age_of_the_last_good_pass(bench: Bench) -> None:
     assert bench.metrics.value("powerfleet_agent_last_good_pass_age_seconds") == 46.0
 
 
-def test_stop_restores_only_when_the_runtime_ran(bench: Bench) -> None:
-    bench.state.save({"GPU-0000"})
-
-    def capped(devs) -> None:
-        devs[0].current_w = 300
-        devs[0].pids = [1]
-    bench.gpus.update(capped)
-    AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).stop()
-    assert bench.limits()[0] == 300  # never started: the previous run's cap stays for the next agent
+def test_stop_keeps_the_caps_and_a_drain_restores_them(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
     rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.tick_pass()
     rt.stop()
     rt.stop()  # idempotent
+    assert bench.limits()[0] == 300 and bench.state.load().uuids == {"GPU-0000"}  # the next agent adopts it
+    rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.drain()
+    assert bench.limits()[0] == 700 and bench.state.load().uuids == frozenset()
+    assert rt.tick_pass().skipped == "drained: caps are at their defaults until the drain is undone"
     assert bench.limits()[0] == 700
+    rt.stop()
 
 
-def test_no_tick_pass_runs_after_the_restore(bench: Bench) -> None:
+def test_no_tick_pass_runs_after_the_stop(bench: Bench) -> None:
     bench.pod("p", "300", pids=(101,))
     bench.set_pids(0, [101])
     rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
     rt.tick_pass()
     assert bench.limits()[0] == 300
     rt.stop()
-    assert bench.limits()[0] == 700
+    bench.pods[0].annotations[POWER_ANNOTATION] = "250"
     assert rt.tick_pass() is None  # a message already received when SIGTERM came
-    assert bench.limits()[0] == 700
+    assert bench.limits()[0] == 300

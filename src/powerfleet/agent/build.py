@@ -96,7 +96,8 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     agent = NodeAgent(node, open_gpus=open_backend(config, node),
                       list_pods=node_pod_lister(cluster, node, ac.namespaces, why),
                       proc_root=ac.proc_root, state=StateStore(node_state_dir(ac.state_dir, node)), clock=clock,
-                      safe_default_watts=ac.safe_default_watts, metrics=metrics)
+                      safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
+                      complete_view=not ac.namespaces, metrics=metrics)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock)
     if cluster is not None and ac.watch:
         rt.stoppers.append(PodWatcher(cluster, node, ac.namespaces, rt.request_pass).start().stop)

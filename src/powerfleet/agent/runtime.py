@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from powerfleet.agent.reconcile import NodeAgent, PassReport
 from powerfleet.clock import Clock, SystemClock
@@ -23,6 +24,9 @@ from powerfleet.clock import Clock, SystemClock
 log = logging.getLogger("powerfleet.agent")
 
 STALE_INTERVALS = 3
+# A pass in flight stops before its next GPU; the longest call it can be in is one bounded
+# Kubernetes request (cluster.kube REQUEST_TIMEOUT_SECONDS, 25 s) or one NVML call.
+STOP_WAIT_S = 30.0
 
 
 class AgentRuntime:
@@ -40,10 +44,38 @@ class AgentRuntime:
         self._last_tick = self.clock.monotonic()
         self._on_timer = False
         self._stopped = False
+        self.drained = False  # `agent drain`: defaults restored, no cap until the drain is undone
+        self.lock: Any = None  # the node lock (lock.NodeLock) when the agent runs beside Redis
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
+        agent.may_actuate = self.actuation_refusal
 
     def serves(self, node: str) -> bool:
         return node == self.node
+
+    def actuation_refusal(self) -> str | None:
+        """None while this agent may set limits; else why not (drained, or not the lock holder)."""
+        if self.lock is not None and not self.lock.held:
+            return f"not the holder of the node lock ({self.lock.why})"
+        if self.drained:
+            return "drained: caps are at their defaults until the drain is undone"
+        return None
+
+    def drain(self) -> frozenset[str]:
+        """Restore every managed GPU's default and stop capping (``powerfleet agent drain``).
+        Returns the GPUs still managed (a restore that failed). Only the lock holder restores."""
+        with self._lock:
+            if self.lock is not None and not self.lock.held:
+                log.error("node %s: drain requested but this agent does not hold the node lock; nothing restored",
+                          self.node)
+                return frozenset(self.agent.managed)
+            self.drained = True
+            return self.agent.restore("drain")
+
+    def undrain(self) -> None:
+        if self.drained:
+            self.drained = False
+            log.info("node %s: drain undone; caps are enforced again", self.node)
+            self.request_pass("drain undone")
 
     # -- passes --
 
@@ -117,12 +149,13 @@ class AgentRuntime:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the threads, wait for a running pass, then restore every managed GPU. Never raises."""
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """Stop the threads and a pass in flight (it stops before its next GPU), then close with
+        the caps left in force for the next agent, under the pass lock. Never raises."""
         if self._stopped:
             return
         self._stopped = True
-        started = self._thread.is_alive()
+        self.agent.stopping.set()
         self._stop.set()
         self._kick.set()
         for stop in self.stoppers:
@@ -130,14 +163,14 @@ class AgentRuntime:
                 stop()
             except Exception:
                 log.exception("node %s: stopping a helper failed", self.node)
-        if not started:
-            return  # never ran a pass: no cap of this run to restore
         got = self._lock.acquire(timeout=timeout_s)
         try:
-            self.agent.shutdown()
+            self.agent.shutdown(restore=False)
         finally:
             if got:
                 self._lock.release()
+            if self.lock is not None:
+                self.lock.release()  # after the last write: the next agent may take over
 
 
 # -- the one runtime of an agent worker process --

@@ -118,6 +118,7 @@ def once(
                       proc_root=proc_root or config.agent.proc_root,
                       state=StateStore(state_dir or node_state_dir(config.agent.state_dir, node)), clock=SystemClock(),
                       safe_default_watts=safe_default_watts or config.agent.safe_default_watts,
+                      safe_default_fraction=config.agent.safe_default_fraction, complete_view=not namespaces,
                       metrics=AgentMetrics(CollectorRegistry()))
     if not dry_run:
         agent.start()

@@ -178,8 +178,11 @@ class RetuneConfig(_Strict):
 class AgentConfig(_Strict):
     """The node agent (docs/agent.md). The node name comes from ``agent --node``."""
 
-    # Cap for a GPU whose pods' annotations are invalid or disagree (about 70% of the default TGP).
-    safe_default_watts: int = Field(500, ge=1, le=100_000)
+    # Cap for a GPU whose pods give no valid cap (an invalid or missing annotation on a pod sharing
+    # it): safe_default_fraction of the card's maximum; safe_default_watts overrides when set,
+    # clamped into the card's range, and is ignored where it would be at or above the maximum.
+    safe_default_fraction: float = Field(0.7, gt=0, lt=1)
+    safe_default_watts: int | None = Field(None, ge=1, le=100_000)
     state_dir: str = "/var/lib/powerfleet-agent"  # managed_gpus.json; a hostPath in the chart
     proc_root: str = "/proc"  # the host's /proc (hostPID, or mounted read-only)
     namespaces: list[str] = Field(default_factory=list)  # pods listed/watched here only; empty: all
