@@ -102,6 +102,8 @@ def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
         ("twin", ["twin", "--nodes", "0"]),
         ("twin", ["twin", "--traces", str(f["missing"]), "--duration", "1"]),
         ("retune status", ["--config", str(f["latin1"]), "retune", "status"]),
+        ("retune reset-window", ["retune", "reset-window", "--dgd", "bad name/.."]),
+        ("retune reset-window", ["retune", "reset-window", "--dgd", "llama"]),
         ("trigger", ["trigger", "powerfleet.agent.reconcile", "--args", '{"node": "a b"}']),
         ("status", ["status", "--timeout", "-3"]),
     ]

@@ -26,7 +26,8 @@ def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]
     ports.r.flushdb()  # the Redis server is shared by the module's tests
     assert control.tick_deployment(cfg, ports, "llama", start_of(K) + 1)["status"] == "leader"
     write_segments(world.trace_dir, "llama", sorted(fes), traffic_lines(60, start_of(K + 1)))
-    t = control.tick_deployment(cfg, ports, "llama", start_of(K + 2) + 1)["term"]
+    clock.advance(start_of(K + 2) - start_of(K + 1))  # window K+1 has closed
+    t = control.tick_deployment(cfg, ports, "llama", clock.now())["term"]
     (win,) = ports.send.of(control.WINDOW_TASK)
     out = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
                              generation=win["generation"])

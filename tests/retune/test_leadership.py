@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from powerfleet.clock import FakeClock
+from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.cluster.objects import Lease
 from powerfleet.retune import control, live
 from powerfleet.retune.context import Deployment
@@ -140,6 +141,9 @@ def test_disabling_retune_rolls_back_then_deletes_state_and_leases(world, kube, 
     fes, cfg, ports = _applied(world, kube, redis_url)
     off = retune_config(world, ["llama"], per_deployment={"llama": {"enabled": False}})
     out = control.tick(off, ports, T0 + 10)
+    assert out[0]["status"] == "rolling-back" and all(r["converged"] for r in out[0]["routers"])  # verifying
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    out = control.tick(off, ports, T0 + 20)
     assert out[0]["status"] == "cleaned"
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())
     for name in (leader_lease_name("llama"), state_lease_name("llama")):
@@ -153,6 +157,11 @@ def test_switching_to_advisory_rolls_routers_back(world, kube, redis_url) -> Non
     out = control.tick_deployment(adv, ports, "llama", T0 + 10)
     assert out["mode"] == "advisory" and all(r["converged"] for r in out["routers"])
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+    dep = Deployment.open(adv, ports, "llama")
+    assert dep.store.read()[0].rollback == "intent"  # converged once; verified after the PATCH timeout
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    control.tick_deployment(adv, ports, "llama", T0 + 15)
+    assert dep.store.read()[0].rollback == "done"
     writes = sum(len(fe.writes) for fe in fes.values())
     manual = fes[sorted(fes)[0]]
     manual.patch(b'{"revision": %d, "policy": {"temperature": 0.25}}' % manual.revision, "operator")
@@ -202,8 +211,10 @@ def test_a_frontend_that_appears_later_gets_its_initials_saved_before_its_first_
     assert state.initial["llama-frontend-9"]["temperature"] == 0.25
     standby = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
     assert control.promote(cfg, standby, "llama")["status"] == "not-leader"
-    assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
+    assert control.rollback(cfg, ports, "llama")["status"] == "rolling-back"  # converged, verifying
     assert late.policy.temperature == 0.25
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
 
 
 def test_a_leadership_lease_deleted_by_hand_continues_above_the_saved_term(world, kube, redis_url) -> None:

@@ -112,7 +112,8 @@ def test_apply_advisory_promote_manual_revert_rollback(fleet: dict[str, Any]) ->
     # Advisory: the recommendation is recorded, nothing is written; promote writes it.
     adv_state = wait_for(lambda: decided(kube, "adv", K + 1), "adv window decided", 120)
     assert adv_state.advisory is not None and adv_state.advisory.outcome == "advisory"
-    assert all(fe.policy.temperature == 1.0 and not fe.writes for fe in adv.values())
+    assert all(fe.policy.temperature == 1.0 and not any(w.policy_sent for w in fe.writes) for fe in adv.values())
+    assert all(len(fe.writes) == 1 for fe in adv.values())  # only the leader's barrier
     promoted = app.send_task("powerfleet.retune.promote", kwargs={"dgd": "adv"}).get(timeout=60)
     assert promoted["status"] == "promoted" and all(x["converged"] for x in promoted["routers"])
     assert all(fe.policy.temperature == 0.0 for fe in adv.values())
@@ -134,8 +135,11 @@ def test_apply_advisory_promote_manual_revert_rollback(fleet: dict[str, Any]) ->
 
     # Rollback: intent saved, then every router back to its initial settings.
     rolled = app.send_task("powerfleet.retune.rollback", kwargs={"dgd": "llama"}).get(timeout=60)
-    assert rolled["status"] == "rolled-back"
+    assert rolled["status"] == "rolling-back" and rolled["verify_at"] is not None  # converged once
     assert all(fe.policy.temperature == 1.0 for fe in llama.values())
+    # Verified again once the PATCH timeout has passed (the worker's clock is the real one).
+    wait_for(lambda: app.send_task("powerfleet.retune.rollback", kwargs={"dgd": "llama"}).get(timeout=60)["status"]
+             == "rolled-back", "the rollback verified", 60, every_s=1.0)
     assert state_of(kube, "llama").rollback == "done"
 
 

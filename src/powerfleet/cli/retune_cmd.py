@@ -8,7 +8,9 @@ from typing import Any
 
 import typer
 
-from powerfleet.cli.errors import print_json
+from powerfleet.cli import retune_status_cmd as retune_status
+from powerfleet.cli.context import fleet_app, fleet_config
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.cli.sim_cmd import (
     EngineOpt,
     ProfileOpt,
@@ -26,6 +28,7 @@ from powerfleet.cli.sim_cmd import (
 )
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
+RESET_TASK = "powerfleet.retune.reset_window"
 
 
 def _progress_bar() -> tuple[Any, Any]:
@@ -128,4 +131,46 @@ def sweep_cmd(
 
 def _p(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={params[k]:g}" for k in ("overlap_score_credit", "prefill_load_scale", "temperature"))
-from powerfleet.cli import retune_status_cmd  # noqa: E402,F401  registers `retune status`
+
+app.command("status")(retune_status.status)
+
+
+@app.command("reset-window")
+def reset_window_cmd(
+    ctx: typer.Context,
+    dgd: str = typer.Option(..., "--dgd", help="The deployment whose window record to reset."),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, max=3600, help="Seconds to wait for the result."),
+    as_json: bool = typer.Option(False, "--json", help="Print the task's JSON result."),
+) -> None:
+    """Reset a deployment's window record to the newest window really decided that has closed
+    (runs powerfleet.retune.reset_window on a control worker, as the leader)."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    from powerfleet.retune.cut import CutError, safe_name
+    from powerfleet.workers.app import SEND_ERRORS
+
+    try:
+        safe_name(dgd, "--dgd")
+    except CutError:
+        bad(f"--dgd: {dgd!r} is not a Kubernetes object name")
+    app_ = fleet_app(fleet_config(ctx))
+    kwargs = {"dgd": dgd}
+    try:
+        app_.check_send(RESET_TASK, None, kwargs, task_api=True)
+    except SEND_ERRORS as exc:
+        bad(str(exc))
+    result = app_.send_task(RESET_TASK, kwargs=kwargs)
+    try:
+        value = result.get(timeout=timeout, propagate=False)
+    except CeleryTimeout:
+        fail(f"{RESET_TASK}: no result within {timeout:g}s; is a control worker running?", EXIT_FAILURE)
+    if result.state != "SUCCESS":
+        fail(f"{RESET_TASK} {result.state}: {value}", EXIT_FAILURE)
+    if as_json:
+        print_json(value)
+        return
+    if value.get("status") in ("reset", "unchanged"):
+        sys.stdout.write(f"{dgd}: window record {value['status']}: last decided window {value['last_window']} "
+                         f"(was {value['was']}; newest closed {value['newest_closed']})\n")
+        return
+    fail(f"{dgd}: {value.get('status')}: {value.get('reason') or value.get('error')}", EXIT_FAILURE)

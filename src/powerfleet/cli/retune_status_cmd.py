@@ -1,5 +1,7 @@
 """`powerfleet retune status [--json]`: per deployment, the leader, mode, last decisions and
-router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/json-contracts.md)."""
+router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/json-contracts.md).
+
+``cli/retune_cmd.py`` registers it on the ``retune`` group; this module imports nothing above it."""
 
 from __future__ import annotations
 
@@ -10,11 +12,9 @@ import typer
 
 from powerfleet.cli.context import fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
-from powerfleet.cli.retune_cmd import app
 from powerfleet.clock import SystemClock
 
 
-@app.command("status")
 def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.status/v1 JSON."),

@@ -16,15 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from powerfleet.cluster.ports import ClusterError
+from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
+from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.live import HARVEST_TASK, actuate
 from powerfleet.retune.metrics import CORRUPT_STATE, TERM
 from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.retune.state import DecisionRecord, RetuneState
-from powerfleet.retune.windows import dedupe_key, windows_to_launch
+from powerfleet.retune.windows import dedupe_key, last_closed_window, windows_to_launch
 
 WINDOW_TASK = "powerfleet.retune.window"
 ENABLED_AT = "powerfleet:retune:enabled_at"
@@ -69,11 +71,24 @@ def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:
     return state
 
 
-def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list[dict[str, Any]]) -> RetuneState:
-    if state.rollback == "intent" and routers and all(r["converged"] for r in routers):
-        return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
-                                                                  "desired_window": None}))
-    return state
+def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list[dict[str, Any]],
+                     now: float) -> RetuneState:
+    """``done`` only when every router answered its initial settings twice: when first seen
+    converged, and again once the PATCH timeout has passed (a stale PATCH in flight has landed
+    or failed by then)."""
+    if state.rollback != "intent":
+        return state
+    converged = bool(routers) and all(r["converged"] for r in routers)
+    if not converged:
+        if state.rollback_verify_at is None:
+            return state
+        return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": None}))
+    if state.rollback_verify_at is None:
+        return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": now + PATCH_TIMEOUT_S}))
+    if now < state.rollback_verify_at:
+        return state
+    return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
+                                                              "desired_window": None, "rollback_verify_at": None}))
 
 
 def _launch_due(cfg: RetuneConfig, ports: Ports, dep: Deployment, t: Term, now: float) -> list[int]:
@@ -106,7 +121,7 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
     try:
         state = _follow_config(dep, t, state)
         routers = actuate(dep, ports, t, state)
-        state = _finish_rollback(dep, t, state, routers)
+        state = _finish_rollback(dep, t, state, routers, ports.clock.now())
         launched = _launch_due(cfg, ports, dep, t, now)
         overdue = [rec.sid for rec in ports.fanin.active(name) if now >= rec.deadline]
         for sid in overdue:
@@ -149,11 +164,15 @@ def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
         return {"deployment": dep.name, "status": "standby", "reason": str(exc)}
     try:
         if state.rollback != "done" and state.initial:
-            state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
+            if state.rollback != "intent":
+                state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
             routers = actuate(dep, ports, t, state)
-            if not routers or not all(r["converged"] for r in routers):
-                return {"deployment": dep.name, "status": "rolling-back", "routers": routers}
+            state = _finish_rollback(dep, t, state, routers, ports.clock.now())
+            if state.rollback != "done":
+                return {"deployment": dep.name, "status": "rolling-back", "verify_at": state.rollback_verify_at,
+                        "routers": routers}
         purged = ports.fanin.purge(dep.name)
+        Barriers(ports.r, dep.name).purge()
         dep.store.delete(t)
     except Fenced as exc:
         return {"deployment": dep.name, "status": "fenced", "reason": str(exc)}
@@ -206,12 +225,13 @@ def rollback(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict
     now = ports.clock.now()
     rec = DecisionRecord(window=-1, outcome="rollback", mode=state.mode, reason="rollback to the initial settings",
                          term=t.term, generation=dep.settings.generation, at=now)
-    state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(
-        update={"rollback": "intent"}))
+    if state.rollback != "intent":  # a repeated call continues the rollback under way
+        state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(
+            update={"rollback": "intent"}))
     routers = actuate(dep, ports, t, state)
-    state = _finish_rollback(dep, t, state, routers)
+    state = _finish_rollback(dep, t, state, routers, ports.clock.now())
     return {"deployment": dep.name, "status": "rolled-back" if state.rollback == "done" else "rolling-back",
-            "routers": routers}
+            "verify_at": state.rollback_verify_at, "routers": routers}
 
 
 @_as_leader
@@ -219,9 +239,28 @@ def apply_now(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dic
     """One reconcile round now: write the decided settings (active mode), report convergence."""
     state = _follow_config(dep, t, state)
     routers = actuate(dep, ports, t, state)
-    state = _finish_rollback(dep, t, state, routers)
+    state = _finish_rollback(dep, t, state, routers, ports.clock.now())
     return {"deployment": dep.name, "status": "reconciled", "mode": state.mode, "desired": state.desired,
             "routers": routers}
+
+
+@_as_leader
+def reset_window(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[str, Any]:
+    """Reset the window record to the newest window really decided that has closed (or none).
+
+    A record beyond the newest closed window (a hand-sent future window before the bound
+    existed) would refuse every real window as already decided; this verb repairs it."""
+    s = dep.settings
+    closed = last_closed_window(ports.clock.now(), s.interval_s, s.phase_s).index
+    decided = [h.window for h in state.history if 0 <= h.window <= closed]
+    before, after = state.last_window, (max(decided) if decided else None)
+    if before != after:
+        dep.store.update(t, lambda x: x.model_copy(update={"last_window": after}))
+    last = ports.r.hget(LAST_LAUNCHED, dep.name)
+    if last is not None and int(last) > closed:
+        ports.r.hdel(LAST_LAUNCHED, dep.name)
+    return {"deployment": dep.name, "status": "reset" if before != after else "unchanged",
+            "last_window": after, "was": before, "newest_closed": closed}
 
 
 def release_all(cfg: RetuneConfig, ports: Ports) -> list[str]:

@@ -18,6 +18,7 @@ from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
 from powerfleet.retune.decision import Candidate, decide
+from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
@@ -26,7 +27,7 @@ from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, CORRUPT_STATE, DEC
 from powerfleet.retune.premises import check, worker_replicas
 from powerfleet.retune.state import DecisionRecord, RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
-from powerfleet.retune.windows import window
+from powerfleet.retune.windows import last_closed_window, window
 from powerfleet.sim.policy import RouterPolicy
 
 SHARD_TASK = "powerfleet.sweep.shard"
@@ -71,6 +72,10 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     now = ports.clock.now()
     dep = Deployment.open(cfg, ports, dgd)
     s = dep.settings
+    closed = last_closed_window(now, s.interval_s, s.phase_s).index
+    if k > closed:  # the task's model refuses it too; a window not over must never be recorded
+        WINDOWS.labels(dgd, "refused", "not-closed").inc()
+        return {"status": "refused", "reason": f"window {k} has not closed yet (the newest closed window is {closed})"}
     if term is None or leader is None:
         t, holder, _ = dep.leadership.claim()
         if t is None:
@@ -301,7 +306,8 @@ def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,
     """One actuation round over every frontend; returns the per-frontend convergence report."""
     snap = dep.snapshot(ports, with_consumers=False)
     reports: list[FrontendReport]
-    _, reports = Actuator(ports.router, dep.store, dep.leadership, t).reconcile(snap.frontends, state, promote)
+    act = Actuator(ports.router, dep.store, dep.leadership, t, Barriers(ports.r, dep.name))
+    _, reports = act.reconcile(snap.frontends, state, promote)
     CONVERGED.labels(dep.name).set(sum(1 for r in reports if r.converged))
     ROUTERS.labels(dep.name).set(len(reports))
     return [{"pod": r.pod, "converged": r.converged, "wrote": r.wrote, "revision": r.revision, "error": r.error}

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
 from powerfleet.retune.grid import DEFAULT_GRID, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
+from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
 
 DGD_ANNOTATION = "powerfleet.nvidia.com/retune"
@@ -56,14 +57,22 @@ class DeploymentSettings:
         return spec is not None and any(v > 0 for v in spec.values())
 
 
+# The window schedule comes from the fleet config only: a sender (trigger, Flower, the tick)
+# must be able to bound a window index without reading the DGD (``closed_window``).
+SCHEDULE_KEYS = ("window_interval_s", "window_phase_s")
+
+
 def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
     raw = annotations.get(DGD_ANNOTATION)
     if raw is None:
         return None
     try:
         obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+    if isinstance(obj, dict) and any(k in obj for k in SCHEDULE_KEYS):
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s and window_phase_s are set in the "
+                            "fleet config (retune.per_deployment), not on the DGD")
     try:
         return RetuneDeploymentConfig.model_validate(obj)
     except ValidationError as exc:
@@ -78,6 +87,20 @@ def _merged(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None) -
         if layer is not None:
             base.update({k: v for k, v in layer.model_dump().items() if v is not None})
     return base
+
+
+def schedule(cfg: RetuneConfig, dgd: str) -> tuple[int, int]:
+    """(interval_s, phase_s) of ``dgd``'s windows: fleet defaults < ``retune.per_deployment``."""
+    over = cfg.per_deployment.get(dgd)
+    interval = over.window_interval_s if over is not None and over.window_interval_s is not None else cfg.window_interval_s
+    phase = over.window_phase_s if over is not None and over.window_phase_s is not None else cfg.window_phase_s
+    return interval, phase
+
+
+def closed_window(cfg: RetuneConfig, dgd: str, now: float) -> int:
+    """The index of ``dgd``'s newest closed window at ``now`` (``ValueError``: bad schedule)."""
+    interval, phase = schedule(cfg, dgd)
+    return last_closed_window(now, interval, phase).index
 
 
 def configured(cfg: RetuneConfig) -> list[str]:

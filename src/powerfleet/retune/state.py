@@ -64,6 +64,9 @@ class RetuneState(_Strict):
     last_window: int | None = None  # last window decided, kept, or abandoned
     advisory: DecisionRecord | None = None  # last recommendation not applied
     rollback: Literal["none", "intent", "done"] = "none"
+    # A rollback (or advisory switch) seen converged is verified again once the PATCH timeout
+    # has passed (a late PATCH has landed or failed by then) before it is reported done.
+    rollback_verify_at: float | None = None
     history: list[DecisionRecord] = Field(default_factory=list)
     updated: float = 0.0
 

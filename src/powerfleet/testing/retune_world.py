@@ -19,7 +19,7 @@ from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.frontend import LoopbackFrontend
 
 INTERVAL = 60
-BASE_K = 30_000_000  # window index of the tests' first window (epoch ~1.8e9 s)
+BASE_K = 29_000_000  # window index of the tests' first window (epoch ~1.74e9 s: closed in real time too)
 START_POLICY = {"temperature": 1.0}  # random routing: retune has something to win
 GRID = {"temperature": {"choices": [0.0, 1.0]}, "prefill_load_scale": {"choices": [1.0, 4.0]}}
 

@@ -15,7 +15,7 @@ from kombu import Exchange, Queue
 
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
-from powerfleet.tasks.base import TaskInputError, args_model_of, decode_args
+from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
 # CLI, Flower) knows the same task names.
@@ -69,7 +69,7 @@ class FleetCelery(Celery):
             raise TaskInputError(f"{name}: arguments must be a JSON object, got {type(kwargs).__name__}")
         kwargs = kwargs or {}
         _refuse_non_finite(name, kwargs)
-        decode_args(name, model, tuple(args or ()), kwargs)
+        decode_args(name, model, tuple(args or ()), kwargs, args_context(self))
 
 
 def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
