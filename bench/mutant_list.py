@@ -130,10 +130,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "lower[r] = min(upper[r], floor)",
         BUDGET, "a clamped scale-up shrinks a role below its current count though the current state fits"),
     Mutant(
-        "planner.refill_ignores_peak", "src/powerfleet/budget/planner.py",
-        "if settled > budget.power_limit_w or peak > peak_cap or (0 <= budget.max_gpus < weighted(s.t, g)):",
-        "if settled > budget.power_limit_w or (0 <= budget.max_gpus < weighted(s.t, g)):",
-        BUDGET, "the final refill adds replicas whose transition peak exceeds the limit"),
+        "planner.refill_undoes_staging", "src/powerfleet/budget/planner.py",
+        "    if s.staged is not None:\n        return\n    g = ",
+        "    g = ",
+        BUDGET, "a staged rebalance refills the roles it scales down: the staged scale-ups never get room"),
     Mutant(
         "planner.rollout_hold_needs_every_role", "src/powerfleet/budget/planner.py",
         "rolling = any(f.rolling for f in roles.values())",
@@ -195,7 +195,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "serialisation.accepts_pickle", "src/powerfleet/workers/app.py",
         '"accept_content": ["json"],',
         '"accept_content": ["json", "pickle"],',
-        ("tests/unit/test_tasks_and_routes.py", "tests/integration/test_serialisation.py"),
+        ("tests/integration/test_serialisation.py", "tests/unit/test_tasks_and_routes.py"),  # the real refusal first
         "workers accept pickled messages (remote code execution for anyone who can write to Redis)"),
     Mutant(
         "routing.node_name_unchecked", "src/powerfleet/queues.py",

@@ -171,7 +171,7 @@ def check_copy_is_imported(tree: Path) -> None:
 
 # -- running pytest --
 
-FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
+FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.M)  # test ids may hold spaces: "[Bad Node]"
 
 
 def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, float, str | None, str]:
@@ -235,11 +235,14 @@ def print_list(mutants: list[Mutant], as_json: bool) -> None:
         print(f"{m.name}\n    {m.file}: {m.bug}\n    tests: {' '.join(m.tests)}")
 
 
+NAME_WIDTH = max(len(m.name) for m in MUTANTS)
+
+
 def line(o: Outcome) -> str:
     shown = {"killed": "killed", "timeout": "timeout", "survived": "SURVIVED", "error": "ERROR"}[o.status]
     notes = o.note.splitlines()
     detail = o.caught_by or (notes[-1] if notes else "")
-    return f"  {shown:9s} {o.name:40s} {o.seconds:6.1f} s  {detail}"
+    return f"  {shown:9s} {o.name:{NAME_WIDTH}s} {o.seconds:6.1f} s  {detail}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             if status != "passed":
                 raise CheckError(f"baseline: the tests fail on the unmutated tree ({status}"
                                  f"{', ' + first if first else ''}); fix that first:\n{tail}")
-            say(f"baseline: {len(files)} test files pass unmutated ({seconds:.1f} s)")
+            say(f"baseline: {len(files)} test file{'s' if len(files) != 1 else ''} pass unmutated ({seconds:.1f} s)")
         for m in mutants:
             outcome = run_mutant(tree, m, args.timeout)
             report.outcomes.append(outcome)
