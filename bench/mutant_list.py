@@ -140,6 +140,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "rolling = all(f.rolling for f in roles.values())",
         BUDGET, "a scale-up proceeds while one role's rollout is in flight"),
     Mutant(
+        "budget.unreadable_pods_allow_growth", "src/powerfleet/budget/program.py",
+        '    if pods is None:\n        why.append("pods could not be read")\n    else:\n',
+        "    if pods is None:\n        pass\n    else:\n",
+        BUDGET, "a failed pod LIST no longer blocks scale-ups: growth planned on a draw nobody could read"),
+    Mutant(
+        "budget.no_group_allowance_grows", "src/powerfleet/budget/program.py",
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", True',
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", False',
+        BUDGET, "a deployment without a group allowance (pods not placed yet) scales up past its rack's budget"),
+    Mutant(
         "s4.group_share_ignores_own_limit", "src/powerfleet/budget/groups.py",
         "max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)",
         "max(0, m.demand_w - m.minimum_w)",

@@ -172,6 +172,7 @@ def check_copy_is_imported(tree: Path) -> None:
 # -- running pytest --
 
 FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.M)  # test ids may hold spaces: "[Bad Node]"
+WHERE = re.compile(r"^(\S+\.py:\d+): \w+", re.M)  # where the first failure was raised, e.g. an assert's line
 
 
 def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, float, str | None, str]:
@@ -195,7 +196,9 @@ def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, flo
     if proc.returncode == 0:
         return "passed", seconds, None, tail
     if proc.returncode in (1, 2):  # tests failed, or collection broke (an import the mutant broke)
-        return "failed", seconds, first.group(1) if first else "(collection)", tail
+        where = WHERE.search(out)
+        caught_by = (first.group(1) if first else "(collection)") + (f" ({where.group(1)})" if where else "")
+        return "failed", seconds, caught_by, tail
     return "error", seconds, None, tail  # usage error, internal error, nothing collected
 
 
