@@ -171,7 +171,8 @@ def check_copy_is_imported(tree: Path) -> None:
 
 # -- running pytest --
 
-FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.M)  # test ids may hold spaces: "[Bad Node]"
+# pytest's short summary ("FAILED tests/x.py::test[Bad Node] - ..."), not a captured log's "ERROR    name:..."
+FAILED = re.compile(r"^(?:FAILED|ERROR) (\S[^\n]*?\.py\b[^\n]*?)(?: - [^\n]*)?$", re.M)
 WHERE = re.compile(r"^(\S+\.py:\d+): \w+", re.M)  # where the first failure was raised, e.g. an assert's line
 
 
