@@ -28,6 +28,7 @@ def test_a_mutant_is_planted_only_where_its_snippet_is_found_exactly_once() -> N
 
 def test_only_selects_by_name_or_pattern_and_refuses_unknown_names() -> None:
     names = [m.name for m in mutants.MUTANTS]
+    assert len(set(names)) == len(names)
     assert [m.name for m in mutants.select(["s?.*"])] == [n for n in names if n[0] == "s" and n[2] == "."]
     assert len(mutants.select(["s?.*"])) == 8  # the eight survivors of issue 24
     with pytest.raises(CheckError, match="no mutant matches nope"):
