@@ -130,15 +130,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "lower[r] = min(upper[r], floor)",
         BUDGET, "a clamped scale-up shrinks a role below its current count though the current state fits"),
     Mutant(
-        "planner.refill_ignores_peak", "src/powerfleet/budget/planner.py",
-        "if settled > budget.power_limit_w or peak > peak_cap or (0 <= budget.max_gpus < weighted(s.t, g)):",
-        "if settled > budget.power_limit_w or (0 <= budget.max_gpus < weighted(s.t, g)):",
-        BUDGET, "the final refill adds replicas whose transition peak exceeds the limit"),
+        "planner.refill_undoes_staging", "src/powerfleet/budget/planner.py",
+        "    if s.staged is not None:\n        return\n    g = ",
+        "    g = ",
+        BUDGET, "a staged rebalance refills the roles it scales down: the staged scale-ups never get room"),
     Mutant(
         "planner.rollout_hold_needs_every_role", "src/powerfleet/budget/planner.py",
         "rolling = any(f.rolling for f in roles.values())",
         "rolling = all(f.rolling for f in roles.values())",
         BUDGET, "a scale-up proceeds while one role's rollout is in flight"),
+    Mutant(
+        "budget.unreadable_pods_allow_growth", "src/powerfleet/budget/program.py",
+        '    if pods is None:\n        why.append("pods could not be read")\n    else:\n',
+        "    if pods is None:\n        pass\n    else:\n",
+        BUDGET, "a failed pod LIST no longer blocks scale-ups: growth planned on a draw nobody could read"),
+    Mutant(
+        "budget.no_group_allowance_grows", "src/powerfleet/budget/program.py",
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", True',
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", False',
+        BUDGET, "a deployment without a group allowance (pods not placed yet) scales up past its rack's budget"),
     Mutant(
         "s4.group_share_ignores_own_limit", "src/powerfleet/budget/groups.py",
         "max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)",
@@ -195,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "serialisation.accepts_pickle", "src/powerfleet/workers/app.py",
         '"accept_content": ["json"],',
         '"accept_content": ["json", "pickle"],',
-        ("tests/unit/test_tasks_and_routes.py", "tests/integration/test_serialisation.py"),
+        ("tests/integration/test_serialisation.py", "tests/unit/test_tasks_and_routes.py"),  # the real refusal first
         "workers accept pickled messages (remote code execution for anyone who can write to Redis)"),
     Mutant(
         "routing.node_name_unchecked", "src/powerfleet/queues.py",

@@ -171,7 +171,9 @@ def check_copy_is_imported(tree: Path) -> None:
 
 # -- running pytest --
 
-FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
+# pytest's short summary ("FAILED tests/x.py::test[Bad Node] - ..."), not a captured log's "ERROR    name:..."
+FAILED = re.compile(r"^(?:FAILED|ERROR) (\S[^\n]*?\.py\b[^\n]*?)(?: - [^\n]*)?$", re.M)
+WHERE = re.compile(r"^(\S+\.py:\d+): \w+", re.M)  # where the first failure was raised, e.g. an assert's line
 
 
 def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, float, str | None, str]:
@@ -195,7 +197,9 @@ def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, flo
     if proc.returncode == 0:
         return "passed", seconds, None, tail
     if proc.returncode in (1, 2):  # tests failed, or collection broke (an import the mutant broke)
-        return "failed", seconds, first.group(1) if first else "(collection)", tail
+        where = WHERE.search(out)
+        caught_by = (first.group(1) if first else "(collection)") + (f" ({where.group(1)})" if where else "")
+        return "failed", seconds, caught_by, tail
     return "error", seconds, None, tail  # usage error, internal error, nothing collected
 
 
@@ -235,11 +239,14 @@ def print_list(mutants: list[Mutant], as_json: bool) -> None:
         print(f"{m.name}\n    {m.file}: {m.bug}\n    tests: {' '.join(m.tests)}")
 
 
+NAME_WIDTH = max(len(m.name) for m in MUTANTS)
+
+
 def line(o: Outcome) -> str:
     shown = {"killed": "killed", "timeout": "timeout", "survived": "SURVIVED", "error": "ERROR"}[o.status]
     notes = o.note.splitlines()
     detail = o.caught_by or (notes[-1] if notes else "")
-    return f"  {shown:9s} {o.name:40s} {o.seconds:6.1f} s  {detail}"
+    return f"  {shown:9s} {o.name:{NAME_WIDTH}s} {o.seconds:6.1f} s  {detail}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             if status != "passed":
                 raise CheckError(f"baseline: the tests fail on the unmutated tree ({status}"
                                  f"{', ' + first if first else ''}); fix that first:\n{tail}")
-            say(f"baseline: {len(files)} test files pass unmutated ({seconds:.1f} s)")
+            say(f"baseline: {len(files)} test file{'s' if len(files) != 1 else ''} pass unmutated ({seconds:.1f} s)")
         for m in mutants:
             outcome = run_mutant(tree, m, args.timeout)
             report.outcomes.append(outcome)

@@ -1,4 +1,10 @@
-"""A task routed to node.a runs on the agent consuming node.a, never on node.b's."""
+"""A task routed to node.a runs on the agent consuming node.a, never on node.b's; a tick's pass
+for a node nobody serves expires within one interval."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import redis
 
 from powerfleet.workers.launcher import Launcher
 from tests.integration.conftest import wait_worker
@@ -29,11 +35,6 @@ def test_a_ticks_pass_for_a_node_without_an_agent_expires_within_one_interval(la
                                                                                  broker_url) -> None:
     """The value, not only its presence: a pass queued for a node nobody serves must be dropped
     once the next tick has replaced it, never run hours later when an agent comes back."""
-    import json
-    from datetime import datetime, timedelta, timezone
-
-    import redis
-
     interval = 7.0  # neither the default (15) nor any other tick's interval
     launcher.spawn("ctl", "worker", "--queues", "control", "--name", "ctl@tick",
                    env={"POWERFLEET_BEAT__RECONCILE_INTERVAL_S": str(interval)})

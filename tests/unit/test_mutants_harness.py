@@ -28,6 +28,7 @@ def test_a_mutant_is_planted_only_where_its_snippet_is_found_exactly_once() -> N
 
 def test_only_selects_by_name_or_pattern_and_refuses_unknown_names() -> None:
     names = [m.name for m in mutants.MUTANTS]
+    assert len(set(names)) == len(names)
     assert [m.name for m in mutants.select(["s?.*"])] == [n for n in names if n[0] == "s" and n[2] == "."]
     assert len(mutants.select(["s?.*"])) == 8  # the eight survivors of issue 24
     with pytest.raises(CheckError, match="no mutant matches nope"):
@@ -39,3 +40,15 @@ def test_the_tests_import_the_copy_not_the_working_tree(tmp_path: Path) -> None:
     assert (tree / "src" / "powerfleet" / "queues.py").is_file() and not (tree / "src").is_symlink()
     assert (tree / "docs").is_symlink()
     mutants.check_copy_is_imported(tree)  # raises CheckError otherwise
+
+
+def test_a_mutant_runs_in_the_copy_is_killed_and_leaves_both_trees_as_they_were(tmp_path: Path) -> None:
+    m = Mutant("t.node_queue", "src/powerfleet/queues.py", 'return f"{NODE_QUEUE_PREFIX}{node}"', "return node",
+               ("tests/unit/test_tasks_and_routes.py::test_routes",), "node tasks go to a queue named like the node")
+    real = mutants.ROOT / m.file
+    before = real.read_bytes()
+    tree = mutants.make_copy(tmp_path)
+    outcome = mutants.run_mutant(tree, m, timeout_s=120)
+    assert outcome.status == "killed", outcome
+    assert outcome.caught_by and outcome.caught_by.startswith("tests/unit/test_tasks_and_routes.py::test_routes")
+    assert real.read_bytes() == before and (tree / m.file).read_bytes() == before

@@ -26,7 +26,8 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def is_node_name(name: str) -> bool:
-    return _NODE_NAME.match(name) is not None
+    # fullmatch: "$" alone also matches before a trailing newline ("gpu-1\n" would pass).
+    return _NODE_NAME.fullmatch(name) is not None
 
 
 class ConfigError(Exception):
