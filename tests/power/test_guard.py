@@ -81,7 +81,7 @@ def test_release_is_stepwise_high_priority_first_and_held_under_t1() -> None:
     gpus = _gpus(1, "high") + [GpuReading("l0", "low", 700.0, 200.0, 700.0, None)]
     state = GuardState(throttle={"g0": 300.0, "l0": 300.0})
     d = decide(S, "r", 2000.0, _read(gpus, [200.0, 200.0]), state, 0.0)
-    assert d.mode == "release" and d.throttle == {"g0": 325.0, "l0": 325.0}
+    assert d.mode == "release" and d.throttle == {"g0": 300.0 + S.step_w, "l0": 300.0 + S.step_w}
     # little headroom below t1: the high-priority GPU takes it first
     big = GuardSettings(step_w=40.0)
     d = decide(big, "r", 1000.0, _read(gpus, [420.0, 420.0]), state, 0.0)  # 840 W < 0.85 L; room 60 W

@@ -51,7 +51,7 @@ class GuardSettings(BaseModel):
     release: float = Field(0.85, gt=0, lt=1, description="below release x limit: raise throttled caps")
     target: float = Field(0.90, gt=0, le=1, description="throttling all brings the caps in force to target x limit")
     decrease: float = Field(0.85, gt=0, lt=1, description="multiplicative decrease per period (at least)")
-    step_w: float = Field(25.0, gt=0, description="stepwise increase per GPU and period, W")
+    step_w: float = Field(50.0, gt=0, description="stepwise increase per GPU and period, W")
     period_s: float = Field(1.0, gt=0, description="guard period, s")
     stale_periods: float = Field(2.0, gt=0, description="a reading older than this many periods is stale")
 
