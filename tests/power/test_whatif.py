@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from powerfleet.power.guard import GuardSettings
 from powerfleet.power.inputs import parse_sla_pairs, parse_span
 from powerfleet.power.report import report
 from powerfleet.power.whatif import WhatIfConfig, run_whatif, split
 from powerfleet.sim.policy import SLA
 from powerfleet.sim.power import replay_power
 from powerfleet.sim.replay import prepare
-from powerfleet.sim.trace import read_trace
+from powerfleet.sim.trace import TraceRequest, read_trace
 
 DATA = Path(__file__).resolve().parents[1] / "sim" / "data"
 SLICE = DATA / "conversation_0_180.jsonl.gz"
@@ -154,3 +155,46 @@ def test_sla_pairs_parse_to_the_sla() -> None:
     assert parse_sla_pairs("e2e_ms=30000") == SLA(e2e_ms=30000)
     assert parse_sla_pairs('{"ttft_ms": 1, "itl_ms": 2}') == SLA(ttft_ms=1, itl_ms=2)
     assert parse_span(" 1.5 : 7 ", "--x") == (1.5, 7.0)
+
+
+@st.composite
+def _small_group(draw):  # type: ignore[no-untyped-def]
+    n = draw(st.integers(4, 40))
+    reqs = []
+    t = 0.0
+    gap = draw(st.sampled_from([300.0, 3000.0]))  # bursts of long prompts keep every worker prefilling
+    for k in range(n):
+        t += draw(st.floats(0, gap))
+        reqs.append(TraceRequest(timestamp_ms=t, input_length=draw(st.integers(16, 30000)),
+                                 output_length=draw(st.integers(1, 300)), hash_ids=(k,)))
+    workers = draw(st.integers(2, 4))
+    g = draw(st.integers(1, 2))
+    ratio = draw(st.floats(1.05, 1.6))
+    period = draw(st.sampled_from([1.0, 2.0]))
+    loss = None
+    if draw(st.booleans()):
+        a = draw(st.integers(0, 30))
+        loss = (float(a), float(a + draw(st.integers(1, 20))))
+    cfg = WhatIfConfig(workers=workers, gpus_per_worker=g, cap_w=700.0, limit_w=workers * g * 700.0 / ratio,
+                       priority_split=draw(st.sampled_from([0.0, 0.5, 1.0])), telemetry_loss=loss,
+                       actuation_s=draw(st.floats(0, 0.9)), guard=GuardSettings(period_s=period))
+    return reqs, cfg
+
+
+@settings(max_examples=30, deadline=None)
+@given(_small_group())
+def test_no_excursion_outlasts_two_periods_and_the_fallback_holds_the_limit(case) -> None:
+    reqs, cfg = case
+    run = run_whatif(prepare(reqs, warmup_s=0.0), cfg)
+    rep = report(run)
+    period = cfg.guard.period_s
+    assert rep.excursions.longest_s <= 2 * period
+    assert rep.completed == rep.requests
+    assert rep.draw_w.max is not None and rep.draw_w.max <= rep.requested_w + 1e-6
+    if cfg.telemetry_loss is not None and rep.fallback.longest_reaction_s is not None:
+        a, b = cfg.telemetry_loss
+        assert rep.fallback.longest_reaction_s <= period + cfg.actuation_s
+        # every whole second between the safe caps binding and the loss' end is under the limit
+        first = int(a + rep.fallback.longest_reaction_s) + 1
+        inside = run.timeline.group_w[first:int(b)]
+        assert all(w <= cfg.limit_w + 1e-6 for w in inside)
