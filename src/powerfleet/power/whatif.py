@@ -11,9 +11,9 @@ high-priority one, each with its own KV router. Simulated time advances in 1-sec
   trip to the agent and NVML's enforcement);
 * a group whose requested caps fit its limit is not guarded (nothing to throttle);
 * during a telemetry loss (``telemetry_loss``: the guard, beat or Redis gone) no overlay
-  arrives: at the first tick whose overlay is missing every agent moves its GPUs to their
-  safe caps (the same ``actuation_s`` later) and holds them; at the first tick after the
-  loss the guard resumes from the safe caps and releases stepwise.
+  arrives: every agent moves its GPUs to their safe caps once the last overlay it got is
+  no longer fresh (``power.overlay.agent_cap``: 1.5 periods after it), and holds them; at
+  the first tick after the loss the guard resumes from the safe caps and releases stepwise.
 
 Deterministic: no wall clock; the guard runs on a ``FakeClock`` set to simulated time.
 """
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from powerfleet.clock import FakeClock
 from powerfleet.power.guard import Guard, GuardSettings, GpuReading
+from powerfleet.power.overlay import GRACE
 from powerfleet.power.safe import GpuRange, refusal, safe_caps
 from powerfleet.sim.engine import EngineResult
 from powerfleet.sim.policy import SLA, RouterPolicy
@@ -167,69 +168,93 @@ def run_whatif(arr: Arrivals, cfg: WhatIfConfig, *, policy: RouterPolicy | None 
             dep.power = PoweredSimulation(sim, card, cap_w=cfg.cap_w)
         deps.append(dep)
     prio_of = {f"gpu{k}": d.priority for d in deps for k in range(d.first_gpu, d.first_gpu + d.workers * g)}
-    clock = FakeClock(t=0.0)
-    guard = Guard("what-if", cfg.limit_w, cfg.guard, clock=clock)
-    tl = Timeline(capped_ms={p: 0.0 for p in PRIORITIES}, capping_events={p: 0 for p in PRIORITIES},
-                  throttle_events={p: 0 for p in PRIORITIES})
-    caps = {k: cfg.cap_w for k in ranges}  # cap in force per GPU
-    pending: dict[str, float] | None = None  # caps decided at the last tick, not yet binding
-    period = int(cfg.guard.period_s)
-    loss = cfg.telemetry_loss
-    in_fallback = False
-    # not oversubscribed (the requests fit the limit): no guard, as with the ratio 1.0 default
-    guarded = n_gpus * cfg.cap_w > cfg.limit_w
-    end_ms = arr.window_ms
-    s = 0
-    while s * BIN_MS < end_ms or any(_busy(d) for d in deps):
-        t0 = s * BIN_MS
-        switch = t0 + cfg.actuation_s * 1000.0
-        if pending is not None:
-            _run(deps, switch)
-            for k, c in pending.items():
-                if c < cfg.cap_w <= caps[k] + 1e-9:
-                    tl.capping_events[prio_of[k]] += 1
-            old = caps
-            caps = pending
-            _apply(deps, caps, g, switch)
-            for k in caps:
-                below = (switch - t0) * (old[k] < cfg.cap_w - 1e-9) + (t0 + BIN_MS - switch) * (caps[k] < cfg.cap_w - 1e-9)
-                tl.capped_ms[prio_of[k]] += below
-            pending = None
-        else:
-            for k, c in caps.items():
-                if c < cfg.cap_w - 1e-9:
-                    tl.capped_ms[prio_of[k]] += BIN_MS
-        _run(deps, t0 + BIN_MS)
-        per_gpu = _draws(deps, g, t0, t0 + BIN_MS)
-        tl.group_w.append(math.fsum(per_gpu.values()))
-        s += 1
-        if not guarded or s % period:
-            continue
-        clock.t = float(s)
-        clock.mono = float(s)
-        lost = loss is not None and loss[0] <= s < loss[1]
-        if lost:
-            if not in_fallback:  # the first overlay that does not come: every agent falls back
-                in_fallback = True
-                tl.fallback_activations += cfg.workers
-                tl.fallback_reactions_s.append(s + cfg.actuation_s - loss[0])
-            pending = dict(safe)
+    loop = _Loop(cfg, deps, card, ranges, safe, prio_of)
+    loop.run(arr.window_ms)
+    results = {d.priority: d.power.sim.result() for d in deps if d.power is not None}
+    return WhatIfRun(cfg, deps, results, loop.tl, n_gpus * cfg.cap_w, profile.name, loop.guarded)
+
+
+@dataclass
+class _Pending:
+    caps: dict[str, float]
+    at_ms: float  # when they bind
+
+
+class _Loop:
+    """The bins and the guard's ticks of one what-if run."""
+
+    def __init__(self, cfg: WhatIfConfig, deps: list[Deployment], card: CardPower, ranges: dict[str, GpuRange],
+                 safe: dict[str, float], prio_of: dict[str, str]) -> None:
+        self.cfg, self.deps, self.card, self.ranges, self.safe, self.prio_of = cfg, deps, card, ranges, safe, prio_of
+        self.clock = FakeClock(t=0.0)
+        self.guard = Guard("what-if", cfg.limit_w, cfg.guard, clock=self.clock)
+        self.tl = Timeline(capped_ms={p: 0.0 for p in PRIORITIES}, capping_events={p: 0 for p in PRIORITIES},
+                           throttle_events={p: 0 for p in PRIORITIES})
+        self.caps = {k: cfg.cap_w for k in ranges}  # cap in force per GPU
+        self.pending: _Pending | None = None
+        self.period = int(cfg.guard.period_s)
+        self.in_fallback = False
+        self.last_overlay_s = 0.0  # the guard ran before the replay began
+        # not oversubscribed (the requests fit the limit): no guard, as with the ratio 1.0 default
+        self.guarded = len(ranges) * cfg.cap_w > cfg.limit_w
+
+    def run(self, end_ms: float) -> None:
+        s = 0
+        while s * BIN_MS < end_ms or any(_busy(d) for d in self.deps):
+            self.bin(s * BIN_MS, (s + 1) * BIN_MS)
+            s += 1
+            if self.guarded and s % self.period == 0:
+                self.tick(s)
+        self.tl.duration_s = float(s)
+
+    def bin(self, t0: float, t1: float) -> None:
+        cap_w = self.cfg.cap_w
+        switch = t1
+        old = self.caps
+        if self.pending is not None and self.pending.at_ms < t1:
+            switch = max(self.pending.at_ms, t0)
+            _run(self.deps, switch)
+            new = self.pending.caps
+            for k, c in new.items():
+                if c < cap_w <= old[k] + 1e-9:
+                    self.tl.capping_events[self.prio_of[k]] += 1
+            self.caps = new
+            _apply(self.deps, new, self.cfg.gpus_per_worker, switch)
+            self.pending = None
+        for k, c in self.caps.items():
+            below = (switch - t0) * (old[k] < cap_w - 1e-9) + (t1 - switch) * (c < cap_w - 1e-9)
+            self.tl.capped_ms[self.prio_of[k]] += below
+        _run(self.deps, t1)
+        self.per_gpu = _draws(self.deps, self.cfg.gpus_per_worker, t0, t1)
+        self.tl.group_w.append(math.fsum(self.per_gpu.values()))
+
+    def tick(self, s: int) -> None:
+        cfg, tl = self.cfg, self.tl
+        self.clock.t = self.clock.mono = float(s)
+        loss = cfg.telemetry_loss
+        if loss is not None and loss[0] <= s < loss[1]:
+            # no overlay comes: each agent falls back when the last one it got is no longer
+            # fresh (power.overlay.agent_cap), and holds the safe caps
             tl.modes["fallback"] = tl.modes.get("fallback", 0) + 1
-            continue
-        if in_fallback:
-            in_fallback = False
-            guard.resume({k: c for k, c in caps.items() if c < ranges[k].top_w})
-        readings = [GpuReading(k, prio_of[k], cfg.cap_w, card.min_w, card.tdp_w, per_gpu[k], clock.now())  # type: ignore[arg-type]
-                    for k in ranges]
-        d = guard.tick(readings)
+            if not self.in_fallback:
+                self.in_fallback = True
+                bind_s = self.last_overlay_s + cfg.guard.period_s * (1.0 + GRACE)
+                self.pending = _Pending(dict(self.safe), bind_s * 1000.0)
+                tl.fallback_activations += cfg.workers
+                tl.fallback_reactions_s.append(bind_s - loss[0])
+            return
+        self.last_overlay_s = float(s)
+        if self.in_fallback:
+            self.in_fallback = False
+            self.guard.resume({k: c for k, c in self.caps.items() if c < self.ranges[k].top_w})
+        readings = [GpuReading(k, self.prio_of[k], cfg.cap_w, self.card.min_w, self.card.tdp_w,  # type: ignore[arg-type]
+                               self.per_gpu[k], self.clock.now()) for k in self.ranges]
+        d = self.guard.tick(readings)
         tl.modes[d.mode] = tl.modes.get(d.mode, 0) + 1
         for e in d.events:
             tl.throttle_events[e.priority] += 1
-        if d.in_force != caps:
-            pending = dict(d.in_force)
-    tl.duration_s = float(s)
-    results = {d.priority: d.power.sim.result() for d in deps if d.power is not None}
-    return WhatIfRun(cfg, deps, results, tl, n_gpus * cfg.cap_w, profile.name, guarded)
+        if d.in_force != self.caps:
+            self.pending = _Pending(dict(d.in_force), (s + cfg.actuation_s) * 1000.0)
 
 
 def _run(deps: Sequence[Deployment], until_ms: float) -> None:
