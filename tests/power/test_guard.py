@@ -13,7 +13,7 @@ from powerfleet.clock import FakeClock
 from powerfleet.power.guard import Guard, GroupRefused, GuardSettings, GuardState, GpuReading, decide
 from powerfleet.power.safe import GpuRange, refusal, safe_caps
 
-S = GuardSettings()
+S = GuardSettings(t1=0.90, t2=0.97, release=0.85, target=0.90, step_w=50.0)  # the figures below assume these
 
 
 def _gpus(n: int, priority: str = "high", cap: float = 700.0) -> list[GpuReading]:
@@ -81,9 +81,9 @@ def test_release_is_stepwise_high_priority_first_and_held_under_t1() -> None:
     gpus = _gpus(1, "high") + [GpuReading("l0", "low", 700.0, 200.0, 700.0, None)]
     state = GuardState(throttle={"g0": 300.0, "l0": 300.0})
     d = decide(S, "r", 2000.0, _read(gpus, [200.0, 200.0]), state, 0.0)
-    assert d.mode == "release" and d.throttle == {"g0": 325.0, "l0": 325.0}
+    assert d.mode == "release" and d.throttle == {"g0": 300.0 + S.step_w, "l0": 300.0 + S.step_w}
     # little headroom below t1: the high-priority GPU takes it first
-    big = GuardSettings(step_w=40.0)
+    big = S.model_copy(update={"step_w": 40.0})
     d = decide(big, "r", 1000.0, _read(gpus, [420.0, 420.0]), state, 0.0)  # 840 W < 0.85 L; room 60 W
     assert d.throttle == {"g0": 340.0, "l0": 320.0}
     # between release and t1: hold
@@ -97,7 +97,7 @@ def test_release_is_stepwise_high_priority_first_and_held_under_t1() -> None:
 def test_a_stale_reading_counts_at_the_safe_cap_and_that_gpu_is_left_at_it() -> None:
     clock = FakeClock(t=100.0)
     gpus = _gpus(4)
-    guard = Guard("r", 2100.0, clock=clock)
+    guard = Guard("r", 2100.0, S, clock=clock)
     old = clock.now() - 3 * S.period_s  # older than two periods
     readings = _read(gpus[:3], [100.0] * 3, at=clock.now()) + _read(gpus[3:], [100.0], at=old)
     d = guard.tick(readings)

@@ -69,6 +69,9 @@ def test_a_bad_cap_is_refused() -> None:
     for cap in (100.0, 701.0, math.nan):
         with pytest.raises(ValueError, match="cap must be within"):
             replay_power(arr, 1, cap_w=cap)
+    slowed = start_simulation(arr, 1, RouterPolicy(), 0, profile=default_profile(), cap_fraction=0.7)
+    with pytest.raises(ValueError, match="cap fraction 1"):  # the cap would be applied twice
+        PoweredSimulation(slowed)
 
 
 @settings(max_examples=25, deadline=None)

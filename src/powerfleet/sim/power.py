@@ -174,6 +174,8 @@ class PoweredSimulation:
 
     def __init__(self, sim: Simulation, card: CardPower | None = None, curve: CapCurve | None = None,
                  cap_w: float | None = None) -> None:
+        if sim.model.pf != 1.0 or sim.model.df != 1.0:
+            raise ValueError("a metered simulation applies its caps itself: build it at cap fraction 1")
         self.sim = sim
         self.card = card or CardPower()
         n = len(sim.ws)
