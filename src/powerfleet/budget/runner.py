@@ -2,9 +2,9 @@
 
 ``evaluate_deployment``: one DGD GET feeds the drift check and the plan; one pod LIST; the
 replicas are written first (a merge/JSON patch of the counts only, fenced on the version read)
-and their events emitted only after that write changed something; then ``status.budget`` is
-written once through the status subresource, skipped when unchanged, and its transition events
-emitted only after that write. ``tick_limits`` computes every deployment's group allowance from
+and their events emitted only after that write changed something; then the status is written
+once where it lives (budget/persist.py: a ConfigMap per deployment, or ``status.budget``),
+skipped when unchanged, and its transition events emitted only after that write. ``tick_limits`` computes every deployment's group allowance from
 one LIST each of nodes, DGDs and pods.
 """
 
@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from powerfleet.budget.fleet import DeploymentView, group_limits
+from powerfleet.budget.persist import DgdStatus, StatusSink
 from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate
 from powerfleet.budget.state import BudgetState
 from powerfleet.clock import Clock
@@ -58,19 +59,6 @@ def budget_of(cfg: Any) -> DeploymentBudget:
                             min_replicas=dict(cfg.min_replicas))
 
 
-def _merge_to(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch turning ``previous`` into exactly ``desired`` (stale keys, nested too, set to null)."""
-    body: dict[str, Any] = {k: None for k in previous if k not in desired}
-    for k, v in desired.items():
-        old = previous.get(k)
-        body[k] = _merge_to(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return body
-
-
-def _status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    return {"budget": _merge_to(previous, desired)}
-
-
 class _Emitter:
     def __init__(self, cluster: ClusterWriter, dgd: DGD, out: Outcome) -> None:
         self.cluster, self.out = cluster, out
@@ -86,7 +74,8 @@ class _Emitter:
                 log.warning("%s: event %s not recorded: %s", self.out.deployment, ev.reason, exc)
 
 
-def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str, Any], out: Outcome) -> None:
+def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], dgd: DGD, res: Result,
+           previous: Mapping[str, Any], out: Outcome) -> None:
     emitter = _Emitter(cluster, dgd, out)
     if res.replicas:
         try:
@@ -106,7 +95,7 @@ def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str,
                 emitter.emit(res.scale_events)
     if dict(previous) != res.status:
         try:
-            cluster.patch_dgd_status(dgd.namespace, dgd.name, _status_patch(previous, res.status))
+            sink.write(obj, res.status)
         except Conflict as exc:
             # As for replicas: nothing written, no event; the next evaluation computes it again.
             log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
@@ -118,11 +107,14 @@ def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str,
             raise
         out.status_written = True
         emitter.emit(res.status_events)
+    sink.report(obj, res.status)
 
 
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
-                        group: GroupLimit | None, clock: Clock) -> Outcome:
-    """One evaluation of ``key`` ("namespace/name")."""
+                        group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None) -> Outcome:
+    """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
+    (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD)."""
+    sink = sink if sink is not None else DgdStatus(cluster)
     namespace, _, name = key.partition("/")
     try:
         obj = cluster.get_dgd_object(namespace, name)
@@ -131,7 +123,13 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     except ClusterError as exc:
         log.warning("%s: DGD read failed, nothing scaled this evaluation: %s", key, exc)
         return Outcome(key, "ReadFailed")
-    previous = ((obj.get("status") or {}).get("budget") or {}) if isinstance(obj.get("status"), dict) else {}
+    try:
+        previous = sink.previous(obj)
+    except ClusterError as exc:
+        if is_transient(exc):
+            raise TransientClusterError(str(exc), status=exc.status) from exc
+        log.warning("%s: budget status unreadable, nothing written this evaluation: %s", key, exc)
+        return Outcome(key, "ReadFailed")
     try:
         dgd = parse_dgd(obj)
     except DGDInputError as exc:
@@ -139,7 +137,7 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
         desired = {"observedGeneration": (obj.get("metadata") or {}).get("generation"), "ready": "False",
                    "reason": "InvalidDeployment", "message": str(exc)}
         if {k: previous.get(k) for k in desired} != desired:
-            cluster.patch_dgd_status(namespace, name, _status_patch(previous, desired))
+            sink.write(obj, desired)
             out.status_written = True
         return out
     try:
@@ -160,7 +158,7 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     out = Outcome(key, st["reason"], ready=st["ready"] == "True", targets=dict(st.get("targets") or {}),
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
                   limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []))
-    _write(cluster, dgd, res, previous, out)
+    _write(cluster, sink, obj, dgd, res, previous, out)
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
                                "peak_w": out.peak_w, "gpus": out.gpus})
     return out

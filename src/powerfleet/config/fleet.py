@@ -222,6 +222,9 @@ class BudgetConfig(_Strict):
     group_label: str = "powerfleet.io/rack"  # node label whose value names a node's group (rack, PDU)
     groups: dict[str, int] = Field(default_factory=dict)  # group -> watts shared by the pods on its nodes
     kubeconfig: str | None = None  # None: the in-cluster service account
+    # Where the budget's status lives: one ConfigMap per deployment (kept by every API server), or
+    # "dgd": status.budget on the DGD (only a server that keeps undeclared status fields keeps it).
+    status_store: Literal["configmap", "dgd"] = "configmap"
 
     @field_validator("deployments")
     @classmethod

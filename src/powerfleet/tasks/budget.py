@@ -25,6 +25,17 @@ def _cluster(app: Any) -> Any:
     return _clusters[kubeconfig]
 
 
+def _sink(app: Any) -> Any:
+    """Where this evaluation persists the status (budget.status_store; budget/persist.py)."""
+    from powerfleet.budget.persist import ConfigMapStatus, DgdStatus
+    from powerfleet.cluster.budget_store import KubeBudgetStore
+
+    cluster = _cluster(app)
+    if app.fleet_config.budget.status_store == "dgd":
+        return DgdStatus(cluster)
+    return ConfigMapStatus(KubeBudgetStore(cluster))
+
+
 def _state(app: Any) -> Any:
     from powerfleet.budget.state import BudgetState
 
@@ -145,7 +156,8 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     else:
         group = None
     try:
-        out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock)
+        out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock,
+                                  _sink(self.app))
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
