@@ -4,8 +4,7 @@
 replicas are written first (a merge/JSON patch of the counts only, fenced on the version read)
 and their events emitted only after that write changed something; then the status is written
 once where it lives (budget/persist.py: a ConfigMap per deployment, or ``status.budget``),
-skipped when unchanged, and its transition events emitted only after that write. ``tick_limits`` computes every deployment's group allowance from
-one LIST each of nodes, DGDs and pods.
+skipped when unchanged, and its transition events emitted only after that write. The tick's half (``tick_limits``) is budget/tick.py.
 """
 
 from __future__ import annotations
@@ -16,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from powerfleet.budget.fleet import DeploymentView, group_limits
 from powerfleet.budget.persist import DgdStatus, StatusSink
 from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate
 from powerfleet.budget.state import BudgetState
+from powerfleet.budget.tick import TickPlan, budget_of, tick_limits  # noqa: F401 - the tick's half, re-exported
 from powerfleet.clock import Clock
-from powerfleet.cluster.dgd import DGD, DGD_KIND, LABEL_DGD_NAME, parse_dgd
+from powerfleet.cluster.dgd import DGD, DGD_KIND, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import ObjectRef
 from powerfleet.cluster.ports import ClusterError, ClusterWriter, Conflict, NotFound
@@ -52,11 +51,6 @@ class Outcome:
     replicas_written: dict[str, int] = field(default_factory=dict)
     status_written: bool = False
     events: list[str] = field(default_factory=list)
-
-
-def budget_of(cfg: Any) -> DeploymentBudget:
-    return DeploymentBudget(power_limit_w=cfg.power_limit_w, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
-                            min_replicas=dict(cfg.min_replicas))
 
 
 class _Emitter:
@@ -162,41 +156,3 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
                                "peak_w": out.peak_w, "gpus": out.gpus})
     return out
-
-
-@dataclass
-class TickPlan:
-    limits: dict[str, GroupLimit]
-    group_current: dict[str, int]  # watts drawn or drawable at current counts
-    skipped: dict[str, str]  # deployment -> why it is not evaluated
-    group_peak_bound: dict[str, int] = field(default_factory=dict)  # sum of max(current, limit): the peak bound
-
-
-def tick_limits(cluster: ClusterWriter, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
-                group_label: str) -> TickPlan:
-    """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods."""
-    if not groups:
-        return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
-    node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
-    dgds = {f"{d.namespace}/{d.name}": d for d in cluster.list_dgds() if isinstance(d, DGD)}
-    pods = cluster.list_pods(label_selector=LABEL_DGD_NAME)
-    proposals, admitted = state.proposals(), state.all_admitted()
-    views, skipped = [], {}
-    for key, cfg in deployments.items():
-        dgd = dgds.get(key)
-        if dgd is None:
-            skipped[key] = "not found or unreadable"
-            continue
-        views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
-                                    proposal=proposals.get(key),
-                                    pods=[p for p in pods if p.namespace == dgd.namespace
-                                          and p.labels.get(LABEL_DGD_NAME) == dgd.name]))
-    limits = group_limits(views, node_groups, groups, group_label)
-    current: dict[str, int] = {g: 0 for g in groups}
-    peak: dict[str, int] = {g: 0 for g in groups}
-    for gl in limits.values():
-        for g in (gl.group or "").split(","):
-            if g in current:
-                current[g] += gl.current_w
-                peak[g] += max(gl.current_w, gl.limit_w or 0)
-    return TickPlan(limits, current, skipped, peak)

@@ -225,6 +225,9 @@ class BudgetConfig(_Strict):
     # Where the budget's status lives: one ConfigMap per deployment (kept by every API server), or
     # "dgd": status.budget on the DGD (only a server that keeps undeclared status fields keeps it).
     status_store: Literal["configmap", "dgd"] = "configmap"
+    # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
+    # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
+    max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
 
     @field_validator("deployments")
     @classmethod

@@ -116,19 +116,24 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
         log.record("budget", now, self.request.origin, "no deployments to evaluate")
         return BudgetTickResult(at=now, evaluations=[])
     from powerfleet.budget import metrics
-    from powerfleet.budget.runner import tick_limits
-
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.tick import tick_limits
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.ports import ClusterError
 
+    fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
     try:
-        plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
+        plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
+                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
+                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w)
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
         detail = f"group view unreadable, no evaluation sent: {exc}"
         log.record("budget", now, self.request.origin, detail)
         return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in cfg.deployments})
     for group, watts in cfg.groups.items():
-        metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0))
+        metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
+                             unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
     sent = []
     for key, gl in plan.limits.items():
         self.app.send_task("powerfleet.budget.evaluate", kwargs={
