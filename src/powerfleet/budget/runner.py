@@ -16,13 +16,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from powerfleet.budget.persist import DgdStatus, StatusSink
-from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate
+from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate, rejected
+from powerfleet.budget.scale import NoAdapters, Owners, ScalingPort, other_writer, owned_counts, owners_of, write_replicas
 from powerfleet.budget.state import BudgetState
 from powerfleet.budget.tick import TickPlan, budget_of, tick_limits  # noqa: F401 - the tick's half, re-exported
 from powerfleet.clock import Clock
 from powerfleet.cluster.dgd import DGD, DGD_KIND, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import ObjectRef
+from powerfleet.cluster.patch_errors import Rejected
 from powerfleet.cluster.ports import ClusterError, ClusterWriter, Conflict, NotFound
 
 log = logging.getLogger("powerfleet.budget")
@@ -68,24 +70,27 @@ class _Emitter:
                 log.warning("%s: event %s not recorded: %s", self.out.deployment, ev.reason, exc)
 
 
-def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], dgd: DGD, res: Result,
-           previous: Mapping[str, Any], out: Outcome) -> None:
+def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], snap: Snapshot, res: Result,
+           previous: Mapping[str, Any], out: Outcome, scaling: ScalingPort, owners: Owners) -> Result:
+    dgd = snap.dgd
     emitter = _Emitter(cluster, dgd, out)
     if res.replicas:
         try:
-            written = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, res.replicas,
-                                                 resource_version=dgd.resource_version, current=dgd)
+            changed = write_replicas(cluster, scaling, dgd, owners, res.replicas)
         except Conflict:
-            # Someone changed the DGD since it was read: nothing written; the next evaluation re-plans.
+            # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
             res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
+        except Rejected as exc:
+            # Refused by the server (schema, CEL rule, webhook): an error to show, not a conflict to retry.
+            res = rejected(snap, previous, res, str(exc))
+            out.reason, out.ready = res.status["reason"], False
         except ClusterError as exc:
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
             raise
         else:
-            changed = {c: n for c, n in res.replicas.items() if dgd.component(c) and dgd.component(c).replicas != n}
             out.replicas_written = changed
-            if written.resource_version != dgd.resource_version and changed:
+            if changed:
                 emitter.emit(res.scale_events)
     if dict(previous) != res.status:
         try:
@@ -94,7 +99,7 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], dgd
             # As for replicas: nothing written, no event; the next evaluation computes it again.
             log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
                         dgd.namespace, dgd.name, exc)
-            return
+            return res
         except ClusterError as exc:
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
@@ -102,13 +107,17 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], dgd
         out.status_written = True
         emitter.emit(res.status_events)
     sink.report(obj, res.status)
+    return res
 
 
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
-                        group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None) -> Outcome:
+                        group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None,
+                        scaling: ScalingPort | None = None) -> Outcome:
     """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
-    (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD)."""
+    (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
+    ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for)."""
     sink = sink if sink is not None else DgdStatus(cluster)
+    scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
     try:
         obj = cluster.get_dgd_object(namespace, name)
@@ -139,9 +148,21 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     except ClusterError as exc:
         log.warning("%s: pod list failed, scale-ups blocked this evaluation: %s", key, exc)
         pods = None
+    try:
+        owners = owners_of(scaling, dgd)
+        unreadable = None
+    except ClusterError as exc:
+        if is_transient(exc):
+            raise TransientClusterError(str(exc), status=exc.status) from exc
+        owners, unreadable = Owners(), f"its scaling adapters could not be read ({exc})"
+    held = owned_counts(dgd, owners, [c.name for c in dgd.components])
+    seen = other_writer(state.last_replicas(key), held)
+    if seen and not budget.sole_writer and not state.other_writer(key):
+        state.flag_other_writer(key, seen)
     now = datetime.fromtimestamp(clock.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     snap = Snapshot(dgd=dgd, pods=pods, budget=budget, admitted=state.admitted(key), proposal=state.proposal(key),
-                    group=group, was_rolling=state.was_rolling(key), now=now)
+                    group=group, was_rolling=state.was_rolling(key), now=now, adapters=owners.replicas(),
+                    other_writer=unreadable or state.other_writer(key))
     res = evaluate(snap, previous)
     if res.admit is not None:
         state.admit(key, res.admit)
@@ -152,7 +173,8 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     out = Outcome(key, st["reason"], ready=st["ready"] == "True", targets=dict(st.get("targets") or {}),
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
                   limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []))
-    _write(cluster, sink, obj, dgd, res, previous, out)
+    res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners)
+    state.record_replicas(key, {**held, **out.replicas_written})
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
                                "peak_w": out.peak_w, "gpus": out.gpus})
     return out

@@ -44,7 +44,7 @@ class TickPlan:
 
 def budget_of(cfg: Any) -> DeploymentBudget:
     return DeploymentBudget(power_limit_w=cfg.power_limit_w, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
-                            min_replicas=dict(cfg.min_replicas))
+                            min_replicas=dict(cfg.min_replicas), sole_writer=cfg.sole_writer)
 
 
 def _cap(pod: GpuPod) -> int | None:

@@ -212,6 +212,9 @@ class DeploymentBudgetConfig(_Strict):
     max_gpus: int = Field(-1, ge=-1)  # -1: no GPU ceiling
     min_gpus: int = Field(-1, ge=-1)  # -1: no GPU floor
     min_replicas: dict[Literal["prefill", "decode", "worker"], int] = Field(default_factory=dict)  # default 1
+    # True: powerfleet is the only writer of this DGD's replicas, even beside a Planner component or
+    # after another writer changed them (otherwise such a deployment is reported, never scaled).
+    sole_writer: bool = False
 
 
 class BudgetConfig(_Strict):

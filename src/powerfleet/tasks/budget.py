@@ -161,8 +161,10 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     else:
         group = None
     try:
+        from powerfleet.cluster.scaling import KubeScaling
+
         out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app))
+                                  _sink(self.app), KubeScaling(_cluster(self.app)))
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
@@ -196,6 +198,7 @@ def budget_propose_load(self: Any, params: ProposeLoadArgs) -> ProposeResult:
 
 @fleet_task("powerfleet.budget.readmit", DeploymentArgs, acks_late=True)
 def budget_readmit(self: Any, params: DeploymentArgs) -> ReadmitResult:
-    """Forget the admitted power inputs; the next evaluation admits them again from a settled snapshot."""
+    """Forget the admitted power inputs (and a detected other writer of the replicas); the next
+    evaluation admits them again from a settled snapshot."""
     _configured(self.app, "powerfleet.budget.readmit", params.deployment)
     return ReadmitResult(deployment=params.deployment, forgot=_state(self.app).forget_admission(params.deployment))
