@@ -1,17 +1,21 @@
 """A stand-in for the Dynamo operator in budget tests: makes a DGD's pods and status match its
 spec in one step (pods Running with the cap annotation copied verbatim, every replica ready).
 
-It writes the status with a merge patch of the operator's own keys, so ``status.budget`` (written
-by powerfleet) survives, as it does beside a real operator that patches its own fields.
+It writes the status with a merge patch of the operator's own keys, so powerfleet's condition
+(and ``status.budget`` with ``budget.status_store: dgd``) survives, as beside a real operator
+that patches its own fields.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from powerfleet.cluster.budget_store import status_object_name, stored_status
 from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION, parse_dgd
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver.errors import ApiError
+from powerfleet.twin.apiserver.resources import ResourceType
 
 
 def dgd(name: str, prefill: int, decode: int, *, cap: str = "500", namespace: str = "default") -> dict[str, Any]:
@@ -56,5 +60,29 @@ def replicas(api: ApiServer, name: str, namespace: str = "default") -> dict[str,
     return {c.name: c.replicas for c in d.components if c.name != "Frontend"}
 
 
+CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap")
+
+
+def serve_configmaps(api: ApiServer) -> ApiServer:
+    """The loopback server serves no ConfigMaps by default; the budget's status lives in one."""
+    api.register(CONFIGMAPS)
+    return api
+
+
 def budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict[str, Any]:
+    """The budget's status as powerfleet persisted it: its ConfigMap where the server serves them
+    (``serve_configmaps``), else ``status.budget`` on the DGD (``budget.status_store: dgd``)."""
+    try:
+        cm = api.get("v1", "ConfigMap", status_object_name(name), namespace)
+    except ValueError:  # ConfigMaps not served: the runner's DGD store
+        return dgd_budget_status(api, name, namespace)
+    except ApiError as exc:
+        if exc.code == 404:
+            return {}
+        raise
+    return stored_status(cm).status
+
+
+def dgd_budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict[str, Any]:
+    """``status.budget`` on the DGD (budget.status_store: dgd)."""
     return (api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace).get("status") or {}).get("budget") or {}

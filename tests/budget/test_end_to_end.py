@@ -17,7 +17,7 @@ import pytest
 
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from tests.budget.stand_in_operator import budget_status, dgd, replicas, serve_configmaps, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 
@@ -28,6 +28,7 @@ NODES = ["gpu-a1", "gpu-a2"]
 @pytest.fixture
 def cluster(tmp_path: Path):
     with ApiServer() as api:
+        serve_configmaps(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         kube = KubeCluster.from_kubeconfig(str(kubeconfig))
         for n in NODES:

@@ -124,3 +124,13 @@ def test_one_evaluation_derives_the_power_inputs_once(monkeypatch):
     calls.clear()
     evaluate(snap(disagg(status=settled()), admitted=first.admit, proposal={"prefill": 3}))  # drift check + plan
     assert calls == ["llama"]
+
+
+def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_and_left_alone():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    # it draws 2 x 700 + 2,400 = 3,800 W; the group allows it 3,100 W (its minimum footprint)
+    res = evaluate(snap(disagg(status=settled()), admitted=admitted,
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)))
+    assert res.replicas == {} and "power_over_budget_unremedied" in res.status["reasons"]
+    assert res.status["settledWatts"] == 3800 > res.status["powerLimitWatts"] == 3100
+    assert res.status["chargeBasis"] == "requested_cap" and res.status_events[0].reason == "Planned"

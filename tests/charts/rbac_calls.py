@@ -39,6 +39,9 @@ CLIENT_CALLS: dict[str, Perm | None] = {
     "patch_namespaced_event": ("", "events", "patch"),
     "list_namespaced_event": ("", "events", "list"),
     "list_node": ("", "nodes", "list"),
+    "read_namespaced_config_map": ("", "configmaps", "get"),
+    "create_namespaced_config_map": ("", "configmaps", "create"),
+    "patch_namespaced_config_map": ("", "configmaps", "patch"),
     "read_node": ("", "nodes", "get"),
     # coordination.k8s.io/v1
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),

@@ -16,6 +16,12 @@ tests/charts/test_chart_rbac.py compares them with the adapter's client calls.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeploymentscalingadapters"]
+  verbs: ["list", "patch"]
 {{- end }}
 {{- /*
 Group (rack) budgets: one LIST of the nodes (their group label), and of every DGD and

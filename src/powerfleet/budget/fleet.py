@@ -76,9 +76,19 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
     return out
 
 
+UNMANAGED = "(unmanaged)"  # the member that stands for every GPU pod on a group no listed deployment owns
+
+
+def unmanaged_member(watts: int) -> Member:
+    """Pods no listed deployment owns draw what they draw: their whole charge is fixed (granted
+    first, never grown or shrunk), so it only lowers what the listed deployments may grow into."""
+    return Member(minimum_w=watts, demand_w=watts, current_w=watts, own_limit_w=watts)
+
+
 def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
-                 group_label: str) -> dict[str, GroupLimit]:
-    """The GroupLimit of every deployment (``GroupLimit(None, None)`` when it is on no budgeted group)."""
+                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> dict[str, GroupLimit]:
+    """The GroupLimit of every deployment (``GroupLimit(None, None)`` when it is on no budgeted group).
+    ``unmanaged_w``: group -> the ledger's charge for the GPU pods on it that no listed deployment owns."""
     members: dict[str, Member] = {}
     touched: dict[str, set[str]] = {}
     for view in views:
@@ -92,9 +102,11 @@ def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
         on = {k: members[k] for k, gs in touched.items() if group in gs}
         if not on:
             continue
-        result = allocate(budget_w, on)
+        tenants = (unmanaged_w or {}).get(group, 0)
+        result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
         for k, a in result.allowances.items():
-            limits[k].append(a.limit_w)
+            if k in limits:
+                limits[k].append(a.limit_w)
     out: dict[str, GroupLimit] = {}
     for view in views:
         k = view.key

@@ -37,11 +37,15 @@ def pod_replicas(pods: Sequence[PodInfo], node_count: int) -> int:
     return -(-holding // max(1, node_count))
 
 
-def role_counts(dgd: DGD, rp: RolePower, pods: Sequence[PodInfo] | None) -> RoleCounts:
-    """``pods``: this component's pods (already partitioned), or None when the LIST failed."""
+def role_counts(dgd: DGD, rp: RolePower, pods: Sequence[PodInfo] | None, adapter_replicas: int | None = None
+                ) -> RoleCounts:
+    """``pods``: this component's pods (already partitioned), or None when the LIST failed.
+    ``adapter_replicas``: its scaling adapter's spec.replicas (not yet copied onto the DGD, it is
+    desired all the same)."""
     comp = dgd.component(rp.component)
     st = dgd.status.components.get(rp.component)
-    return RoleCounts(desired=comp.replicas if comp is not None else 0,
+    desired = comp.replicas if comp is not None else 0
+    return RoleCounts(desired=max(desired, adapter_replicas or 0),
                       ready=st.ready_replicas if st is not None else None,
                       updated=st.updated_replicas if st is not None else None,
                       pods=None if pods is None else pod_replicas(pods, rp.node_count))

@@ -16,7 +16,7 @@ from typing import Any
 
 from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
-from powerfleet.cluster.dgd import DGD, RolloutPhase
+from powerfleet.cluster.dgd import DGD, ComponentType, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
@@ -32,6 +32,7 @@ class DeploymentBudget:
     max_gpus: int = -1
     min_gpus: int = -1
     min_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> minimum (default 1)
+    sole_writer: bool = False  # scale even beside another writer of the replicas
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Snapshot:
     group: GroupLimit | None = None
     was_rolling: bool = False
     now: str = ""  # RFC 3339, for lastTransitionTime
+    adapters: Mapping[str, int] = field(default_factory=dict)  # component -> its scaling adapter's spec.replicas
+    other_writer: str | None = None  # why another writer of the replicas was detected (None: none seen)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, 
     """Each role's planner input, charged for what holds GPUs (budget/ledger.py)."""
     facts: dict[str, RoleFacts] = {}
     for role, rp in admitted.power.roles.items():
-        n = role_counts(snap.dgd, rp, None if by_comp is None else by_comp.get(rp.component, []))
+        n = role_counts(snap.dgd, rp, None if by_comp is None else by_comp.get(rp.component, []),
+                        snap.adapters.get(rp.component))
         facts[role.value] = RoleFacts(
             watts_per_replica=rp.watts_per_replica, gpus_per_replica=rp.gpus_per_pod * rp.node_count,
             min_replicas=snap.budget.min_replicas.get(role.value, 1), ready=n.ready,
@@ -190,6 +194,23 @@ def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, boo
             g.current_w < minimum)
 
 
+def _other_writer(snap: Snapshot) -> str | None:
+    """Who else writes this DGD's replicas: a Planner component, or a change seen between evaluations."""
+    planners = [c.name for c in snap.dgd.components if c.type is ComponentType.PLANNER]
+    if planners:
+        return f"component {planners[0]!r} is a Dynamo Planner, a second writer of the replicas"
+    return snap.other_writer
+
+
+def rejected(snap: Snapshot, previous: Mapping[str, Any], res: Result, message: str) -> Result:
+    """The replica write was refused by the server (schema, CEL rule, webhook): not a conflict to
+    re-plan but an error to show, with the server's message."""
+    res.status.update(ready="False", reason="ReplicaWriteRejected", message=f"replica write rejected: {message}")
+    res.status_events = [e for e in res.status_events if e.reason == "PowerInputsAdmitted"]
+    res.status.pop("lastTransitionTime", None)
+    return _finish(snap, previous, res)
+
+
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
     """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
     previous = previous or {}
@@ -212,9 +233,13 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     res = Result(status={}, admit=admit_now, rolling=roll.rolling, plan=result)
     for role, target in result.targets.items():
         comp = dgd.component(by_role[role])
-        if target is not None and comp is not None and comp.replicas != target:
+        current = snap.adapters.get(comp.name, comp.replicas) if comp is not None else None
+        if target is not None and comp is not None and current != target:
             res.replicas[comp.name] = target
-            res.scale_events.append(Event("Scaled", f"{comp.name} replicas {comp.replicas} -> {target} ({role})"))
+            res.scale_events.append(Event("Scaled", f"{comp.name} replicas {current} -> {target} ({role})"))
+    writer = None if snap.budget.sole_writer else _other_writer(snap)
+    if writer is not None:
+        res.replicas, res.scale_events = {}, []
     if roll.rolling and result.held and not snap.was_rolling:
         res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
     notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons]
@@ -223,13 +248,19 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     unknown = sorted(set(snap.proposal or {}) - set(facts))
     if unknown:
         notes.append(f"proposal for {', '.join(unknown)} ignored: the deployment has no such role")
+    reason = "RolloutFailed" if roll.failed else "OtherWriter" if writer else "Planned"
+    if writer:
+        notes.insert(0, f"not scaled: {writer} (budget.deployments.<key>.sole_writer: true lets powerfleet scale it)")
     res.status = _status(
-        snap, not roll.failed, "RolloutFailed" if roll.failed else "Planned", "; ".join(notes) or "within budget",
+        snap, not roll.failed and not writer, reason, "; ".join(notes) or "within budget",
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
         settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
-        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=roll.rolling)
+        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=roll.rolling,
+        # what the watts above are charged at: the requested caps (the agents' enforcement reports
+        # are not read for listed deployments yet; budget/evidence.py)
+        chargeBasis="requested_cap")
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))

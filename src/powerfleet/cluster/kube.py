@@ -21,6 +21,7 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSIONS, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo
+from powerfleet.cluster.patch_errors import raise_for_patch
 from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
 
 LIST_TIMEOUT_SECONDS = 20  # server-side timeout for LISTs
@@ -242,11 +243,9 @@ class KubeCluster:
                     _request_timeout=REQUEST_TIMEOUT_SECONDS, _content_type=ctype,
                 )
             except ApiException as exc:
-                if exc.status == 422 and ctype == JSON_PATCH:
-                    # a failed test op: the object changed since it was read (moved component, new version)
-                    raise Conflict(f"patch DGD replicas {namespace}/{name}: the DGD changed since it was read",
-                                   status=409) from exc
-                raise
+                # Only a failed test op is a conflict (the DGD changed since it was read); any other
+                # 422 (schema, CEL rule, webhook) is Rejected with the server's message (patch_errors.py).
+                raise_for_patch(f"patch DGD replicas {namespace}/{name}", exc)
         return parse_dgd(stored)
 
     # -- nodes --

@@ -216,6 +216,9 @@ class DeploymentBudgetConfig(_Strict):
     max_gpus: int = Field(-1, ge=-1)  # -1: no GPU ceiling
     min_gpus: int = Field(-1, ge=-1)  # -1: no GPU floor
     min_replicas: dict[Literal["prefill", "decode", "worker"], int] = Field(default_factory=dict)  # default 1
+    # True: powerfleet is the only writer of this DGD's replicas, even beside a Planner component or
+    # after another writer changed them (otherwise such a deployment is reported, never scaled).
+    sole_writer: bool = False
 
 
 class BudgetConfig(_Strict):
@@ -226,6 +229,12 @@ class BudgetConfig(_Strict):
     group_label: str = "powerfleet.io/rack"  # node label whose value names a node's group (rack, PDU)
     groups: dict[str, int] = Field(default_factory=dict)  # group -> watts shared by the pods on its nodes
     kubeconfig: str | None = None  # None: the in-cluster service account
+    # Where the budget's status lives: one ConfigMap per deployment (kept by every API server), or
+    # "dgd": status.budget on the DGD (only a server that keeps undeclared status fields keeps it).
+    status_store: Literal["configmap", "dgd"] = "configmap"
+    # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
+    # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
+    max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
 
     @field_validator("deployments")
     @classmethod

@@ -1,0 +1,90 @@
+"""Enforcement evidence: what the ledger charges a GPU that no listed deployment's cap covers
+(issue 18 items 2 and 8), behind a port so the node agents' reports can be used when present.
+
+The agents (the agent issue) will publish one Redis hash per node, ``powerfleet:enforcement:<node>``,
+with a TTL of three reconcile intervals: field = GPU UUID, value = JSON
+``{"pod_uid": str, "enforced_w": int, "draw_w": float, "at": epoch seconds}``, where ``enforced_w``
+is a power-limit read back from that GPU after a successful write and ``draw_w`` the measured draw.
+A report is fresh while ``now - at <= 3 x interval``. Until they exist the reader finds none and
+every figure says which basis it uses (``requested_cap`` for an annotated pod, ``max_settable``
+for a GPU without evidence).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+ENFORCEMENT_KEY = "powerfleet:enforcement:{node}"
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    gpu_uuid: str
+    pod_uid: str
+    enforced_w: int
+    draw_w: float
+    at: float
+
+
+class EnforcementReports(Protocol):
+    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+        """node -> its GPUs' reports (missing node: none)."""
+
+
+class NoReports:
+    """No agent publishes reports yet: every GPU without a cap is charged its maximum settable limit."""
+
+    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+        return {}
+
+
+def parse_report(gpu_uuid: str, raw: str | bytes) -> GpuReport | None:
+    """One hash field's value; anything malformed is no evidence (None), never an error."""
+    try:
+        data = json.loads(raw)
+        return GpuReport(gpu_uuid=gpu_uuid, pod_uid=str(data["pod_uid"]), enforced_w=int(data["enforced_w"]),
+                         draw_w=float(data.get("draw_w", 0.0)), at=float(data["at"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+class RedisReports:
+    """Reads the agents' hashes, one pipelined HGETALL per node."""
+
+    def __init__(self, client: object) -> None:
+        self._r = client
+
+    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+        names = list(nodes)
+        pipe = self._r.pipeline(transaction=False)  # type: ignore[attr-defined]
+        for n in names:
+            pipe.hgetall(ENFORCEMENT_KEY.format(node=n))
+        out: dict[str, list[GpuReport]] = {}
+        for n, fields in zip(names, pipe.execute(), strict=True):
+            got = [r for k, v in (fields or {}).items()
+                   if (r := parse_report(k.decode() if isinstance(k, bytes) else str(k), v)) is not None]
+            if got:
+                out[n] = got
+        return out
+
+
+@dataclass(frozen=True)
+class Charge:
+    watts: int
+    basis: str  # requested_cap | enforced | max_settable
+
+
+def pod_charge(pod_uid: str, gpus: int, cap_w: int | None, reports: Mapping[str, Iterable[GpuReport]] | None,
+               node: str | None, now: float, fresh_s: float, max_settable_w: int) -> Charge:
+    """What one GPU pod is charged: its annotation's cap where it has one; else the enforced limits
+    of its GPUs where every one of them has a fresh report for this pod; else the maximum settable
+    limit per GPU."""
+    if cap_w is not None:
+        return Charge(cap_w * gpus, "requested_cap")
+    mine = [r for r in (reports or {}).get(node or "", []) if r.pod_uid == pod_uid and now - r.at <= fresh_s]
+    if gpus and len(mine) >= gpus:
+        return Charge(sum(sorted((r.enforced_w for r in mine), reverse=True)[:gpus]), "enforced")
+    return Charge(max_settable_w * gpus, "max_settable")
