@@ -84,7 +84,8 @@ def test_group_budget_clamps_stages_and_fails_one_deployment_closed(cluster, lau
 
     # beta's cap changes after admission: beta fails closed, alpha keeps running.
     changed = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "beta")
-    changed["spec"]["components"][2]["podTemplate"]["metadata"]["annotations"]["dynamo.nvidia.com/gpu-power-limit"] = "400"
+    decode = next(c for c in changed["spec"]["components"] if c["name"] == "decode")  # by name: the list order is not kept
+    decode["podTemplate"]["metadata"]["annotations"]["dynamo.nvidia.com/gpu-power-limit"] = "400"
     api.apply(changed)
     call("propose", deployment="default/beta", replicas={"decode": 2})
     st = tick_and_wait("beta failing closed", lambda: budget_status(api, "beta").get("reason") == "PowerInputsChanged"

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from powerfleet.cluster.dgd import LABEL_COMPONENT, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.dgdstatus import CRD_STATUS_KEYS
 from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
@@ -210,3 +211,19 @@ def test_a_full_cluster_rolls_out_by_replacing_in_place() -> None:
     decode = [p for p in pods if p["metadata"]["labels"][LABEL_COMPONENT] == "decode"]
     assert len(decode) == 1 and decode[0]["metadata"]["annotations"][POWER_ANNOTATION] == "380"
     assert dgds[0]["status"]["state"] == "successful"
+
+
+def test_the_operators_status_passes_the_real_status_schema(tmp_path: Path) -> None:
+    # With status pruning and validation on (the faithful server), every status write is
+    # accepted and nothing foreign is left: the operator writes only what Dynamo's CRD declares.
+    with ApiServer(options=ServerOptions(prune_dgd_status=True)) as api:
+        for obj in node_objects(SPEC) + dgd_manifests(SPEC):
+            api.apply(obj)
+        loop = OperatorLoop(str(api.write_kubeconfig(tmp_path / "kc")), settings=OperatorSettings(keep_foreign_status=False))
+        try:
+            results = [loop.run_once() for _ in range(4)]
+        finally:
+            loop.stop()
+        assert not [e for r in results for e in r.errors]
+        status = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", AGG)["status"]
+        assert status["state"] == "successful" and set(status) <= CRD_STATUS_KEYS

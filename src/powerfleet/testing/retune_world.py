@@ -38,7 +38,8 @@ def dgd_object(name: str, *, frontends: int = 2, workers: int = 4, annotations: 
                 "podTemplate": {"metadata": {}, "spec": {"containers": [main]}}}
 
     return {
-        "apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+        # v1beta1: the components list is its form (a real server prunes it from a v1alpha1 object).
+        "apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
         "metadata": {"name": name, "namespace": "default", "generation": 1, "annotations": annotations or {}},
         "spec": {"components": [comp("frontend", "frontend", frontends), comp("worker", "worker", workers, worker_env)]},
         "status": {"observedGeneration": 1, "state": "successful",

@@ -15,5 +15,8 @@ class ServerOptions:
     # Structural schemas of the custom resources (crds/): prune unknown fields, apply defaults,
     # validate, honour fieldValidation.
     schemas: bool = True
+    # Custom resources are stored in their CRD's storage version and served converted in every
+    # served version (conversion.py); off: an object comes back in the form it was written.
+    convert: bool = True
     # Prune unknown fields of a DGD's status too (the real server does; see twin/fidelity.py).
     prune_dgd_status: bool = not KEEP_FOREIGN_DGD_STATUS
