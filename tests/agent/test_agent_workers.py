@@ -3,6 +3,9 @@ with simulated GPUs, and the loopback Kubernetes API server reached through the 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -154,6 +157,42 @@ def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_ap
              "the successor's first pass", timeout_s=60)
     assert all(x == [250, 700] for x in seen), seen  # never uncapped, not even for a moment
     assert "Traceback" not in successor.log.read_text()
+
+
+def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=fleet.launcher.child_env())
+
+
+def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fleet: Fleet) -> None:
+    node = "gpu-node-a"
+
+    def start(devs) -> None:
+        devs[0].pids = [PID]
+    fleet.gpus[node].update(start)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [300, 700]
+
+    # A second agent for the node refuses to start, in one line, and touches nothing.
+    second = cli(fleet, "agent", "--node", node, "--metrics-port", "0")
+    assert second.returncode == 1, second.stderr
+    assert second.stderr.strip().splitlines()[-1].startswith(f"powerfleet: error: another agent for node {node} is running")
+    # So does a real `agent once`.
+    once = cli(fleet, "agent", "once", "--node", node, "--proc-root", str(fleet.tmp / "proc" / node), "--json")
+    assert once.returncode == 1 and "another agent for node" in once.stderr and "Traceback" not in once.stderr
+    assert fleet.limits(node) == [300, 700]
+
+    drained = cli(fleet, "agent", "drain", "--node", node, "--json", "--timeout", "60")
+    assert drained.returncode == 0, drained.stderr + drained.stdout
+    assert json.loads(drained.stdout)["restored"] == ["GPU-0000"]
+    assert fleet.limits(node) == [700, 700]
+    result = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert result["skipped"].startswith("drained") and fleet.limits(node) == [700, 700]
+
+    assert cli(fleet, "agent", "drain", "--node", node, "--undo").returncode == 0
+    wait_for(lambda: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+             ["skipped"] is None, "the agent to notice the undo")
+    assert fleet.limits(node) == [300, 700]
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:

@@ -16,7 +16,9 @@ import redis
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.nvml import NvmlBackend
-from powerfleet.agent.presence import Heartbeat
+from powerfleet.agent.drain import DrainWatcher
+from powerfleet.agent.lock import NodeLock
+from powerfleet.agent.presence import Heartbeat, heartbeat_ttl_s
 from powerfleet.agent.probe import ProbeServer
 from powerfleet.agent.reconcile import NodeAgent, PodLister
 from powerfleet.agent.runtime import AgentRuntime
@@ -83,6 +85,18 @@ def endpoint(config: FleetConfig, override_port: int | None = None) -> tuple[str
     return config.metrics.address, config.metrics.port
 
 
+def take_lock(client: redis.Redis, node: str, interval_s: float) -> NodeLock:
+    """The node lock, or ``LockHeld`` when another live agent has it. With Redis unreachable the
+    agent starts without it and sets nothing until a heartbeat takes it (its caps stay meanwhile)."""
+    lock = NodeLock(client, node, heartbeat_ttl_s(interval_s))
+    try:
+        lock.acquire()
+    except (redis.RedisError, OSError) as exc:
+        lock.why = f"Redis unreachable at start ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        log.warning("agent %s: cannot take the node lock: %s; no limit is set until it is taken", node, lock.why)
+    return lock
+
+
 def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = None,
                   metrics: AgentMetrics | None = None, clock: Clock | None = None,
                   probe: tuple[str, int] | None = None) -> AgentRuntime:
@@ -99,11 +113,16 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
                       safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
                       complete_view=not ac.namespaces, metrics=metrics)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock)
+    if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
+        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        rt.lock = take_lock(client, node, config.beat.reconcile_interval_s)  # LockHeld: refuse to start
     if cluster is not None and ac.watch:
         rt.stoppers.append(PodWatcher(cluster, node, ac.namespaces, rt.request_pass).start().stop)
     if broker_url is not None:
-        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
-        rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock).start().stop)
+        drain = DrainWatcher(client, rt, clock)
+        drain.check_once()  # a node drained before this agent started stays drained from its first pass
+        rt.stoppers.append(drain.start().stop)
+        rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock, lock=rt.lock).start().stop)
     address, port = probe if probe is not None else endpoint(config)
     if port:
         rt.stoppers.append(ProbeServer(address, port, rt.readiness, metrics.registry).start().stop)
