@@ -191,10 +191,15 @@ def test_work_from_a_superseded_generation_or_term_is_dropped(world, kube, redis
             current=dict(DECIDED), shards=[]))
 
     sweep("old-gen", t, "0123456789abcdef")
-    sweep("old-term", t - 1 if t > 1 else 99, gen)
     assert live.harvest(cfg, ports, "old-gen")["status"] == "dropped"
-    assert live.harvest(cfg, ports, "old-term")["status"] == "dropped"
-    assert Deployment.open(cfg, ports, "llama").store.read()[0].last_window is None  # nothing decided
+    state = Deployment.open(cfg, ports, "llama").store.read()[0]
+    (rec,) = [h for h in state.history if h.window == 5]  # the drop is an outcome of its own
+    assert (rec.outcome, rec.failure_reason) == ("dropped", "configuration-change")
+    # A harvest on a worker that is not the leader leaves the sweep to the leader's harvest.
+    other = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
+    sweep("old-term", t - 1 if t > 1 else 99, gen)
+    assert live.harvest(cfg, other, "old-term")["status"] == "not-leader"
+    assert ports.fanin.sweep("old-term").status == "running"
     # A window step launched under another configuration is dropped before it does anything.
     out = live.launch_window(cfg, ports, "llama", 5, leader="ctl-a", term=t, generation="0123456789abcdef")
     assert out["status"] == "dropped" and not ports.send.sent

@@ -55,6 +55,9 @@ def _text(d: dict[str, Any]) -> str:
     st = d["state"]
     if st:
         lines.append(f"  last window {st['last_window']}, rollback {st['rollback']}, desired {st['desired']}")
+        o = st["outcomes"]
+        lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
+                     f"in flight: {', '.join(str(p['window']) for p in st['pending']) or 'none'}")
     for h in d["decisions"]:
         lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}")
     for r in d["routers"]:

@@ -18,6 +18,7 @@ from typing import Any
 from powerfleet.cluster.ports import ClusterError
 from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.accounting import LEGACY_ENABLED_AT, WINDOW_TASK, audit, launch_due
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
 from powerfleet.retune.fencing import Barriers
@@ -26,11 +27,10 @@ from powerfleet.retune.live import HARVEST_TASK, actuate
 from powerfleet.retune.metrics import CORRUPT_STATE, TERM
 from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.retune.state import DecisionRecord, RetuneState
-from powerfleet.retune.windows import dedupe_key, last_closed_window, windows_to_launch
+from powerfleet.retune.windows import last_closed_window
 
-WINDOW_TASK = "powerfleet.retune.window"
-ENABLED_AT = "powerfleet:retune:enabled_at"
-LAST_LAUNCHED = "powerfleet:retune:last_launched"
+ENABLED_AT = LEGACY_ENABLED_AT
+LAST_LAUNCHED = "powerfleet:retune:last_launched"  # before the schedule moved into the state
 KNOWN = PREFIX + "known"
 
 
@@ -91,21 +91,6 @@ def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list
                                                               "desired_window": None, "rollback_verify_at": None}))
 
 
-def _launch_due(cfg: RetuneConfig, ports: Ports, dep: Deployment, t: Term, now: float) -> list[int]:
-    s, r = dep.settings, ports.r
-    r.hsetnx(ENABLED_AT, dep.name, repr(now))
-    enabled_at = float(r.hget(ENABLED_AT, dep.name))
-    last = r.hget(LAST_LAUNCHED, dep.name)
-    launched = []
-    for w in windows_to_launch(now, enabled_at, int(last) if last is not None else None, s.interval_s, s.phase_s):
-        if r.set(dedupe_key(dep.name, w.index), repr(now), nx=True, ex=7 * 86400):
-            ports.send(WINDOW_TASK, {"dgd": dep.name, "window": w.index, "leader": t.identity, "term": t.term,
-                                     "generation": s.generation}, {})
-            launched.append(w.index)
-        r.hset(LAST_LAUNCHED, dep.name, w.index)
-    return launched
-
-
 def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
     try:
         dep = Deployment.open(cfg, ports, name)
@@ -122,15 +107,19 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
         state = _follow_config(dep, t, state)
         routers = actuate(dep, ports, t, state)
         state = _finish_rollback(dep, t, state, routers, ports.clock.now())
-        launched = _launch_due(cfg, ports, dep, t, now)
-        overdue = [rec.sid for rec in ports.fanin.active(name) if now >= rec.deadline]
+        state, launched = launch_due(ports, dep, t, state, now)
+        dropped = audit(ports, dep, t, state, now)
+        # Harvest every sweep past its deadline or complete (a lost harvest message, or shards
+        # that finished under a previous leader): the harvest counts results, so this is safe.
+        fan = ports.fanin
+        overdue = [rec.sid for rec in fan.active(name) if now >= rec.deadline or fan.complete(rec)]
         for sid in overdue:
             ports.send(HARVEST_TASK, {"sid": sid}, {})
     except Fenced as exc:
         TERM.labels(name).set(0)
         return {"deployment": name, "status": "fenced", "reason": str(exc)}
     return {"deployment": name, "status": "leader", "term": t.term, "mode": state.mode, "launched": launched,
-            "harvest": overdue, "routers": routers, "corrupt_state_replaced": corrupt}
+            "harvest": overdue, "dropped": dropped, "routers": routers, "corrupt_state_replaced": corrupt}
 
 
 def _guarded(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
@@ -254,11 +243,11 @@ def reset_window(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> 
     closed = last_closed_window(ports.clock.now(), s.interval_s, s.phase_s).index
     decided = [h.window for h in state.history if 0 <= h.window <= closed]
     before, after = state.last_window, (max(decided) if decided else None)
-    if before != after:
-        dep.store.update(t, lambda x: x.model_copy(update={"last_window": after}))
-    last = ports.r.hget(LAST_LAUNCHED, dep.name)
-    if last is not None and int(last) > closed:
-        ports.r.hdel(LAST_LAUNCHED, dep.name)
+    launched = state.last_launched if state.last_launched is None or state.last_launched <= closed else after
+    if before != after or launched != state.last_launched:
+        dep.store.update(t, lambda x: x.model_copy(update={
+            "last_window": after, "last_launched": launched,
+            "pending": [p for p in x.pending if p.window <= closed]}))
     return {"deployment": dep.name, "status": "reset" if before != after else "unchanged",
             "last_window": after, "was": before, "newest_closed": closed}
 

@@ -180,6 +180,11 @@ class FanIn:
                 out[spec.key()] = res
         return out
 
+    def complete(self, rec: SweepRecord) -> bool:
+        """Every shard's result exists (a cheap hint; the harvest checks each against its spec)."""
+        keys = [_k("result", k) for k in rec.keys()]
+        return bool(keys) and int(self.r.exists(*keys)) == len(keys)
+
     def count_adopted(self, sid: str) -> None:
         self.r.incr(_k("adopted", sid))
         self.r.expire(_k("adopted", sid), TTL_S)

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.accounting import drop, outcome, record
 from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
@@ -32,30 +33,6 @@ from powerfleet.sim.policy import RouterPolicy
 
 SHARD_TASK = "powerfleet.sweep.shard"
 HARVEST_TASK = "powerfleet.retune.harvest"
-
-
-def record(dep: Deployment, term: Term, rec: DecisionRecord, change: Any = None) -> RetuneState | None:
-    """Save one window's outcome (fenced); None when the window was decided already."""
-    saved: dict[str, bool] = {}
-
-    def apply(s: RetuneState) -> RetuneState:
-        if rec.window >= 0 and s.last_window is not None and rec.window <= s.last_window:
-            return s
-        saved["yes"] = True
-        s = s.with_decision(rec, dep.settings.history)
-        s = s.model_copy(update={"last_window": max(rec.window, s.last_window or rec.window)})
-        return change(s) if change else s
-
-    state = dep.store.update(term, apply)
-    if saved:
-        DECISIONS.labels(dep.name, rec.outcome, rec.failure_reason or "").inc()
-    return state if saved else None
-
-
-def _outcome(dep: Deployment, term: Term, k: int, outcome: str, reason: str, failure: str | None,
-             now: float, **extra: Any) -> DecisionRecord:
-    return DecisionRecord(window=k, outcome=outcome, mode=dep.settings.mode, reason=reason,  # type: ignore[arg-type]
-                          failure_reason=failure, term=term.term, generation=dep.settings.generation, at=now, **extra)
 
 
 def current_settings(dep: Deployment, state: RetuneState | None, policies: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -94,7 +71,7 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     if corrupt:  # this step acts under a checked term: replace the corrupt state, as a claim would
         CORRUPT_STATE.labels(dgd).inc()
         state = dep.store.update(t, lambda x: x, replace_corrupt=True)
-    if state is not None and state.last_window is not None and k <= state.last_window:
+    if state is not None and state.decided(k):
         return {"status": "already-decided", "window": k}
     opts = {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10}
     existing = ports.fanin.sweep(sweep_id(dgd, k, s.generation, t.term))
@@ -106,29 +83,31 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
                 ports.send(SHARD_TASK, {"sid": existing.sid, "spec": sh.model_dump(mode="json")}, opts)
         return {"status": "resent" if existing.status == "running" else existing.status, "sid": existing.sid}
     for old in ports.fanin.active(dgd):
-        if old.generation != s.generation or old.term != t.term:
-            ports.fanin.finish(old, "dropped", "superseded by a newer configuration or leader term")
-            WINDOWS.labels(dgd, "dropped", "superseded").inc()
+        if old.generation != s.generation:  # never two configurations' sweeps at once
+            why = "superseded by a newer configuration before its harvest"
+            ports.fanin.finish(old, "dropped", why)
+            drop(dep, t, old.window, "configuration-change", why, now)
+            WINDOWS.labels(dgd, "dropped", "configuration-change").inc()
     w = window(k, s.interval_s, s.phase_s)
     snap = dep.snapshot(ports)
     failed = check(s, snap, initial=state.initial if state is not None else None)
     if failed:
         codes = ",".join(sorted({p.code for p in failed}))
         reason = "; ".join(str(p) for p in failed)
-        record(dep, t, _outcome(dep, t, k, "abandoned", f"blocked: {reason}", codes, now))
+        record(dep, t, outcome(dep, t, k, "abandoned", f"blocked: {reason}", codes, now))
         WINDOWS.labels(dgd, "blocked", codes).inc()
         return {"status": "blocked", "premises": [p.code for p in failed], "reason": reason}
     t0 = time.monotonic()
     try:
         cut = cut_window(s.trace_dir, dgd, k, w.start, w.end)
     except (CutError, OSError) as exc:
-        record(dep, t, _outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
+        record(dep, t, outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
         WINDOWS.labels(dgd, "abandoned", "cut-failed").inc()
         return {"status": "abandoned", "reason": str(exc)}
     cut_info = {"requests": cut.requests, "segments": cut.segments, "corrupt_members": cut.corrupt_members,
                 "malformed_lines": cut.malformed_lines, "cut_seconds": round(time.monotonic() - t0, 3)}
     if cut.path is None:
-        record(dep, t, _outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
+        record(dep, t, outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
         WINDOWS.labels(dgd, "decided", "no-traffic").inc()
         return {"status": "no-traffic", **cut_info}
     assert snap.dgd is not None
@@ -231,17 +210,18 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
         return {"status": "busy", "sid": sid}
     try:
         dep = Deployment.open(cfg, ports, rec.dgd)
-        t = dep.term_of(rec.identity, rec.term)
-        try:
-            dep.leadership.check(t)
-        except Fenced as exc:
-            fan.finish(rec, "dropped", str(exc))
-            WINDOWS.labels(rec.dgd, "dropped", "term").inc()
-            return {"status": "dropped", "reason": str(exc)}
+        # The current leader harvests, whichever term launched the sweep: shards that finished
+        # under a previous leader are decided by the new one, not lost.
+        lease = dep.leadership.current()
+        if lease is None or lease.holder_identity != ports.identity:
+            return {"status": "not-leader", "sid": sid, "holder": lease.holder_identity if lease else None}
+        t = dep.term_of(ports.identity, lease.lease_transitions or 0)
         if dep.settings.generation != rec.generation:
-            fan.finish(rec, "dropped", "configuration changed during the sweep")
-            WINDOWS.labels(rec.dgd, "dropped", "generation").inc()
-            return {"status": "dropped", "reason": "configuration changed during the sweep"}
+            why = "configuration changed during the sweep"
+            fan.finish(rec, "dropped", why)
+            drop(dep, t, rec.window, "configuration-change", why, now)
+            WINDOWS.labels(rec.dgd, "dropped", "configuration-change").inc()
+            return {"status": "dropped", "reason": why}
         results = fan.results(rec)
         complete = len(results) == len(rec.shards)
         if not complete and now < rec.deadline:
@@ -256,30 +236,29 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
         change = None
         if probe is None or (missing and not any(c.rankable() for c in cands)):
             why = f"sweep overran its time budget of {dep.settings.time_budget_s:g}s ({len(results)} of {len(rec.shards)} shards arrived" + ("; probe missing)" if probe is None else ")")
-            dr = _outcome(dep, t, rec.window, "abandoned", why, "time-budget", now, **common)
+            dr = outcome(dep, t, rec.window, "abandoned", why, "time-budget", now, **common)
             status = "abandoned"
         elif not verified:
-            dr = _outcome(dep, t, rec.window, "abandoned", "worker replicas changed during the sweep", "replicas-changed",
+            dr = outcome(dep, t, rec.window, "abandoned", "worker replicas changed during the sweep", "replicas-changed",
                           now, **common)
             status = "abandoned"
         else:
             d = decide(cands, probe, dep.settings.objective, dep.settings.min_improvement_pct)
-            outcome = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
-            dr = _outcome(dep, t, rec.window, outcome, d.reason, None, now, params=d.params,
+            what = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
+            dr = outcome(dep, t, rec.window, what, d.reason, None, now, params=d.params,
                           improvement_pct=d.improvement_pct, probe_score=probe.score,
                           best_score=d.best.score if d.best else None, **common)
             status = "decided"
-            if outcome == "apply":
+            if what == "apply":
                 change = _apply_change(dr)
                 if d.improvement_pct is not None:
                     IMPROVEMENT.labels(rec.dgd).set(d.improvement_pct)
-            elif outcome == "advisory":
+            elif what == "advisory":
                 change = _advisory_change(dr)
         try:
             saved = record(dep, t, dr, change)
-        except Fenced as exc:
-            fan.finish(rec, "dropped", str(exc))
-            return {"status": "dropped", "reason": str(exc)}
+        except Fenced as exc:  # leadership moved: the sweep stays open for the new leader's harvest
+            return {"status": "fenced", "reason": str(exc)}
         fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
         SWEEP_SECONDS.labels(rec.dgd).observe(max(0.0, now - rec.launched_at))
         WINDOWS.labels(rec.dgd, status, dr.failure_reason or dr.outcome).inc()

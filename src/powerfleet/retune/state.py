@@ -53,6 +53,21 @@ class DecisionRecord(_Strict):
     at: float
 
 
+class PendingWindow(_Strict):
+    """A window launched and not yet ended in an outcome (what the leader must account for)."""
+
+    window: int
+    at: float  # when it was launched
+    term: int
+    generation: str
+
+
+# How each outcome counts: every window ends in exactly one of these three classes.
+OUTCOME_CLASS = {"apply": "decided", "keep": "decided", "advisory": "decided", "no-traffic": "abandoned",
+                 "abandoned": "abandoned", "dropped": "dropped"}
+PENDING_MAX = 16  # a leader never has more than a couple in flight; the state stays bounded
+
+
 class RetuneState(_Strict):
     schema_: str = Field(STATE_SCHEMA, alias="schema")
     term: int = Field(0, ge=0)
@@ -68,15 +83,40 @@ class RetuneState(_Strict):
     # has passed (a late PATCH has landed or failed by then) before it is reported done.
     rollback_verify_at: float | None = None
     history: list[DecisionRecord] = Field(default_factory=list)
+    # The window schedule, kept here (fenced) so a Redis restart without persistence neither
+    # skips a window nor forgets one in flight: when retune was enabled, the last window
+    # launched, and the windows launched that have no outcome yet.
+    enabled_at: float | None = None
+    last_launched: int | None = None
+    pending: list[PendingWindow] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)  # outcome -> windows ended so (cumulative)
     updated: float = 0.0
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True,
                               populate_by_name=True)
 
     def with_decision(self, rec: DecisionRecord, keep: int) -> RetuneState:
-        """A new state with ``rec`` appended (deep-copied) to the bounded history."""
+        """A new state with ``rec`` appended (deep-copied) to the bounded history; a window's
+        outcome also ends its pending entry and counts."""
         hist = [*self.history, rec.model_copy(deep=True)][-keep:]
-        return self.model_copy(update={"history": hist})
+        update: dict[str, Any] = {"history": hist}
+        if rec.window >= 0:
+            update["pending"] = [p for p in self.pending if p.window != rec.window]
+            update["counts"] = {**self.counts, rec.outcome: self.counts.get(rec.outcome, 0) + 1}
+        return self.model_copy(update=update)
+
+    def is_pending(self, k: int) -> bool:
+        return any(p.window == k for p in self.pending)
+
+    def decided(self, k: int) -> bool:
+        """Window ``k`` has its outcome (or is older than the newest outcome and not in flight)."""
+        return self.last_window is not None and k <= self.last_window and not self.is_pending(k)
+
+    def launched(self, k: int, at: float, term: int, generation: str) -> RetuneState:
+        keep = [p for p in self.pending if p.window != k]
+        pend = [*keep, PendingWindow(window=k, at=at, term=term, generation=generation)][-PENDING_MAX:]
+        last = k if self.last_launched is None else max(k, self.last_launched)
+        return self.model_copy(update={"pending": pend, "last_launched": last})
 
 
 def _reject_constant(name: str) -> Any:

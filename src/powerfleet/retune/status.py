@@ -15,6 +15,7 @@ from powerfleet.retune.actuator import read_all, same, target_for
 from powerfleet.retune.context import Deployment, LeaseCluster, Ports
 from powerfleet.retune.premises import frontends_of
 from powerfleet.retune.settings import SettingsError, configured
+from powerfleet.retune.state import OUTCOME_CLASS
 
 STATUS_SCHEMA = "powerfleet.retune.status/v1"
 
@@ -44,7 +45,10 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
         out["state"] = {"term": state.term, "mode": state.mode, "last_window": state.last_window,
                         "desired": state.desired, "desired_window": state.desired_window,
                         "rollback": state.rollback, "initial_saved": sorted(state.initial),
-                        "advisory": state.advisory.model_dump() if state.advisory else None}
+                        "advisory": state.advisory.model_dump() if state.advisory else None,
+                        "enabled_at": state.enabled_at, "last_launched": state.last_launched,
+                        "pending": [p.model_dump() for p in state.pending],
+                        "outcomes": _outcome_counts(state.counts)}
         out["decisions"] = [h.model_dump() for h in state.history[-decisions:]][::-1]
     if dep.dgd is None:
         return out
@@ -62,6 +66,15 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
                        converged=None if want is None else same(cur.policy, want))
         out["routers"].append(row)
     return out
+
+
+def _outcome_counts(counts: dict[str, int]) -> dict[str, Any]:
+    """Windows ended so far, per class (decided, abandoned, dropped) and per outcome."""
+    by_class = {c: 0 for c in ("decided", "abandoned", "dropped")}
+    for what, n in counts.items():
+        if what in OUTCOME_CLASS:
+            by_class[OUTCOME_CLASS[what]] += n
+    return {**by_class, "by_outcome": dict(sorted(counts.items()))}
 
 
 def fleet_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient, clock: Any) -> dict[str, Any]:
