@@ -173,7 +173,8 @@ def check_copy_is_imported(tree: Path) -> None:
 
 # pytest's short summary ("FAILED tests/x.py::test[Bad Node] - ..."), not a captured log's "ERROR    name:..."
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S[^\n]*?\.py\b[^\n]*?)(?: - [^\n]*)?$", re.M)
-WHERE = re.compile(r"^(\S+\.py:\d+): \w+", re.M)  # where the first failure was raised, e.g. an assert's line
+# Where the first failure was raised ("tests/x.py:45: AssertionError"), not a frame on the way ("...: in f").
+WHERE = re.compile(r"^(\S+\.py:\d+): (?!in )\w+", re.M)
 
 
 def run_pytest(tree: Path, tests: list[str], timeout_s: float) -> tuple[str, float, str | None, str]:
