@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from powerfleet.clock import FakeClock
-from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME
+from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, RolloutPhase
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.fidelity import OperatorSettings
@@ -71,3 +71,40 @@ def test_a_deleted_pod_stays_terminating_holding_its_gpus_for_the_grace_period(w
     with pytest.raises(ApiException) as info:
         loop.core.read_namespaced_pod(other, "default")
     assert info.value.status == 404
+
+
+def test_a_rollout_surges_and_new_pods_are_ready_only_after_their_startup_delay(tmp_path: Path) -> None:
+    clock = FakeClock(1_000_000.0)
+    with ApiServer(clock=clock) as api:
+        for obj in node_objects(SPEC) + dgd_manifests(SPEC):
+            api.apply(obj)
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        loop = OperatorLoop(kubeconfig, clock=clock,
+                            settings=OperatorSettings(startup_delay_s={"worker": 5.0}, termination_grace_s=0))
+        kube = KubeCluster.from_kubeconfig(kubeconfig)
+        try:
+            for _ in range(3):
+                loop.run_once()
+                clock.advance(1)
+            assert kube.get_dgd("default", AGG).status.components["worker"].ready_replicas == 0  # starting
+            clock.advance(5)
+            for _ in range(2):
+                loop.run_once()
+            assert kube.get_dgd("default", AGG).status.components["worker"].ready_replicas == 2
+            kube.patch_dgd_replicas("default", AGG, {"worker": 3})  # a scale-up: spec 3, ready 2 meanwhile
+            loop.run_once()
+            loop.run_once()
+            st = kube.get_dgd("default", AGG).status.components["worker"]
+            assert (st.replicas, st.ready_replicas) == (3, 2)
+            clock.advance(6)
+            loop.run_once()
+            svc = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", AGG)
+            svc["spec"]["services"]["worker"]["extraPodMetadata"]["annotations"]["dynamo.nvidia.com/gpu-power-limit"] = "450"
+            api.apply(svc)
+            clock.advance(10)
+            loop.run_once()  # the template changed: one surge pod beside the three old ones
+            assert len(_workers(api)) == 4
+            assert kube.get_dgd("default", AGG).status.rollout is RolloutPhase.IN_PROGRESS
+        finally:
+            kube.close()
+            loop.stop()

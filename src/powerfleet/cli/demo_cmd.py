@@ -118,6 +118,7 @@ def demo(
     (1 naming the failed checks; 2 for bad options).
     """
     from powerfleet.broker.embedded import BrokerUnavailable, free_loopback_port
+    from powerfleet.twin.fidelity import demo_operator_settings
     from powerfleet.twin.runtime import Twin, TwinOptions
     from powerfleet.twin.topology import TwinSpec
     from powerfleet.workers.launcher import Launcher
@@ -129,7 +130,8 @@ def demo(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s))
+    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s,
+                            operator=demo_operator_settings(duration)))
     try:
         twin.start()
     except OSError as exc:

@@ -42,3 +42,11 @@ class OperatorSettings:
             if key in self.startup_delay_s:
                 return max(0.0, float(self.startup_delay_s[key]))
         return 0.0
+
+
+def demo_operator_settings(duration_s: float) -> OperatorSettings:
+    """The demo's twin: startup delays, and the 30 s grace period for runs of 180 s or more; a
+    shorter run scales the grace to a sixth of its length so its scenario fits (a 60 s run had
+    the budget hold its staged scale-up behind 30 s terminating pods past the end)."""
+    return OperatorSettings(startup_delay_s=DEMO_STARTUP_DELAY_S,
+                            termination_grace_s=int(min(DEFAULT_TERMINATION_GRACE_S, duration_s / 6)))

@@ -33,7 +33,9 @@ from powerfleet.twin.frontends import TwinFrontend, WindowTtft
 from powerfleet.twin.kubelet import serving, terminating
 from powerfleet.twin.manifests import dgd_manifests
 from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
+from powerfleet.twin.planner import StandInPlanner
 from powerfleet.twin.power import gpu_power, load_of
+from powerfleet.twin.tenants import tenant_loads, tenant_pods
 from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
 from powerfleet.twin.writer import OperatorLoop
@@ -60,6 +62,11 @@ class TwinOptions:
     rack_budget_fraction: float = 0.8
     # Startup delays, grace period, foreign status keys (twin/fidelity.py).
     operator: OperatorSettings = OperatorSettings(startup_delay_s=DEMO_STARTUP_DELAY_S)
+    # Pods of deployments the fleet does not manage, on every rack (tenants.py).
+    tenants: bool = True
+    # A stand-in planner rewriting worker replicas every this many seconds (planner.py); off by
+    # default: it reverts the budget's scale-ups, which is the conflict it exists to show.
+    planner_period_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,15 +114,17 @@ class Twin:
     def start(self) -> Twin:
         self.root.mkdir(parents=True, exist_ok=True)
         self.api.start()
-        for obj in node_objects(self.spec) + dgd_manifests(self.spec):
+        for obj in node_objects(self.spec) + dgd_manifests(self.spec) + (
+                tenant_pods(self.spec) if self.options.tenants else []):
             self.api.apply(obj)
         self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
         self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed, first_pid=pid_base(i))
                       for i, n in enumerate(self.spec.node_names)}
         self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
                                                          speedup=self.options.speedup, seed=self.spec.seed)
+        planner = StandInPlanner(self.options.planner_period_s) if self.options.planner_period_s else None
         self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock,
-                                     settings=self.options.operator)
+                                     settings=self.options.operator, planner=planner)
         self.operator.start(self.options.operator_interval_s)
         self._t0 = self.clock.now()
         self._thread = threading.Thread(target=self._loop, name="twin-tick", daemon=True)
@@ -206,7 +215,7 @@ class Twin:
             old = self._ema.get(dgd, (isl, osl))
             a = min(1.0, dt / 3.0)
             self._ema[dgd] = (old[0] + a * (isl - old[0]), old[1] + a * (osl - old[1]))
-        loads = self._worker_loads(pods)
+        loads = self._worker_loads(pods) | tenant_loads(pods)
         samples: list[GpuSample] = []
         annotated: dict[str, float | None] = {}
         by_node: dict[str, list[Mapping[str, Any]]] = {}

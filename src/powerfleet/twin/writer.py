@@ -25,6 +25,8 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, DGD_VERSION
 from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.operator import GPUS_ANNOTATION, Event, Plan, reconcile
+from powerfleet.twin.other_writers import OtherWriters
+from powerfleet.twin.planner import StandInPlanner
 
 log = logging.getLogger(__name__)
 _TIMEOUT = 10.0
@@ -44,7 +46,8 @@ class OperatorLoop:
     """Reconciles every DGD in one namespace, one pass per ``interval_s`` (or ``run_once`` by hand)."""
 
     def __init__(self, kubeconfig: str, namespace: str = "default", *, clock: Clock | None = None,
-                 dgd_version: str = DGD_VERSION, settings: OperatorSettings | None = None) -> None:
+                 dgd_version: str = DGD_VERSION, settings: OperatorSettings | None = None,
+                 planner: StandInPlanner | None = None) -> None:
         self.api_client = config.new_client_from_config(config_file=kubeconfig)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
@@ -52,6 +55,10 @@ class OperatorLoop:
         self.clock = clock or SystemClock()
         self.dgd_version = dgd_version
         self.settings = settings or OperatorSettings()
+        # Dynamo's scaling adapter controller and (optionally) a stand-in planner: other writers
+        # of replicas, run before each pass reads its snapshot.
+        self.others = OtherWriters(self.custom, namespace, dgd_version, planner)
+        self.last_other_writes: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
@@ -73,9 +80,12 @@ class OperatorLoop:
     # -- the one writer --
 
     def run_once(self) -> PassResult:
+        others = self.others.run(self.clock.now())
+        self.last_other_writes = others.dgd_replica_writes
         dgds, pods, nodes = self.snapshot()
         plan = reconcile(dgds, pods, nodes, now=self.clock.now(), settings=self.settings)
         result = self.write(plan, {d["metadata"]["name"]: d for d in dgds})
+        result.errors[:0] = others.errors
         self.passes += 1
         return result
 
