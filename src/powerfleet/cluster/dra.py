@@ -17,13 +17,15 @@ from powerfleet.cluster.ports import NotFound
 def device_classes(template: Mapping[str, Any]) -> tuple[str, ...]:
     """The deviceClassName of every request of a ResourceClaimTemplate (as JSON): resource.k8s.io/v1
     (``exactly`` / ``firstAvailable``) and v1beta1 (on the request itself)."""
-    spec = ((template.get("spec") or {}).get("spec") or {}) if isinstance(template.get("spec"), Mapping) else {}
-    requests = ((spec.get("devices") or {}).get("requests") or []) if isinstance(spec, Mapping) else []
+    node: Any = template
+    for key in ("spec", "spec", "devices", "requests"):  # a missing or odd-shaped level reads as none
+        node = node.get(key) if isinstance(node, Mapping) else None
     out: list[str] = []
-    for r in requests if isinstance(requests, list) else []:
+    for r in node if isinstance(node, list) else []:
         if not isinstance(r, Mapping):
             continue
-        options = [r, r.get("exactly") or {}, *(r.get("firstAvailable") or [])]
+        alternatives = r.get("firstAvailable")
+        options = [r, r.get("exactly"), *(alternatives if isinstance(alternatives, list) else [])]
         out.extend(str(o["deviceClassName"]) for o in options if isinstance(o, Mapping) and o.get("deviceClassName"))
     return tuple(out)
 
