@@ -76,7 +76,7 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
     emitter = _Emitter(cluster, dgd, out)
     if res.replicas:
         try:
-            changed = write_replicas(cluster, scaling, dgd, owners, res.replicas)
+            changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
         except Conflict:
             # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
             res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
@@ -92,6 +92,8 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
             out.replicas_written = changed
             if changed:
                 emitter.emit(res.scale_events)
+            if version:  # the condition's patch is fenced on the DGD as powerfleet left it
+                obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
     if dict(previous) != res.status:
         try:
             sink.write(obj, res.status)

@@ -25,6 +25,19 @@ def _cluster(app: Any) -> Any:
     return _clusters[kubeconfig]
 
 
+_scalings: dict[str | None, Any] = {}
+
+
+def _scaling(app: Any) -> Any:
+    """One scaling-adapter reader per cluster, so "no adapters served" is remembered between evaluations."""
+    from powerfleet.cluster.scaling import KubeScaling
+
+    kubeconfig = app.fleet_config.budget.kubeconfig
+    if kubeconfig not in _scalings:
+        _scalings[kubeconfig] = KubeScaling(_cluster(app))
+    return _scalings[kubeconfig]
+
+
 def _sink(app: Any) -> Any:
     """Where this evaluation persists the status (budget.status_store; budget/persist.py)."""
     from powerfleet.budget.persist import ConfigMapStatus, DgdStatus
@@ -163,11 +176,10 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
         group = None
     try:
         from powerfleet.cluster.dra import KubeDra
-        from powerfleet.cluster.scaling import KubeScaling
 
         cluster = _cluster(self.app)
         out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), KubeScaling(cluster), KubeDra(cluster))
+                                  _sink(self.app), _scaling(self.app), KubeDra(cluster))
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
