@@ -23,3 +23,19 @@ def world(tmp_path: Path, broker_url: str):  # noqa: F811 - the imported fixture
         settle(api, kube, "llama", ["gpu-0"])
         yield api, kube, BudgetState(redis.Redis.from_url(broker_url))
         kube.close()
+
+
+RACK_A_NODES = ["gpu-a1", "gpu-a2"]
+
+
+@pytest.fixture
+def rack_a(tmp_path: Path):
+    """A loopback API server serving ConfigMaps with two nodes in rack-a, and its kubeconfig."""
+    with ApiServer() as api:
+        serve_configmaps(api)
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        kube = KubeCluster.from_kubeconfig(str(kubeconfig))
+        for n in RACK_A_NODES:
+            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": "rack-a"}}})
+        yield api, kube, kubeconfig
+        kube.close()

@@ -11,34 +11,20 @@ admission: beta fails closed, alpha keeps running; once rolled out and re-admitt
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from powerfleet.cluster.kube import KubeCluster
-from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, serve_configmaps, settle
+from tests.budget.conftest import RACK_A_NODES
+from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-NODES = ["gpu-a1", "gpu-a2"]
+NODES = RACK_A_NODES
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with ApiServer() as api:
-        serve_configmaps(api)
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        kube = KubeCluster.from_kubeconfig(str(kubeconfig))
-        for n in NODES:
-            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": "rack-a"}}})
-        yield api, kube, kubeconfig
-        kube.close()
-
-
-def test_group_budget_clamps_stages_and_fails_one_deployment_closed(cluster, launcher, app):
-    api, kube, kubeconfig = cluster
+def test_group_budget_clamps_stages_and_fails_one_deployment_closed(rack_a, launcher, app):
+    api, kube, kubeconfig = rack_a
     api.apply(dgd("alpha", 1, 3))
     api.apply(dgd("beta", 1, 1))
     for name in ("alpha", "beta"):

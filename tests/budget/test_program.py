@@ -113,9 +113,9 @@ def test_one_evaluation_derives_the_power_inputs_once(monkeypatch):
 
     calls = []
 
-    def counting(dgd):
+    def counting(dgd, *rest):
         calls.append(dgd.name)
-        return resolve_power_config(dgd)
+        return resolve_power_config(dgd, *rest)
 
     for module in (program, immutability, settlement):
         monkeypatch.setattr(module, "resolve_power_config", counting)

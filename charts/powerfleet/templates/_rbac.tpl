@@ -22,6 +22,9 @@ tests/charts/test_chart_rbac.py compares them with the adapter's client calls.
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeploymentscalingadapters"]
   verbs: ["list", "patch"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["list"]
 {{- end }}
 {{- /*
 Group (rack) budgets: one LIST of the nodes (their group label), and of every DGD and

@@ -13,6 +13,7 @@ for a GPU without evidence).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,10 +46,15 @@ def parse_report(gpu_uuid: str, raw: str | bytes) -> GpuReport | None:
     """One hash field's value; anything malformed is no evidence (None), never an error."""
     try:
         data = json.loads(raw)
-        return GpuReport(gpu_uuid=gpu_uuid, pod_uid=str(data["pod_uid"]), enforced_w=int(data["enforced_w"]),
-                         draw_w=float(data.get("draw_w", 0.0)), at=float(data["at"]))
-    except (ValueError, TypeError, KeyError, AttributeError):
+        enforced, draw, at = data["enforced_w"], float(data.get("draw_w", 0.0)), float(data["at"])
+        pod = data["pod_uid"]
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
+    if not isinstance(enforced, int) or isinstance(enforced, bool) or enforced <= 0 or not isinstance(pod, str):
+        return None
+    if not (math.isfinite(draw) and math.isfinite(at)):
+        return None
+    return GpuReport(gpu_uuid=gpu_uuid, pod_uid=pod, enforced_w=enforced, draw_w=draw, at=at)
 
 
 class RedisReports:

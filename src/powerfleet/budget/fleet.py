@@ -33,15 +33,20 @@ class DeploymentView:
     budget: DeploymentBudget
     proposal: Mapping[str, int] | None
     pods: Sequence[PodInfo]  # this deployment's pods (others are ignored)
+    claim_classes: Mapping[str, tuple[str, ...]] | None = None  # its namespace's ResourceClaimTemplates (DRA)
+
+    def resolved(self) -> PowerConfig | DGDInputError:
+        try:
+            return resolve_power_config(self.dgd, self.claim_classes)
+        except DGDInputError as exc:
+            return exc
 
 
 def _power(view: DeploymentView) -> PowerConfig | None:
     if view.admitted is not None:
         return view.admitted.power
-    try:
-        return resolve_power_config(view.dgd)
-    except DGDInputError:
-        return None
+    got = view.resolved()
+    return None if isinstance(got, DGDInputError) else got
 
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
@@ -50,7 +55,8 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
     by_comp = partition_pods(view.dgd, view.pods)
     # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
     # claims no share of the group.
-    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd))
+    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
+                                                                              resolved=view.resolved()))
     minimum = demand = current = 0
     for role, rp in power.roles.items():
         charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged

@@ -55,6 +55,7 @@ class Snapshot:
     now: str = ""  # RFC 3339, for lastTransitionTime
     adapters: Mapping[str, int] = field(default_factory=dict)  # component -> its scaling adapter's spec.replicas
     other_writer: str | None = None  # why another writer of the replicas was detected (None: none seen)
+    claim_classes: Mapping[str, tuple[str, ...]] | None = None  # ResourceClaimTemplate -> device classes (DRA)
 
 
 @dataclass(frozen=True)
@@ -145,10 +146,10 @@ def rolling_state(dgd: DGD, by_comp: Mapping[str, list[PodInfo]] | None, compone
     return Rolling(bool(why), why, failed)
 
 
-def _resolve(dgd: DGD) -> PowerConfig | DGDInputError:
+def _resolve(dgd: DGD, claim_classes: Mapping[str, tuple[str, ...]] | None = None) -> PowerConfig | DGDInputError:
     """The DGD's power inputs, derived once per evaluation (or the error that refuses them)."""
     try:
-        return resolve_power_config(dgd)
+        return resolve_power_config(dgd, claim_classes)
     except DGDInputError as exc:
         return exc
 
@@ -156,7 +157,7 @@ def _resolve(dgd: DGD) -> PowerConfig | DGDInputError:
 def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPowerInputs | None, bool, Result | None]:
     """(admitted inputs, admitted just now, or the Result that ends this evaluation early)."""
     dgd = snap.dgd
-    power = _resolve(dgd)
+    power = _resolve(dgd, snap.claim_classes)
     if snap.admitted is not None:
         violations = check_power_inputs_unchanged(snap.admitted, dgd, resolved=power)
         if not violations:

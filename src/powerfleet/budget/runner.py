@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from powerfleet.budget.persist import DgdStatus, StatusSink
 from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate, rejected
@@ -76,7 +76,7 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
     emitter = _Emitter(cluster, dgd, out)
     if res.replicas:
         try:
-            changed = write_replicas(cluster, scaling, dgd, owners, res.replicas)
+            changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
         except Conflict:
             # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
             res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
@@ -92,6 +92,8 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
             out.replicas_written = changed
             if changed:
                 emitter.emit(res.scale_events)
+            if version:  # the condition's patch is fenced on the DGD as powerfleet left it
+                obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
     if dict(previous) != res.status:
         try:
             sink.write(obj, res.status)
@@ -110,12 +112,29 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
     return res
 
 
+class ClaimTemplates(Protocol):
+    def list_claim_templates(self, namespace: str) -> dict[str, tuple[str, ...]]: ...
+
+
+def claim_classes_of(dra: ClaimTemplates | None, dgd: DGD) -> dict[str, tuple[str, ...]] | None:
+    """The namespace's ResourceClaimTemplates, read only for a DGD whose components claim DRA devices
+    (None: not read, or unreadable; a claim then counts as one that may allocate GPUs)."""
+    if dra is None or not any(c.gpu_claims for c in dgd.components):
+        return None
+    try:
+        return dra.list_claim_templates(dgd.namespace)
+    except ClusterError as exc:
+        log.warning("%s/%s: ResourceClaimTemplates unreadable: %s", dgd.namespace, dgd.name, exc)
+        return None
+
+
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
                         group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None,
-                        scaling: ScalingPort | None = None) -> Outcome:
+                        scaling: ScalingPort | None = None, dra: ClaimTemplates | None = None) -> Outcome:
     """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
     (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
-    ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for)."""
+    ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for). ``dra``:
+    the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up)."""
     sink = sink if sink is not None else DgdStatus(cluster)
     scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
@@ -162,7 +181,7 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     now = datetime.fromtimestamp(clock.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     snap = Snapshot(dgd=dgd, pods=pods, budget=budget, admitted=state.admitted(key), proposal=state.proposal(key),
                     group=group, was_rolling=state.was_rolling(key), now=now, adapters=owners.replicas(),
-                    other_writer=unreadable or state.other_writer(key))
+                    other_writer=unreadable or state.other_writer(key), claim_classes=claim_classes_of(dra, dgd))
     res = evaluate(snap, previous)
     if res.admit is not None:
         state.admit(key, res.admit)

@@ -62,16 +62,18 @@ def other_writer(last: Mapping[str, int] | None, now: Mapping[str, int]) -> str 
 
 
 def write_replicas(cluster: ClusterWriter, scaling: ScalingPort, dgd: DGD, owners: Owners,
-                   replicas: Mapping[str, int]) -> dict[str, int]:
-    """Write each count through its owner; returns the counts that changed. Raises Conflict (the
-    object changed since it was read), Rejected (refused by the server) or ClusterError."""
+                   replicas: Mapping[str, int]) -> tuple[dict[str, int], str | None]:
+    """Write each count through its owner; returns the counts that changed and the DGD's new
+    resourceVersion (None: the DGD was not patched). Raises Conflict (the object changed since it
+    was read), Rejected (refused by the server) or ClusterError."""
     held = owned_counts(dgd, owners, replicas)
     changed = {c: n for c, n in replicas.items() if held.get(c) != n}
     through_dgd = {c: n for c, n in changed.items() if c not in owners.adapters}
     for c, n in changed.items():
         if c in owners.adapters:
             scaling.patch_adapter_replicas(owners.adapters[c], n)
+    version = None
     if through_dgd:
-        cluster.patch_dgd_replicas(dgd.namespace, dgd.name, through_dgd, resource_version=dgd.resource_version,
-                                   current=dgd)
-    return changed
+        version = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, through_dgd,
+                                             resource_version=dgd.resource_version, current=dgd).resource_version
+    return changed, version

@@ -23,12 +23,27 @@ from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
 from powerfleet.cluster.errors import PowerInputError
 from powerfleet.cluster.gpu_pods import GpuPod
-from powerfleet.cluster.ports import ClusterReader
+from powerfleet.cluster.ports import ClusterError, ClusterReader
 from powerfleet.cluster.power import parse_power_annotation
 
 
 class GpuPodReader(Protocol):
     def list_gpu_pods(self) -> list[GpuPod]: ...
+
+
+class ClaimTemplates(Protocol):
+    def list_claim_templates(self, namespace: str) -> dict[str, tuple[str, ...]]: ...
+
+
+def _claim_classes(dra: ClaimTemplates | None, dgds: Sequence[DGD]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """namespace -> its ResourceClaimTemplates' device classes, read only where a DGD claims DRA devices."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for ns in sorted({d.namespace for d in dgds if any(c.gpu_claims for c in d.components)}):
+        try:
+            out[ns] = dra.list_claim_templates(ns) if dra is not None else {}
+        except ClusterError:
+            continue  # unread: a claim then counts as one that may allocate GPUs
+    return out
 
 
 @dataclass
@@ -75,7 +90,8 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
 
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
-                *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000) -> TickPlan:
+                *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
+                dra: ClaimTemplates | None = None) -> TickPlan:
     """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods.
     ``pods_reader``: every pod with its GPUs (None: only the deployments' own pods are read, and
     no other tenant is charged)."""
@@ -90,6 +106,7 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
         if LABEL_DGD_NAME in p.labels:
             by_dgd[(p.namespace, p.labels[LABEL_DGD_NAME])].append(p)
     proposals, admitted = state.proposals(), state.all_admitted()
+    classes = _claim_classes(dra, [d for k, d in dgds.items() if k in deployments])
     views, skipped, owned = [], {}, set()
     for key, cfg in deployments.items():
         dgd = dgds.get(key)
@@ -99,7 +116,8 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
         own = by_dgd.get((dgd.namespace, dgd.name), [])
         owned.update(p.uid for p in own)
         views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
-                                    proposal=proposals.get(key), pods=own))
+                                    proposal=proposals.get(key), pods=own,
+                                    claim_classes=classes.get(dgd.namespace)))
     group_nodes: dict[str, list[str]] = defaultdict(list)
     for n, g in node_groups.items():
         if g in groups:

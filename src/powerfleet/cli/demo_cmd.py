@@ -85,9 +85,10 @@ def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
         "budget.status_store": "dgd",
         "budget.group_label": RACK_LABEL,
         "budget.groups": "{" + ", ".join(f"{r}: {w}" for r, w in planner_group_budgets(twin).items()) + "}",
-        # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power.
-        "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}}}"
-                                              for d in (DISAGG, AGG)) + "}",
+        # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power. The
+        # twin's planner components write no replicas, so powerfleet is their sole writer.
+        "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}, "
+                                              "sole_writer: true}" for d in (DISAGG, AGG)) + "}",
     }
     env = _env(values)
     env["KUBECONFIG"] = str(twin.kubeconfig)

@@ -53,11 +53,17 @@ def adapter_of(obj: Mapping[str, Any], version: str) -> ScalingAdapter | None:
 class KubeScaling:
     """Scaling adapters on the official client (one call per method)."""
 
-    def __init__(self, cluster: KubeCluster) -> None:
+    def __init__(self, cluster: KubeCluster, *, recheck_s: float = 300.0) -> None:
         self.cluster = cluster
+        self.recheck_s = recheck_s  # how long "the CRD is not served" is believed before asking again
+        self._absent_since: float | None = None
 
     def list_scaling_adapters(self, namespace: str) -> list[ScalingAdapter]:
-        """Every adapter in ``namespace``; none where the cluster serves no DGDSA version."""
+        """Every adapter in ``namespace``; none where the cluster serves no DGDSA version (then not
+        asked again for ``recheck_s``, so a cluster without adapters costs no call per evaluation)."""
+        now = self.cluster.clock.now()
+        if self._absent_since is not None and now - self._absent_since < self.recheck_s:
+            return []
         for version in ADAPTER_VERSIONS:
             try:
                 with _api_errors(f"list scaling adapters in {namespace}"):
@@ -66,7 +72,9 @@ class KubeScaling:
                         timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS)
             except NotFound:
                 continue
+            self._absent_since = None
             return [a for item in listed.get("items", []) if (a := adapter_of(item, version)) is not None]
+        self._absent_since = now
         return []
 
     def patch_adapter_replicas(self, adapter: ScalingAdapter, replicas: int) -> None:

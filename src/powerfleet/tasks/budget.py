@@ -25,6 +25,19 @@ def _cluster(app: Any) -> Any:
     return _clusters[kubeconfig]
 
 
+_scalings: dict[str | None, Any] = {}
+
+
+def _scaling(app: Any) -> Any:
+    """One scaling-adapter reader per cluster, so "no adapters served" is remembered between evaluations."""
+    from powerfleet.cluster.scaling import KubeScaling
+
+    kubeconfig = app.fleet_config.budget.kubeconfig
+    if kubeconfig not in _scalings:
+        _scalings[kubeconfig] = KubeScaling(_cluster(app))
+    return _scalings[kubeconfig]
+
+
 def _sink(app: Any) -> Any:
     """Where this evaluation persists the status (budget.status_store; budget/persist.py)."""
     from powerfleet.budget.persist import ConfigMapStatus, DgdStatus
@@ -118,6 +131,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.budget import metrics
     from powerfleet.budget.evidence import RedisReports
     from powerfleet.budget.tick import tick_limits
+    from powerfleet.cluster.dra import KubeDra
     from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.ports import ClusterError
 
@@ -125,7 +139,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
                            KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
-                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w)
+                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)))
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
         detail = f"group view unreadable, no evaluation sent: {exc}"
@@ -161,10 +175,11 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     else:
         group = None
     try:
-        from powerfleet.cluster.scaling import KubeScaling
+        from powerfleet.cluster.dra import KubeDra
 
-        out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), KubeScaling(_cluster(self.app)))
+        cluster = _cluster(self.app)
+        out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
+                                  _sink(self.app), _scaling(self.app), KubeDra(cluster))
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
