@@ -85,7 +85,7 @@ def bench_watch(changes: int) -> dict[str, float]:
         api.apply(pod(300))
         cluster = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp / "kubeconfig")))
         kicks: list[Any] = []
-        cache = PodCache(cluster.core, "gpu-0", ["llm"], lambda reason: [k(reason) for k in kicks])
+        cache = PodCache(cluster, "gpu-0", ["llm"], lambda reason: [k(reason) for k in kicks])
         agent = NodeAgent("gpu-0", open_gpus=lambda: SimulatedGpus.shared(tmp / "gpus.json"),
                           list_pods=cache.snapshot, proc_root=tmp / "proc", complete_view=False,
                           state=StateStore(tmp / "state"), clock=SystemClock(), safe_default_watts=500,
@@ -285,7 +285,7 @@ def bench_new_process(changes: int) -> dict[str, float]:
         gpus = SimulatedGpus.shared(tmp / "gpus.json", [gpu(0, [])])
         cluster, _ = connect_cluster(FleetConfig.model_validate(
             {"agent": {"kubeconfig": str(api.write_kubeconfig(tmp / "kubeconfig"))}}))
-        cache = PodCache(cluster.core, "gpu-0", ["llm"], lambda reason: None).start()  # type: ignore[union-attr]
+        cache = PodCache(cluster, "gpu-0", ["llm"], lambda reason: None).start()  # type: ignore[union-attr]
         agent = NodeAgent("gpu-0", open_gpus=lambda: SimulatedGpus.shared(tmp / "gpus.json"),
                           list_pods=cache.snapshot, proc_root=tmp / "proc", complete_view=False,
                           state=StateStore(tmp / "state"), clock=SystemClock(), metrics=AgentMetrics(CollectorRegistry()))
@@ -326,7 +326,7 @@ def bench_api_calls(window_s: float) -> dict[str, float]:
         cluster, _ = connect_cluster(FleetConfig.model_validate(
             {"agent": {"kubeconfig": str(api.write_kubeconfig(tmp / "kubeconfig"))}}))
         timeout = 2
-        cache = PodCache(cluster.core, "gpu-0", [], lambda reason: None, watch_timeout_s=timeout).start()  # type: ignore[union-attr]
+        cache = PodCache(cluster, "gpu-0", [], lambda reason: None, watch_timeout_s=timeout).start()  # type: ignore[union-attr]
         _wait(lambda: _synced(cache), 30)
         start = dict(cache.calls)
         t0 = time.monotonic()

@@ -67,7 +67,7 @@ def test_a_server_that_never_answers_costs_one_bounded_request_without_retries(t
     cluster, why = connect_cluster(FleetConfig.model_validate({"agent": {"kubeconfig": str(kubeconfig)}}))
     assert cluster is not None, why
     monkeypatch.setattr(podcache, "READ_TIMEOUT_S", 0.5)
-    cache = podcache.PodCache(cluster.core, "gpu-a", [], lambda reason: None)
+    cache = podcache.PodCache(cluster, "gpu-a", [], lambda reason: None)
     with pytest.raises(Exception, match="timed out|Timeout"):
         cache._list(cache._scopes[0])
     assert len(accepted) == 1  # urllib3's default would have tried four times

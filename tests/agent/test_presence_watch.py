@@ -113,7 +113,7 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
     def on_change(reason: str) -> None:
         reasons.append(reason)
         got.set()
-    watcher = PodCache(cluster.core, "gpu-a", [], on_change, watch_timeout_s=5)
+    watcher = PodCache(cluster, "gpu-a", [], on_change, watch_timeout_s=5)
     with pytest.raises(PodViewStale, match="not listed yet"):
         watcher.snapshot()  # no view before the first LIST: a pass is skipped, never run on nothing
     watcher.start()
@@ -134,19 +134,19 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
         watcher.stop()
 
 
-class BrokenCore:
-    """A CoreV1Api whose LIST fails the way an undecodable object does."""
+class BrokenCluster:
+    """A cluster whose LIST fails the way an undecodable object does."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def list_pod_for_all_namespaces(self, *a, **kw):
+    def list_pods_with_version(self, *a, **kw):
         self.calls += 1
         raise ValueError("1 validation error for V1PodSpec")
 
 
 def test_a_crashing_pod_view_retries_stays_stale_and_logs_one_traceback_per_outage(caplog) -> None:
-    core = BrokenCore()
+    core = BrokenCluster()
     with caplog.at_level("WARNING", logger="powerfleet.agent"):
         w = PodCache(core, "gpu-a", [], lambda reason: None, retry_s=0.01).start()  # type: ignore[arg-type]
         wait_for(lambda: core.calls >= 5, "several retries")

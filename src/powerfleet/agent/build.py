@@ -19,7 +19,8 @@ from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.nvml import NvmlBackend
 from powerfleet.agent.drain import DrainWatcher
-from powerfleet.agent.evidence import EvidencePublisher
+from powerfleet.agent.annotate import ReportAnnotator
+from powerfleet.agent.evidence import EvidencePublisher, Handoff, Sink
 from powerfleet.agent.lock import NodeLock
 from powerfleet.agent.presence import Heartbeat, heartbeat_ttl_s
 from powerfleet.agent.probe import ProbeServer
@@ -90,7 +91,7 @@ def pod_view(cluster: KubeCluster | None, node: str, namespaces: Sequence[str], 
     """The watch-backed pod view and its lister; without a cluster, a lister that says why."""
     if cluster is None:
         return node_pod_lister(None, node, namespaces, unavailable), None
-    cache = PodCache(cluster.core, node, namespaces, on_change)
+    cache = PodCache(cluster, node, namespaces, on_change)
     return cache.snapshot, cache
 
 
@@ -140,14 +141,19 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
         if ac.watch:
             kicks.append(rt.request_pass)
         rt.stoppers.append(cache.start().stop)
+    sinks: list[Sink] = []
     if broker_url is not None:
         drain = DrainWatcher(client, rt, clock)
         drain.check_once()  # a node drained before this agent started stays drained from its first pass
         rt.stoppers.append(drain.start().stop)
         rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock, lock=rt.lock).start().stop)
-        evidence = EvidencePublisher(client, node, heartbeat_ttl_s(config.beat.reconcile_interval_s)).start()
-        rt.reporters.append(evidence.offer)
-        rt.stoppers.append(evidence.stop)
+        sinks.append(EvidencePublisher(client, node, heartbeat_ttl_s(config.beat.reconcile_interval_s)).publish)
+    if cluster is not None and ac.enforcement_annotation:
+        sinks.append(ReportAnnotator(cluster.core, node, clock).publish)
+    if sinks:
+        handoff = Handoff(node, sinks).start()
+        rt.reporters.append(handoff.offer)
+        rt.stoppers.append(handoff.stop)
     address, port = probe if probe is not None else endpoint(config)
     if port:
         rt.stoppers.append(ProbeServer(address, port, rt.readiness, metrics.registry).start().stop)

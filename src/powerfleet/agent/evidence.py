@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -48,22 +49,12 @@ def enforcement_record(node: str, g: GpuOutcome, at: float, pods: dict[str, PodI
 class EvidencePublisher:
     def __init__(self, r: redis.Redis, node: str, ttl_s: int) -> None:
         self.r, self.node, self.ttl_s = r, node, int(ttl_s)
-        self._cond = threading.Condition()
-        self._pending: tuple[PassReport, dict[str, PodInfo]] | None = None
-        self._stop = False
-        self._failing = False
         self.published = 0
-        self._thread = threading.Thread(target=self._run, name=f"agent-evidence-{node}", daemon=True)
-
-    def offer(self, report: PassReport, pods: dict[str, PodInfo]) -> None:
-        """Hand over a finished (non-dry, not skipped) pass; an older one not yet sent is dropped."""
-        if report.dry_run or report.skipped:
-            return  # a skipped pass has no fresh evidence: the hash expires if skips go on
-        with self._cond:
-            self._pending = (report, pods)
-            self._cond.notify()
 
     def publish(self, report: PassReport, pods: dict[str, PodInfo]) -> None:
+        """Replace the node's hash with this pass's evidence (one transaction)."""
+        if report.dry_run or report.skipped:
+            return  # a skipped pass has no fresh evidence: the hash expires if skips go on
         fields = {g.uuid: json.dumps(enforcement_record(self.node, g, report.at, pods), sort_keys=True)
                   for g in report.gpus if g.uuid}
         pipe = self.r.pipeline(transaction=True)
@@ -74,6 +65,30 @@ class EvidencePublisher:
         pipe.execute()
         self.published += 1
 
+
+Sink = Callable[[PassReport, dict[str, PodInfo]], None]
+
+
+class Handoff:
+    """Hands finished passes to the sinks (Redis evidence, pod annotations) on its own thread:
+    the latest report wins, so a slow or unreachable sink never slows a pass. A sink's failure
+    is one warning per outage."""
+
+    def __init__(self, node: str, sinks: list[Sink]) -> None:
+        self.node, self.sinks = node, sinks
+        self._cond = threading.Condition()
+        self._pending: tuple[PassReport, dict[str, PodInfo]] | None = None
+        self._stop = False
+        self._failing: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name=f"agent-evidence-{node}", daemon=True)
+
+    def offer(self, report: PassReport, pods: dict[str, PodInfo]) -> None:
+        if report.dry_run or report.skipped:
+            return
+        with self._cond:
+            self._pending = (report, pods)
+            self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -83,18 +98,19 @@ class EvidencePublisher:
                     return
                 report, pods = self._pending  # type: ignore[misc]
                 self._pending = None
-            try:
-                self.publish(report, pods)
-                if self._failing:
-                    log.info("node %s: enforcement evidence published again", self.node)
-                self._failing = False
-            except (redis.RedisError, OSError) as exc:
-                if not self._failing:
-                    log.warning("node %s: cannot publish enforcement evidence (%s); the next pass retries",
-                                self.node, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-                self._failing = True
+            for i, sink in enumerate(self.sinks):
+                try:
+                    sink(report, pods)
+                    if i in self._failing:
+                        log.info("node %s: enforcement evidence published again", self.node)
+                    self._failing.discard(i)
+                except Exception as exc:  # Redis or API trouble: the next pass retries
+                    if i not in self._failing:
+                        log.warning("node %s: cannot publish enforcement evidence (%s); the next pass retries",
+                                    self.node, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    self._failing.add(i)
 
-    def start(self) -> "EvidencePublisher":
+    def start(self) -> "Handoff":
         self._thread.start()
         return self
 

@@ -12,8 +12,9 @@ exactly as a failed LIST did. So a partial view over several namespaces never re
 policy.
 
 The watch also asks for a pass (``on_change``) when a pod that carries the power annotation
-appears, goes, changes its value or phase, flips Ready or starts a container, so a new
-workload's cap is applied as soon as it runs (docs/agent.md, "Fast path").
+appears, goes, or changes its value or phase (docs/agent.md, "Fast path"). Calls go through
+the cluster adapter (``KubeCluster.list_pods_with_version``, ``watch_pods``), whose methods the
+chart's RBAC is checked against.
 """
 
 from __future__ import annotations
@@ -23,13 +24,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import urllib3
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
-
 from powerfleet.agent.watcher import PodState, cap_relevant_change, pod_state
-from powerfleet.cluster.kube import pod_info
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.ports import ClusterError, PodEvent
 
 log = logging.getLogger("powerfleet.agent")
 
@@ -56,9 +53,9 @@ class _Scope:
 
 
 class PodCache:
-    def __init__(self, core: client.CoreV1Api, node: str, namespaces: Sequence[str],
-                 on_change: Callable[[str], None], *, watch_timeout_s: int = 30, retry_s: float = 2.0) -> None:
-        self.core, self.node, self.on_change = core, node, on_change
+    def __init__(self, cluster: Any, node: str, namespaces: Sequence[str], on_change: Callable[[str], None], *,
+                 watch_timeout_s: int = 30, retry_s: float = 2.0) -> None:
+        self.cluster, self.node, self.on_change = cluster, node, on_change
         self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
         self._scopes = [_Scope(ns) for ns in (list(namespaces) or [None])]
         self._mutex = threading.Lock()
@@ -78,23 +75,13 @@ class PodCache:
 
     # -- API calls --
 
-    def _selector(self) -> str:
-        return f"spec.nodeName={self.node}"
-
     def _list(self, scope: _Scope) -> str:
-        kw: dict[str, Any] = {"field_selector": self._selector(), "resource_version": "0",
-                              "timeout_seconds": LIST_TIMEOUT_S, "_request_timeout": (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)}
         self.calls["list"] += 1
-        if scope.namespace is None:
-            listed = self.core.list_pod_for_all_namespaces(**kw)
-        else:
-            listed = self.core.list_namespaced_pod(scope.namespace, **kw)
-        pods, states = {}, {}
-        for item in listed.items or ():
-            info = pod_info(item)
-            if info.uid:
-                pods[info.uid.lower()] = info
-                states[info.uid.lower()] = pod_state(info, item)
+        listed, version = self.cluster.list_pods_with_version(
+            scope.namespace, node_name=self.node, resource_version="0",
+            request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        pods = {p.uid.lower(): p for p in listed if p.uid}
+        states = {u: pod_state(p) for u, p in pods.items()}
         with self._mutex:
             changed = any(cap_relevant_change(scope.states.get(u), s) for u, s in states.items()) or any(
                 cap_relevant_change(s, None) for u, s in scope.states.items() if u not in states)
@@ -102,52 +89,35 @@ class PodCache:
             scope.pods, scope.states, scope.synced, scope.problem = pods, states, True, ""
         if first or changed:
             self.on_change(f"pod list of {scope.name} ({len(pods)} pods)")
-        return str(listed.metadata.resource_version or "")
-
-    def _watch(self, scope: _Scope, version: str) -> str:
-        kw: dict[str, Any] = {"field_selector": self._selector(), "timeout_seconds": self.watch_timeout_s,
-                              "allow_watch_bookmarks": True,
-                              "_request_timeout": (CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_TIMEOUT_S)}
-        if version:
-            kw["resource_version"] = version
-        w = watch.Watch()
-        self.calls["watch"] += 1
-        try:
-            if scope.namespace is None:
-                stream = w.stream(self.core.list_pod_for_all_namespaces, **kw)
-            else:
-                stream = w.stream(self.core.list_namespaced_pod, scope.namespace, **kw)
-            for event in stream:
-                if self._stop.is_set():
-                    return version
-                version = self._apply(scope, event) or version
-        finally:
-            w.stop()
         return version
 
-    def _apply(self, scope: _Scope, event: dict[str, Any]) -> str | None:
-        kind, obj = event.get("type"), event.get("object")
-        if kind == "ERROR" or not isinstance(obj, client.V1Pod):
-            code = obj.get("code") if isinstance(obj, dict) else None
-            raise ApiException(status=code or 500, reason=f"watch error event: {obj!r:.200}")
-        rv = obj.metadata.resource_version if obj.metadata else None
-        if kind == "BOOKMARK":
-            return rv
-        info = pod_info(obj)
-        uid = info.uid.lower()
-        if not uid:
-            return rv
-        new = None if kind == "DELETED" else pod_state(info, obj)
+    def _watch(self, scope: _Scope, version: str) -> str:
+        self.calls["watch"] += 1
+        for event in self.cluster.watch_pods(scope.namespace, node_name=self.node, resource_version=version or None,
+                                             timeout_seconds=self.watch_timeout_s,
+                                             request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_TIMEOUT_S)):
+            if self._stop.is_set():
+                return version
+            version = self._apply(scope, event) or version
+        return version
+
+    def _apply(self, scope: _Scope, event: PodEvent) -> str | None:
+        if event.type == "ERROR":
+            raise ClusterError(f"watch error event for {scope.name}", status=500)
+        uid = event.pod.uid.lower()
+        if event.type == "BOOKMARK" or not uid:
+            return event.resource_version or None
+        new = None if event.type == "DELETED" else pod_state(event.pod)
         with self._mutex:
             old = scope.states.get(uid)
             if new is None:
                 scope.pods.pop(uid, None)
                 scope.states.pop(uid, None)
             else:
-                scope.pods[uid], scope.states[uid] = info, new
+                scope.pods[uid], scope.states[uid] = event.pod, new
         if cap_relevant_change(old, new):
-            self.on_change(f"pod {info.namespace}/{info.name} {str(kind).lower()}")
-        return rv
+            self.on_change(f"pod {event.pod.namespace}/{event.pod.name} {event.type.lower()}")
+        return event.resource_version or None
 
     # -- the loop --
 
@@ -164,25 +134,23 @@ class PodCache:
                 if failing:
                     log.info("pod view of %s on %s works again", scope.name, self.node)
                 failing = False
-            except urllib3.exceptions.MaxRetryError as exc:
+            except ClusterError as exc:
+                if exc.status == 410:
+                    version, reused = "", False
+                    self._stale(scope, "watch expired (410); relisting")
+                    continue
                 # With retries=0 a keep-alive connection the server closed after the last watch
                 # fails the next request at once; one immediate new attempt is that retry, and
-                # the view stays as it is (nothing was missed: the watch resumes at its version).
-                if reused and isinstance(exc.reason, urllib3.exceptions.ProtocolError):
+                # the view stays as it is (the watch resumes at its version: nothing is missed).
+                if reused and exc.status is None and ("ProtocolError" in str(exc) or "RemoteDisconnected" in str(exc)):
                     reused = False
                     continue
                 version, reused = "", False
-                failing = self._failed(scope, failing, f"{type(exc.reason).__name__}: {exc.reason}", traceback=False)
-            except ApiException as exc:
-                version, reused = "", False  # relist: 410 (too old) or any error; the view is stale until then
-                if exc.status != 410:
-                    failing = self._failed(scope, failing, f"{exc.status} {exc.reason}", traceback=False)
-                else:
-                    self._stale(scope, "watch expired (410); relisting")
-            except Exception as exc:  # transport errors, undecodable objects: the traceback once per outage
+                failing = self._failed(scope, failing, str(exc).splitlines()[0][:200], traceback=False)
+            except Exception as exc:  # undecodable objects, bugs: the traceback once per outage
                 version, reused = "", False
                 failing = self._failed(scope, failing, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                                       traceback=not isinstance(exc, OSError) and "urllib3" not in type(exc).__module__)
+                                       traceback=True)
 
     def _stale(self, scope: _Scope, why: str) -> None:
         with self._mutex:

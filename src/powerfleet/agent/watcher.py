@@ -1,31 +1,23 @@
 """Which pod changes can move a cap: the rule the pod view (podcache.py) asks for passes by.
 
 Only changes that can move a cap count: a pod carrying the power annotation appearing,
-disappearing, changing its value or phase, flipping Ready or starting a container (a new
-workload's process is about to appear), or a pod gaining/losing the annotation. Other pods on
+disappearing, changing its value, phase or readiness, or a pod gaining/losing the annotation. Other pods on
 the node (DaemonSets, sidecars without GPUs) never cause a pass.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.ports import PodEvent
 
-# (annotation, phase, terminating, ready, running containers)
-PodState = tuple[str | None, str | None, bool, bool, int]
+# (annotation, phase, terminating)
+PodState = tuple[str | None, str | None, bool]
 
 
-def pod_state(pod: PodInfo, raw: Any = None) -> PodState:
-    """A pod's cap-relevant state; ``raw`` (a V1Pod) adds readiness and running containers."""
-    ready, running = False, 0
-    status = getattr(raw, "status", None)
-    if status is not None:
-        ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or ()))
-        running = sum(1 for c in (status.container_statuses or ()) if c.state is not None and c.state.running)
-    return (pod.annotations.get(POWER_ANNOTATION), pod.phase, pod.terminating, ready, running)
+def pod_state(pod: PodInfo) -> PodState:
+    """A pod's cap-relevant state."""
+    return (pod.annotations.get(POWER_ANNOTATION), pod.phase, pod.terminating)
 
 
 def cap_relevant_change(old: PodState | None, new: PodState | None) -> bool:
