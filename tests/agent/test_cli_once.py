@@ -117,3 +117,35 @@ def test_human_output_names_each_gpu_decision_and_cap(node: Path) -> None:
     assert lines[0] == "gpu-a: dry run, 5 GPU(s)"
     assert "GPU 3 GPU-0003: single" in lines[4] and "requested 900 -> cap 700 W (clamped to max) [hold]" in lines[4]
     assert "GPU 0 GPU-0000: single" in lines[1] and "requested 300 -> cap 300 W [would-set]" in lines[1]
+
+
+def test_hostile_files_fail_in_one_line(node: Path, tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "inf.json").write_text('[{"index": 0, "uuid": "GPU-0", "min_w": Infinity, "max_w": 700, "default_w": 700}]')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "true.json").write_text(json.dumps([{**device(0), "min_w": True}]))
+    cases = {
+        "--gpus": [(fifo, "is not a regular file"), (tmp_path / "inf.json", "Infinity is not a number JSON allows"),
+                   (tmp_path / "deep.json", "nested too deeply"), (tmp_path / "true.json", "min_w"),
+                   (Path("/dev/zero"), "is not a regular file")],
+        "--pods": [(fifo, "is not a regular file"), (tmp_path / "deep.json", "nested too deeply")],
+    }
+    for option, bad in cases.items():
+        for path, msg in bad:
+            res = run("--node", "gpu-a", option, str(path), "--dry-run", "--json")
+            assert res.returncode == 2, (option, path, res.stderr)
+            lines = res.stderr.strip().splitlines()
+            assert len(lines) == 1 and msg in lines[0] and "Traceback" not in res.stderr, (option, path, res.stderr)
+
+
+def test_a_fifo_as_a_cgroup_file_is_skipped_not_waited_on(node: Path) -> None:
+    import os
+
+    from powerfleet.agent.cgroup import pod_uid_for_pid
+
+    (node / "proc" / "77").mkdir()
+    os.mkfifo(node / "proc" / "77" / "cgroup")
+    assert pod_uid_for_pid(node / "proc", 77) is None

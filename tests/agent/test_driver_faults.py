@@ -123,3 +123,22 @@ def test_the_measured_draw_is_reported_in_watts(bench: Bench) -> None:
     bench.gpus = SimulatedGpus([device(0, draw_w=612.5)])
     bench.agent().run_pass()
     assert bench.metrics.value("powerfleet_agent_power_draw_watts", {"gpu": "0"}) == 612.5
+
+
+def test_per_gpu_series_carry_dcgm_labels_and_go_with_their_gpu(bench: Bench) -> None:
+    bench.pod("decode-0", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    agent = bench.agent()
+    agent.run_pass()
+    labels = {"gpu": "0", "UUID": "GPU-0000", "Hostname": "node-a", "namespace": "default", "pod": "decode-0",
+              "container": ""}
+    for name in ("requested", "target", "enforced"):
+        assert bench.metrics.value(f"powerfleet_agent_gpu_power_limit_{name}_watts", labels) == 300
+    assert bench.metrics.value("powerfleet_agent_gpu_power_limit_readback_timestamp_seconds", labels) == bench.clock.now()
+    idle = {"gpu": "1", "UUID": "GPU-0001", "Hostname": "node-a", "namespace": "", "pod": "", "container": ""}
+    assert bench.metrics.value("powerfleet_agent_gpu_power_limit_enforced_watts", idle) == 700
+    assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_target_watts", idle) is None
+    bench.gpus.update(lambda devs: devs.pop())  # GPU 1 is gone from the node
+    agent.run_pass()
+    assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_enforced_watts", idle) is None
+    assert bench.metrics.value("powerfleet_agent_gpu_power_limit_enforced_watts", labels) == 300

@@ -124,3 +124,16 @@ def test_no_tick_pass_runs_after_the_stop(bench: Bench) -> None:
     bench.pods[0].annotations[POWER_ANNOTATION] = "250"
     assert rt.tick_pass() is None  # a message already received when SIGTERM came
     assert bench.limits()[0] == 300
+
+
+def test_a_new_process_on_a_gpu_gets_a_pass_from_the_poll_before_any_tick(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    rt = AgentRuntime(bench.agent(), interval_s=3600, clock=bench.clock, poll_s=0.01).start()
+    try:
+        rt.tick_pass()  # the GPUs are idle: nothing to cap
+        assert bench.limits() == [700, 700]
+        bench.set_pids(1, [101])  # the pod's first process starts on GPU 1
+        wait_for(lambda: bench.limits() == [700, 300], "the poll's pass to cap GPU 1")
+        assert passes(bench, "process") == 1
+    finally:
+        rt.stop()

@@ -16,7 +16,7 @@ helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
 # Which adapter methods (src/powerfleet/cluster) each feature's code calls. Checked against
 # the code below: a method listed here must be called there, and vice versa.
 ROLE_METHODS: dict[str, set[str]] = {
-    "agent": {"list_pods", "watch_pods"},
+    "agent": {"list_pods", "list_pods_with_version", "watch_pods"},
     "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
                "record_event", "list_nodes", "read_status", "write_status", "set_condition", "list_gpu_pods",
                "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates"},

@@ -99,6 +99,8 @@ def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
         ("flower", ["flower", "--address", "0.0.0.0"]),
         ("agent", ["agent", "--node", "bad node/../x"]),
         ("agent", ["agent"]),
+        ("agent drain", ["agent", "drain", "--node", "bad node"]),
+        ("agent drain", ["agent", "drain", "--node", "n1"]),  # no broker configured
         ("up", ["--config", str(f["binary"]), "up"]),
         ("up", ["--config", str(f["yaml"]), "up"]),
         ("demo", ["demo", "--duration", "1"]),

@@ -69,6 +69,10 @@ class AgentMetrics:
             self._remove(old)
         self._series[uuid] = (gl, dl)
 
+    def series_labels(self, uuid: str) -> tuple[str, ...] | None:
+        got = self._series.get(uuid)
+        return None if got is None else got[0]
+
     def retire_gpus(self, present: set[str]) -> None:
         """Remove the series of GPUs no longer on the node (after a complete scan)."""
         for uuid in [u for u in self._series if u not in present]:

@@ -65,6 +65,8 @@ class NodeAgent:
         self._revision = int(clock.now() * 1000)  # monotonic across restarts with a sane clock
         self.last_good_mono: float | None = None
         self.last_report: PassReport | None = None
+        self.last_pods: dict[str, PodInfo] = {}  # the pod view of the last pass, by UID (evidence)
+        self._pids_seen: dict[str, tuple[int, ...]] = {}  # uuid -> pids at the last pass (the process poll)
         self._last_skip: str | None = None
         self.blind: str | None = None
         if not loaded.conclusive:
@@ -124,10 +126,12 @@ class NodeAgent:
             return self._skip(trigger, dry_run, "no GPUs found")
         readings: list[GpuReading | GpuOutcome] = [self._read(gpus, i, dry_run) for i in range(count)]
         ok = [r for r in readings if isinstance(r, GpuReading)]
+        self._pids_seen = {r.uuid: r.pids for r in ok}
         blind = self._blind_spot([p for r in ok for p in r.pids])
         pid_to_pod = map_pids(self.proc_root, [p for r in ok for p in r.pids])
         annotations = annotations_by_uid(pods)
         by_uid = {p.uid.lower(): p for p in pods if p.uid}
+        self.last_pods = by_uid
         outcomes = []
         for r in readings:
             if isinstance(r, GpuOutcome):
@@ -145,7 +149,10 @@ class NodeAgent:
             safe = safe_default_mw(rng, fraction=self.safe_default_fraction, override_w=self.safe_default_watts)
             decision = decide(pods_of(mapped, pid_to_pod), annotations, busy=not r.idle, safe_default_mw=safe,
                               unmapped=len(r.pids) - len(mapped), listed=by_uid, complete=self.complete_view)
-            outcomes.append(self._enforce(gpus, r, decision, rng.min_mw, rng.max_mw, by_uid, dry_run))
+            outcome = self._enforce(gpus, r, decision, rng.min_mw, rng.max_mw, by_uid, dry_run)
+            if not dry_run:
+                self._export(outcome)
+            outcomes.append(outcome)
         if self._last_skip is not None:
             log.info("node %s: passes run again (were skipped: %s)", self.node, self._last_skip)
             self._last_skip = None
@@ -205,7 +212,10 @@ class NodeAgent:
         if not dry_run:
             self._observe(r, d, pods)
         if d.kind in (Kind.IDLE, Kind.HOLD):
-            return out  # idle: a worker may come back; hold: processes it cannot attribute keep the cap
+            # idle: a worker may come back; hold: processes it cannot attribute keep the cap. What
+            # is enforced was read from this GPU at the start of the pass.
+            out.enforced_w = watts(r.enforced_mw if r.enforced_mw is not None else r.current_mw)
+            return out
         if d.kind is Kind.RELEASE:
             out.requested_w = watts(r.default_mw)
             if r.uuid not in self.managed:
@@ -272,6 +282,24 @@ class NodeAgent:
                        "(an out-of-band or BMC limit)")
         return watts(mw)
 
+    def _export(self, g: GpuOutcome) -> None:
+        """Per-GPU gauges with dcgm-exporter's labels: what is asked, targeted and enforced; a
+        gauge whose value is unknown this pass is removed rather than left stale."""
+        labels = self.metrics.series_labels(g.uuid or "")
+        if labels is None:
+            return
+        for gauge, value in ((self.metrics.requested, g.requested_w), (self.metrics.target, g.cap_w),
+                             (self.metrics.enforced, g.enforced_w)):
+            if value is None:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+            else:
+                gauge.labels(*labels).set(value)
+        if g.enforced_w is not None:
+            self.metrics.readback_time.labels(*labels).set(self.clock.now())
+
     def _observe(self, r: GpuReading, d: Decision, pods: dict[str, PodInfo]) -> None:
         """Metrics and logs for a decision; multi-pod and fallback decisions are logged when they change."""
         gpu = str(r.index)
@@ -300,6 +328,23 @@ class NodeAgent:
                         watts(d.requested_mw))
         elif d.kind is Kind.HOLD:
             log.warning("GPU %d (%s): %s", r.index, r.uuid, d.reason)
+
+    def processes_changed(self) -> bool:
+        """True when a GPU's process list differs from what the last pass saw (cheap: reads only)."""
+        if self._gpus is None or self.last_report is None or self.last_report.skipped:
+            return False
+        seen = {}
+        try:
+            count = self._gpus.device_count()
+        except GpuError:
+            return False  # the next pass reports it
+        for i in range(count):
+            try:
+                r = self._gpus.read(i)
+            except GpuError:
+                continue  # a failing GPU is the pass's to report, never the poll's
+            seen[r.uuid] = r.pids
+        return seen != self._pids_seen
 
     # -- state --
 

@@ -8,7 +8,9 @@ Three things ask for a pass:
 * the pod watch: sets a flag the pass thread serves as soon as the lock is free, so a change
   that lands during a pass gets its own pass afterwards (coalesced, never lost);
 * the local timer: when no tick has arrived for three intervals (beat or broker down), the
-  pass thread runs a pass every interval until ticks come back.
+  pass thread runs a pass every interval until ticks come back;
+* the process poll: every ``poll_s`` between passes the GPUs' process lists are read, and a
+  change (a new workload's first process, an exit) gets a pass at once.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ STOP_WAIT_S = 30.0
 
 
 class AgentRuntime:
-    def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None) -> None:
+    def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None,
+                 poll_s: float = 0.0) -> None:
         self.agent = agent
         self.node = agent.node
         self.interval_s = interval_s
+        self.poll_s = poll_s  # GPU process poll between passes (agent.process_poll_s); 0: off
         self.clock = clock or SystemClock()
         self.metrics = agent.metrics
         self._lock = threading.Lock()
@@ -47,6 +51,7 @@ class AgentRuntime:
         self.drained = False  # `agent drain`: defaults restored, no cap until the drain is undone
         self.lock: Any = None  # the node lock (lock.NodeLock) when the agent runs beside Redis
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
+        self.reporters: list[Callable[[PassReport, dict[str, Any]], None]] = []  # evidence publishers
         agent.may_actuate = self.actuation_refusal
 
     def serves(self, node: str) -> bool:
@@ -80,7 +85,13 @@ class AgentRuntime:
     # -- passes --
 
     def _run(self, trigger: str) -> PassReport:
-        return self.agent.run_pass(trigger)
+        report = self.agent.run_pass(trigger)
+        for hand_over in self.reporters:
+            try:
+                hand_over(report, self.agent.last_pods)
+            except Exception:
+                log.exception("node %s: handing the pass report over failed", self.node)
+        return report
 
     def tick_pass(self) -> PassReport | None:
         """A pass for a tick; None when one is already running (the tick is dropped, not queued)."""
@@ -104,8 +115,11 @@ class AgentRuntime:
         self._kick.set()
 
     def _loop(self) -> None:
+        wait_s = min(self.poll_s or self.interval_s, self.interval_s)
+        waited = 0.0  # real time slept since the last timer pass (the clock may be a test's)
         while not self._stop.is_set():
-            kicked = self._kick.wait(timeout=self.interval_s)
+            kicked = self._kick.wait(timeout=wait_s)
+            waited += 0.0 if kicked else wait_s
             if self._stop.is_set():
                 return
             trigger = None
@@ -118,7 +132,10 @@ class AgentRuntime:
                     log.warning("node %s: no tick for %d intervals; running passes on a local timer every %gs",
                                 self.node, STALE_INTERVALS, self.interval_s)
                     self._on_timer = True
-                trigger = "timer"
+                if waited >= self.interval_s - 1e-9:
+                    trigger, waited = "timer", 0.0
+            if trigger is None and self.poll_s and self._processes_changed():
+                trigger = "process"
             if trigger is None:
                 continue
             with self._lock:
@@ -128,6 +145,19 @@ class AgentRuntime:
                     self._run(trigger)
                 except Exception:
                     log.exception("node %s: %s pass failed", self.node, trigger)
+
+    def _processes_changed(self) -> bool:
+        """Between passes: did a process start or stop on a GPU since the last pass? A new
+        workload's cap then follows within one poll (agent.process_poll_s), not one tick."""
+        if not self._lock.acquire(blocking=False):
+            return False  # a pass is running: it reads the processes itself
+        try:
+            return self.agent.processes_changed()
+        except Exception:
+            log.exception("node %s: polling the GPU processes failed", self.node)
+            return False
+        finally:
+            self._lock.release()
 
     # -- readiness --
 

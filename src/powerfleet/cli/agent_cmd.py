@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -66,10 +68,30 @@ def agent(
         fail(str(exc), EXIT_FAILURE)
 
 
+MAX_INPUT_BYTES = 16 * 1024 * 1024  # a node's PodList or GPU list is far smaller
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def _read_json(path: Path, option: str) -> Any:
+    """A regular file of at most MAX_INPUT_BYTES, strict JSON (no NaN/Infinity), nesting bounded;
+    every problem is one line and exit 2 (a FIFO or device would block or never end)."""
+    if str(path) != "-":
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
+        if not stat.S_ISREG(st.st_mode):
+            fail(f"{option}: {path} is not a regular file")
+        if st.st_size > MAX_INPUT_BYTES:
+            fail(f"{option}: {path} is larger than {MAX_INPUT_BYTES} bytes")
     text = read_text_input(path, option)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        fail(f"{option}: {path} is nested too deeply")
     except ValueError as exc:
         fail(f"{option}: {path} is not JSON ({exc})")
 

@@ -191,6 +191,10 @@ class AgentConfig(_Strict):
     simulated_dir: str | None = None  # simulated backend: <dir>/<node>.json, shared with the twin
     kubeconfig: str | None = None  # None: the in-cluster service account
     watch: bool = True  # run a pass as soon as an annotated pod on the node changes
+    # Write Dynamo's enforcement report annotation on annotated pods (needs pods get + patch).
+    enforcement_annotation: bool = False
+    # Between passes, read the GPUs' process lists this often; a change runs a pass (0: off).
+    process_poll_s: float = Field(1.0, ge=0, le=60)
     probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)
     probe_address: str = "127.0.0.1"
 
