@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from powerfleet.clock import FakeClock
-from powerfleet.retune import control, live
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.state import RetuneState
@@ -67,7 +67,7 @@ def test_shards_finished_under_the_previous_leader_are_harvested_by_the_new_one(
     b = _take_over(world, kube, redis_url, cfg, clock.now())
     out = control.tick_deployment(cfg, b, "llama", b.clock.now())
     assert out["status"] == "leader" and out["term"] == 2 and out["harvest"] == [sid]
-    harvested = live.harvest(cfg, b, sid)
+    harvested = harvest.harvest(cfg, b, sid)
     assert harvested["status"] == "decided"
     st = _state(cfg, b)
     assert [o for o, _ in _outcomes(st, K + 1)] in (["apply"], ["keep"]) and not st.pending
@@ -79,9 +79,9 @@ def test_a_configuration_change_mid_sweep_drops_the_window_with_its_reason(world
     sid = _launch(cfg, a)["sid"]
     changed = retune_config(world, ["llama"], max_shards=1)
     clock.advance(cfg.time_budget_s + 1)
-    assert live.harvest(changed, a, sid)["status"] == "dropped"
+    assert harvest.harvest(changed, a, sid)["status"] == "dropped"
     assert _outcomes(_state(cfg, a), K + 1) == [("dropped", "configuration-change")]
-    assert live.harvest(changed, a, sid)["status"] == "dropped"  # final: no second outcome
+    assert harvest.harvest(changed, a, sid)["status"] == "dropped"  # final: no second outcome
     assert len(_outcomes(_state(cfg, a), K + 1)) == 1
 
 
@@ -128,3 +128,18 @@ def test_a_failed_send_after_the_claim_is_a_dropped_window(world, kube, redis_ur
     shown = deployment_status(cfg, kube, a.router, "llama", a.clock)["state"]
     assert shown["outcomes"] == {"decided": 0, "abandoned": 0, "dropped": 1, "by_outcome": {"dropped": 1}}
     assert shown["last_launched"] == K + 1 and shown["pending"] == []
+
+
+def test_a_newer_configurations_window_drops_the_older_sweep_with_its_reason(world, kube, redis_url) -> None:
+    fes, cfg, a, clock = _setup(world, kube, redis_url)
+    old = _launch(cfg, a)["sid"]
+    changed = retune_config(world, ["llama"], max_shards=1)
+    write_segments(world.trace_dir, "llama", sorted(fes), traffic_lines(30, start_of(K + 2)), tag="next")
+    clock.advance(start_of(K + 3) - clock.now() + 1)
+    out = control.tick_deployment(changed, a, "llama", clock.now())
+    assert out["launched"] == [K + 2]
+    win = a.send.of(control.WINDOW_TASK)[-1]
+    assert live.launch_window(changed, a, "llama", K + 2, leader=win["leader"], term=win["term"],
+                              generation=win["generation"])["status"] == "launched"
+    assert a.fanin.sweep(old).status == "dropped"
+    assert _outcomes(_state(cfg, a), K + 1) == [("dropped", "configuration-change")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from powerfleet.clock import FakeClock
-from powerfleet.retune import control, live
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
@@ -52,9 +52,9 @@ def test_a_shard_that_fails_fails_only_its_candidates_and_the_deadline_decides(w
     failed = _run(ports, sid, first)
     assert failed["status"] == "failed"
     os.rename(first["window_file"] + ".moved", first["window_file"])
-    assert live.harvest(cfg, ports, sid)["status"] == "waiting"  # before the deadline
+    assert harvest.harvest(cfg, ports, sid)["status"] == "waiting"  # before the deadline
     clock.advance(cfg.time_budget_s + 1)
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "abandoned" and "time budget" in out["reason"]  # no candidate scored
     state = Deployment.open(cfg, ports, "llama").store.read()[0]
     rec = state.history[-1]
@@ -68,12 +68,12 @@ def test_partial_results_at_the_deadline_still_decide(world, kube, redis_url) ->
     _run(ports, sid, probe)
     _run(ports, sid, first)
     clock.advance(cfg.time_budget_s + 1)
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "decided", out
     state = Deployment.open(cfg, ports, "llama").store.read()[0]
     rec = state.history[-1]
     assert rec.candidates == 4 and rec.candidates_failed == 2 and rec.replicas_verified
-    assert live.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
+    assert harvest.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
     assert len(Deployment.open(cfg, ports, "llama").store.read()[0].history) == len(state.history)
 
 
@@ -84,7 +84,19 @@ def test_a_window_kept_in_redis_needs_no_shared_volume(world, kube, redis_url) -
     assert not any((world.trace_dir / "windows" / "llama").iterdir())  # nothing left on the volume
     for kw in shards:
         assert _run(ports, sid, kw["spec"])["status"] == "computed"
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "decided" and out["outcome"] == "apply"
     assert all(fe.policy.temperature == 0.0 for fe in fes.values())
     assert not ports.r.exists(ref[len("redis:"):])  # removed with the final sweep
+    rec = Deployment.open(cfg, ports, "llama").store.read()[0].history[-1]
+    assert rec.requests == 60 and rec.confidence is not None and rec.runner_up_margin_pct is not None
+    assert rec.ranking and rec.ranking[0]["params"] == rec.params and len(rec.ranking) <= 5
+
+
+def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, _ = _launch(world, kube, redis_url, min_requests=61)
+    for kw in shards:
+        _run(ports, sid, kw["spec"])
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["outcome"] == "keep" and "only 60 requests" in out["reason"]
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())

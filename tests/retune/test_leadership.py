@@ -13,12 +13,12 @@ import pytest
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.cluster.objects import Lease
-from powerfleet.retune import control, live
-from powerfleet.retune.context import Deployment
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.fanin import SweepRecord
+from powerfleet.retune.settings import resolve
+from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
-from powerfleet.retune.settings import resolve
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.testing.retune_world import frontend_pod
 from powerfleet.twin.frontend import LoopbackFrontend
@@ -191,14 +191,14 @@ def test_work_from_a_superseded_generation_or_term_is_dropped(world, kube, redis
             current=dict(DECIDED), shards=[]))
 
     sweep("old-gen", t, "0123456789abcdef")
-    assert live.harvest(cfg, ports, "old-gen")["status"] == "dropped"
+    assert harvest.harvest(cfg, ports, "old-gen")["status"] == "dropped"
     state = Deployment.open(cfg, ports, "llama").store.read()[0]
     (rec,) = [h for h in state.history if h.window == 5]  # the drop is an outcome of its own
     assert (rec.outcome, rec.failure_reason) == ("dropped", "configuration-change")
     # A harvest on a worker that is not the leader leaves the sweep to the leader's harvest.
     other = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
     sweep("old-term", t - 1 if t > 1 else 99, gen)
-    assert live.harvest(cfg, other, "old-term")["status"] == "not-leader"
+    assert harvest.harvest(cfg, other, "old-term")["status"] == "not-leader"
     assert ports.fanin.sweep("old-term").status == "running"
     # A window step launched under another configuration is dropped before it does anything.
     out = live.launch_window(cfg, ports, "llama", 5, leader="ctl-a", term=t, generation="0123456789abcdef")

@@ -19,6 +19,8 @@ from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.testing.retune_world import dgd_object
+from powerfleet.twin.manifests import dgd_manifests
+from powerfleet.twin.topology import TwinSpec
 from tests.retune.conftest import make_ports, retune_config
 
 POLICY = RouterPolicy().model_dump()
@@ -192,3 +194,12 @@ def test_a_write_below_the_saved_states_term_is_refused_even_by_a_lower_reclaime
     with pytest.raises(Fenced, match="saved state carries term 5"):
         dep.store.update(low, lambda s: s.model_copy(update={"last_window": 99}))
     assert dep.store.read()[0].last_window == 7 and dep.store.read()[0].term == 5
+
+
+def test_a_disaggregated_deployment_is_refused_by_a_premise(tmp_path) -> None:
+    """The twin's llm-disagg shape: prefill and decode workers (subComponentType)."""
+    s = resolve(RetuneConfig(deployments=["llm-disagg"], trace_dir=str(tmp_path)), "llm-disagg")
+    disagg = next(m for m in dgd_manifests(TwinSpec()) if m["metadata"]["name"] == "llm-disagg")
+    failed = {p.code: str(p) for p in check(s, _snap(disagg))}
+    assert "disaggregated" in failed and "prefill" in failed["disaggregated"] and "decode" in failed["disaggregated"]
+    assert "disaggregated" not in {p.code for p in check(s, _snap(dgd_object("llama")))}

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from powerfleet.config.fleet import RetuneConfig
+
 from powerfleet.cli import retune_status_cmd as retune_status
 from powerfleet.cli.context import fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
@@ -29,6 +31,8 @@ from powerfleet.cli.sim_cmd import (
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
 RESET_TASK = "powerfleet.retune.reset_window"
+# The defaults of `retune sweep` are the live loop's (one sweep path: docs/retune.md).
+_LIVE = RetuneConfig()
 
 
 def _progress_bar() -> tuple[Any, Any]:
@@ -60,8 +64,8 @@ def sweep_cmd(
     objective: str = typer.Option(..., "--objective", help="throughput, throughputPerGpu, throughputPerUser, ttft, e2eLatency, goodput or goodputPerGpu."),
     current: str = typer.Option(..., "--current", help="JSON object: the router settings in force now (any subset of the eight)."),
     grid: str = typer.Option("default", "--grid", help="Grid file (JSON or YAML) or 'default' (108 points)."),
-    shards: int = typer.Option(3, "--shards", help="At most this many shards."),
-    min_improvement: float = typer.Option(0.0, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score|."),
+    shards: int = typer.Option(_LIVE.max_shards, "--shards", help="At most this many shards."),
+    min_improvement: float = typer.Option(_LIVE.min_improvement_percentage, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score| (default: the live default)."),
     window: WindowOpt = None,
     warmup_s: WarmupOpt = None,
     seed: SeedOpt = 0,
@@ -71,14 +75,18 @@ def sweep_cmd(
     engine: EngineOpt = None,
     router: RouterOpt = None,
     search: bool = typer.Option(True, "--search/--no-search", help="Extend a knob beyond the grid's edge when the best sits on it."),
+    search_rounds: int = typer.Option(_LIVE.search_rounds, "--search-rounds", min=0, max=50, help="At most this many rounds of the edge search (the live default)."),
     refine: bool = typer.Option(False, "--refine", help="After the edge search, also score midpoints around the best."),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="Start no search round after this many wall seconds."),
+    budget_s: float | None = typer.Option(_LIVE.time_budget_s, "--budget-s", help="Start no search round after this many wall seconds (default: the live time budget)."),
+    min_requests: int = typer.Option(_LIVE.min_requests, "--min-requests", min=0, max=10_000_000, help="Keep unless the window holds this many requests (default: the live retune.min_requests)."),
+    confidence: float = typer.Option(_LIVE.confidence, "--confidence", min=0.0, max=0.999999, help="Apply only when the paired batch test gives the best this one-sided confidence over the probe (0: off; default: the live retune.confidence)."),
     strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.sweep/v1 JSON result."),
 ) -> None:
     """Replay every grid point and a probe of the current settings; search beyond the grid's
     edge; score; decide."""
     from powerfleet.retune.grid import EdgeSearch, load_grid
+    from powerfleet.retune.guard import NoiseGuard
     from powerfleet.retune.objectives import Objective, parse_objective
     from powerfleet.retune.sweep import run_sweep
 
@@ -107,7 +115,9 @@ def sweep_cmd(
             inp.requests, workers, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
             window=inp.window, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
             profile=inp.profile, engine=inp.engine, progress=update, warmup_s=inp.warmup_s, router=inp.router,
-            search=EdgeSearch(enabled=search, refine=refine), budget_s=budget_s,
+            search=EdgeSearch(enabled=search and search_rounds > 0, max_rounds=search_rounds, refine=refine),
+            budget_s=budget_s,
+            guard=NoiseGuard(min_requests=min_requests, confidence=confidence, dwell_windows=0),
         )
     except ValueError as exc:
         bad(str(exc))

@@ -59,7 +59,12 @@ def _text(d: dict[str, Any]) -> str:
         lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
                      f"in flight: {', '.join(str(p['window']) for p in st['pending']) or 'none'}")
     for h in d["decisions"]:
-        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}")
+        extra = [f"{h['requests']} requests"] if h.get("requests") is not None else []
+        if h.get("runner_up_margin_pct") is not None:
+            extra.append(f"runner-up {h['runner_up_margin_pct']:.2f} % behind")
+        if h.get("confidence") is not None:
+            extra.append(f"confidence {h['confidence']:.3f}")
+        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}" + (f" [{', '.join(extra)}]" if extra else ""))
     for r in d["routers"]:
         conv = {True: "converged", False: "NOT converged", None: "no target"}[r["converged"]]
         lines.append(f"  router {r['pod']}: {conv}" + (f" ({r['error']})" if r.get("error") else

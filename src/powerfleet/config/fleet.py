@@ -136,6 +136,10 @@ class RetuneDeploymentConfig(_Strict):
     objective: Literal[RETUNE_OBJECTIVES] | None = None  # type: ignore[valid-type]
     sla: dict[str, float] | None = None
     min_improvement_percentage: float | None = Field(None, ge=0, allow_inf_nan=False)
+    min_requests: int | None = Field(None, ge=0, le=10_000_000)
+    confidence: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
+    dwell_windows: int | None = Field(None, ge=0, le=10_000)
+    search_rounds: int | None = Field(None, ge=0, le=50)
     max_shards: int | None = Field(None, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     shard_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -155,6 +159,14 @@ class RetuneConfig(_Strict):
     objective: Literal[RETUNE_OBJECTIVES] = "ttft"  # type: ignore[valid-type]
     sla: dict[str, float] | None = None
     min_improvement_percentage: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # The noise guard (docs/retune.md): a window decides only with this many requests; the
+    # best must beat the probe on paired batches with this one-sided confidence (0: off); a
+    # parameter that moved may not move back within this many windows.
+    min_requests: int = Field(200, ge=0, le=10_000_000)
+    confidence: float = Field(0.95, ge=0, lt=1, allow_inf_nan=False)
+    dwell_windows: int = Field(3, ge=0, le=10_000)
+    # Rounds of the search beyond the grid's edge (one fan-out each in the live loop; 0: off).
+    search_rounds: int = Field(6, ge=0, le=50)
     max_shards: int = Field(3, ge=1, le=256)
     time_budget_s: float = Field(240.0, gt=0, allow_inf_nan=False)
     shard_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)

@@ -18,7 +18,7 @@ from typing import Any
 from powerfleet.cluster.ports import ClusterError
 from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.config.fleet import RetuneConfig
-from powerfleet.retune.accounting import LEGACY_ENABLED_AT, WINDOW_TASK, audit, launch_due
+from powerfleet.retune.accounting import LEGACY_ENABLED_AT, WINDOW_TASK, audit, launch_due  # noqa: F401  (WINDOW_TASK: re-exported)
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
 from powerfleet.retune.fencing import Barriers

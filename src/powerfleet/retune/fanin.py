@@ -48,13 +48,15 @@ class ShardSpec(BaseModel):
     window: int
     window_file: str
     window_sha256: str
-    kind: Literal["shard", "probe"]
+    kind: Literal["shard", "probe", "search"]  # search: one round of the edge search (the harvest sends it)
     index: int
     points: list[dict[str, float]]
     objective: str
     sla: dict[str, float] | None = None
     replicas: int
     seed: int = 0
+    start_s: float = 0.0  # scoring starts this many seconds after the file's first record (warm-up before)
+    warm_policy: dict[str, float] | None = None  # the settings that served the warm-up span
 
     def key(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
@@ -89,6 +91,7 @@ class SweepRecord(BaseModel):
     status: Status = "running"
     reason: str = ""
     adopted: int = 0
+    search_rounds: int = 0
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def keys(self) -> list[str]:

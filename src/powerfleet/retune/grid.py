@@ -241,6 +241,23 @@ def beyond_edge(
     return out
 
 
+def search_round(
+    axes: list[tuple[str, list[float]]],
+    scored: list[Candidate],
+    objective: Objective | str,
+    search: EdgeSearch,
+    rounds_done: int,
+) -> list[RouterPolicy]:
+    """The points of the next round of the search beyond the grid's edge, given every
+    candidate scored so far (grid and earlier rounds); empty when the search is over. One
+    step, so the local sweep (``search_beyond``) and the live harvest (one fan-out per
+    round) run the same search."""
+    if not search.enabled or rounds_done >= search.max_rounds:
+        return []
+    ranked = rank(scored, objective)
+    return beyond_edge(axes, scored, ranked[0].params if ranked else None, search.factor, search.refine)
+
+
 def search_beyond(
     axes: list[tuple[str, list[float]]],
     scored: list[Candidate],
@@ -249,17 +266,15 @@ def search_beyond(
     search: EdgeSearch,
     keep_going: Callable[[], bool] = lambda: True,
 ) -> list[Candidate]:
-    """Rounds of ``beyond_edge`` around the best so far; returns the new candidates, each
+    """Rounds of ``search_round`` around the best so far; returns the new candidates, each
     marked ``origin="search"``. Stops when no point is left, after ``max_rounds``, or when
     ``keep_going()`` (the time budget) says so."""
     found: list[Candidate] = []
-    for _ in range(search.max_rounds if search.enabled else 0):
-        if not keep_going():
-            break
-        ranked = rank(scored + found, objective)
-        best = ranked[0].params if ranked else None
-        new = beyond_edge(axes, scored + found, best, search.factor, search.refine)
+    rounds = 0
+    while keep_going():
+        new = search_round(axes, scored + found, objective, search, rounds)
         if not new:
             break
+        rounds += 1
         found.extend(c.model_copy(update={"origin": "search"}) for c in score_points(new))
     return found

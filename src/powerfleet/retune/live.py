@@ -18,15 +18,14 @@ from powerfleet.retune.accounting import drop, outcome, record
 from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
-from powerfleet.retune.decision import Candidate, decide
+from powerfleet.retune.decision import Candidate
 from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, CORRUPT_STATE, DECISIONS, IMPROVEMENT, ROUTERS,
-                                       SWEEP_SECONDS, WINDOWS)
+from powerfleet.retune.metrics import CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
 from powerfleet.retune.premises import check, worker_replicas
-from powerfleet.retune.state import DecisionRecord, RetuneState
+from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
 from powerfleet.retune.windows import last_closed_window, window
 from powerfleet.sim.policy import RouterPolicy
@@ -99,12 +98,12 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         return {"status": "blocked", "premises": [p.code for p in failed], "reason": reason}
     t0 = time.monotonic()
     try:
-        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end)
+        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end, warmup_s=s.interval_s)  # warm start: the window before
     except (CutError, OSError) as exc:
         record(dep, t, outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
         WINDOWS.labels(dgd, "abandoned", "cut-failed").inc()
         return {"status": "abandoned", "reason": str(exc)}
-    cut_info = {"requests": cut.requests, "segments": cut.segments, "corrupt_members": cut.corrupt_members,
+    cut_info = {"requests": cut.requests, "warmup_requests": cut.warmup_requests, "segments": cut.segments, "corrupt_members": cut.corrupt_members,
                 "malformed_lines": cut.malformed_lines, "cut_seconds": round(time.monotonic() - t0, 3)}
     if cut.path is None:
         record(dep, t, outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
@@ -121,9 +120,14 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         ref = ports.fanin.put_window(sid, cut.path, int(s.time_budget_s + s.interval_s))
         os.unlink(cut.path)
 
+    # Scoring starts at the window's start, measured from the file's first record (the
+    # warm-up span lies before it); the warm-up is replayed once under the current settings.
+    start_s = max(0.0, (w.start * 1000.0 - (cut.first_ms if cut.first_ms is not None else w.start * 1000.0)) / 1000.0)
+
     def spec(kind: str, i: int, pts: list[dict[str, float]]) -> ShardSpec:
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
-                         index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas)
+                         index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas,
+                         start_s=start_s, warm_policy=dict(current) if start_s > 0 else None)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
@@ -164,7 +168,8 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
         try:
             with fan.window_path(spec.window_file, spec.window_sha256) as path:
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
-                                           sla=spec.sla, shard=None if spec.kind == "probe" else spec.index)
+                                           sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
+                                           warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"
@@ -177,107 +182,6 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
     if done >= len(rec.shards):
         ports.send(HARVEST_TASK, {"sid": sid}, {})
     return {"status": status, "key": key, "done": done, "of": len(rec.shards), "redelivered": redelivered}
-
-
-def _gather(rec: SweepRecord, results: dict[str, ShardResult]) -> tuple[Candidate | None, list[Candidate], int]:
-    probe: Candidate | None = None
-    cands: list[Candidate] = []
-    missing = 0
-    for sh in rec.shards:
-        res = results.get(sh.key())
-        if res is None:
-            missing += len(sh.points)
-            got = [Candidate(params=p, ok=False, reason="no result by the deadline") for p in sh.points]
-        else:
-            got = [Candidate.model_validate(c) for c in res.candidates]
-        if sh.kind == "probe":
-            probe = got[0] if res is not None else None
-        else:
-            cands.extend(got)
-    return probe, cands, missing
-
-
-def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
-    """Decide a sweep with what arrived (all shards, or the deadline); save, then actuate."""
-    now = ports.clock.now()
-    fan = ports.fanin
-    rec = fan.sweep(sid)
-    if rec is None:
-        return {"status": "unknown", "sid": sid}
-    if rec.status != "running":
-        return {"status": rec.status, "sid": sid, "reason": rec.reason}
-    if not fan.harvest_claim(sid, int(cfg.lease_duration_s)):
-        return {"status": "busy", "sid": sid}
-    try:
-        dep = Deployment.open(cfg, ports, rec.dgd)
-        # The current leader harvests, whichever term launched the sweep: shards that finished
-        # under a previous leader are decided by the new one, not lost.
-        lease = dep.leadership.current()
-        if lease is None or lease.holder_identity != ports.identity:
-            return {"status": "not-leader", "sid": sid, "holder": lease.holder_identity if lease else None}
-        t = dep.term_of(ports.identity, lease.lease_transitions or 0)
-        if dep.settings.generation != rec.generation:
-            why = "configuration changed during the sweep"
-            fan.finish(rec, "dropped", why)
-            drop(dep, t, rec.window, "configuration-change", why, now)
-            WINDOWS.labels(rec.dgd, "dropped", "configuration-change").inc()
-            return {"status": "dropped", "reason": why}
-        results = fan.results(rec)
-        complete = len(results) == len(rec.shards)
-        if not complete and now < rec.deadline:
-            return {"status": "waiting", "arrived": len(results), "of": len(rec.shards)}
-        probe, cands, missing = _gather(rec, results)
-        adopted = fan.adopted(sid)
-        verified = dep.dgd is not None and worker_replicas(dep.dgd) == rec.replicas
-        common = dict(candidates=len(cands), candidates_failed=sum(1 for c in cands if not c.rankable()),
-                      replicas=rec.replicas, replicas_verified=verified)
-        for c in cands:
-            CANDIDATES.labels(rec.dgd, "scored" if c.rankable() else ("missing" if c.reason == "no result by the deadline" else "failed")).inc()
-        change = None
-        if probe is None or (missing and not any(c.rankable() for c in cands)):
-            why = f"sweep overran its time budget of {dep.settings.time_budget_s:g}s ({len(results)} of {len(rec.shards)} shards arrived" + ("; probe missing)" if probe is None else ")")
-            dr = outcome(dep, t, rec.window, "abandoned", why, "time-budget", now, **common)
-            status = "abandoned"
-        elif not verified:
-            dr = outcome(dep, t, rec.window, "abandoned", "worker replicas changed during the sweep", "replicas-changed",
-                          now, **common)
-            status = "abandoned"
-        else:
-            d = decide(cands, probe, dep.settings.objective, dep.settings.min_improvement_pct)
-            what = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
-            dr = outcome(dep, t, rec.window, what, d.reason, None, now, params=d.params,
-                          improvement_pct=d.improvement_pct, probe_score=probe.score,
-                          best_score=d.best.score if d.best else None, **common)
-            status = "decided"
-            if what == "apply":
-                change = _apply_change(dr)
-                if d.improvement_pct is not None:
-                    IMPROVEMENT.labels(rec.dgd).set(d.improvement_pct)
-            elif what == "advisory":
-                change = _advisory_change(dr)
-        try:
-            saved = record(dep, t, dr, change)
-        except Fenced as exc:  # leadership moved: the sweep stays open for the new leader's harvest
-            return {"status": "fenced", "reason": str(exc)}
-        fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
-        SWEEP_SECONDS.labels(rec.dgd).observe(max(0.0, now - rec.launched_at))
-        WINDOWS.labels(rec.dgd, status, dr.failure_reason or dr.outcome).inc()
-        out: dict[str, Any] = {"status": status, "outcome": dr.outcome, "reason": dr.reason, "window": rec.window,
-                               "saved": saved is not None, "adopted_results": adopted, "params": dr.params}
-        if saved is not None and saved.mode == "active" and dr.outcome == "apply":
-            out["routers"] = actuate(dep, ports, t, saved)
-        return out
-    finally:
-        fan.harvest_release(sid)
-
-
-def _apply_change(dr: DecisionRecord) -> Any:
-    return lambda s: s.model_copy(update={"desired": dict(dr.params or {}), "desired_window": dr.window,
-                                          "rollback": "none"})
-
-
-def _advisory_change(dr: DecisionRecord) -> Any:
-    return lambda s: s.model_copy(update={"advisory": dr.model_copy(deep=True)})
 
 
 def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,

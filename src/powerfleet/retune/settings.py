@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
-from powerfleet.retune.grid import DEFAULT_GRID, SweepGrid, parse_grid
+from powerfleet.retune.guard import NoiseGuard
+from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
 from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
@@ -51,6 +52,8 @@ class DeploymentSettings:
     history: int
     window_store: str  # "file" | "redis"
     generation: str
+    guard: NoiseGuard = NoiseGuard()
+    search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
         spec = self.grid.overlap_score_credit
@@ -60,6 +63,14 @@ class DeploymentSettings:
 # The window schedule comes from the fleet config only: a sender (trigger, Flower, the tick)
 # must be able to bound a window index without reading the DGD (``closed_window``).
 SCHEDULE_KEYS = ("window_interval_s", "window_phase_s")
+
+
+def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
+    """The options every sweep of these settings runs with: ``run_sweep(**sweep_options(s))``
+    is what the live window computes (tests/retune/test_one_path.py), and what bench/retune.py
+    and the defaults of `retune sweep` use."""
+    return {"max_shards": s.max_shards, "min_improvement_pct": s.min_improvement_pct, "search": s.search,
+            "guard": s.guard, "budget_s": s.time_budget_s}
 
 
 def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
@@ -132,6 +143,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
     sweep_keys = {"grid": grid.model_dump(exclude_none=True), "objective": objective.value,
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
+                  "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
                   "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
     generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
@@ -144,4 +156,6 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         lease_duration_s=cfg.lease_duration_s, lease_renew_s=cfg.lease_renew_s, history=cfg.history,
         window_store=cfg.window_store,
         generation=generation,
+        guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
+        search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
     )

@@ -48,9 +48,20 @@ class DecisionRecord(_Strict):
     best_score: float | None = None
     replicas: int | None = None
     replicas_verified: bool = False
+    requests: int | None = None  # scored requests in the window
+    confidence: float | None = None  # the paired test's confidence that the best beats the probe
+    runner_up_margin_pct: float | None = None  # best vs the second best, % of |probe score|
+    ranking: list[dict[str, Any]] = Field(default_factory=list)  # the best candidates, best first
     term: int
     generation: str
     at: float
+
+
+class Moved(_Strict):
+    """When a router parameter last moved, and from what (the noise guard's dwell)."""
+
+    window: int
+    previous: float
 
 
 class PendingWindow(_Strict):
@@ -90,6 +101,7 @@ class RetuneState(_Strict):
     last_launched: int | None = None
     pending: list[PendingWindow] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)  # outcome -> windows ended so (cumulative)
+    moves: dict[str, Moved] = Field(default_factory=dict)  # parameter -> its last move (dwell)
     updated: float = 0.0
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True,

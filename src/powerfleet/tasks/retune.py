@@ -24,7 +24,7 @@ from powerfleet.beat.ticklog import TickLog
 from powerfleet.cluster.leases import connect
 from powerfleet.cluster.router import RouterClient
 from powerfleet.queues import SWEEP_QUEUE
-from powerfleet.retune import control, live
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Ports
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.settings import SettingsError, closed_window, configured
@@ -181,7 +181,7 @@ def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
 
 @fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True)
 def retune_harvest(self: Any, params: HarvestArgs) -> dict[str, Any]:
-    return _run(self, live.harvest, params.sid)
+    return _run(self, harvest.harvest, params.sid)
 
 
 @fleet_task("powerfleet.retune.apply", DeploymentArgs, acks_late=True)
