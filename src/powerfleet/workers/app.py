@@ -68,8 +68,11 @@ class FleetCelery(Celery):
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TaskInputError(f"{name}: arguments must be a JSON object, got {type(kwargs).__name__}")
         kwargs = kwargs or {}
-        _refuse_non_finite(name, kwargs)
-        decode_args(name, model, tuple(args or ()), kwargs)
+        try:
+            _refuse_non_finite(name, kwargs)
+            decode_args(name, model, tuple(args or ()), kwargs)
+        except RecursionError:
+            raise TaskInputError(f"{name}: arguments are nested too deeply") from None
 
 
 def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
