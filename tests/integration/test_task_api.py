@@ -150,12 +150,24 @@ def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher, app) ->
         illegal = client.post("/api/task/send-task/powerfleet.agent.reconcile", auth=auth,
                               json={"kwargs": {"node": "a/../b"}})
         assert illegal.status_code == 400 and "not a valid Kubernetes node name" in illegal.text
+        # Flower asks the workers for task events every few seconds: wait until it sees tasks at all.
+        wait_for(lambda: client.post("/api/task/send-task/powerfleet.fleet.noop", auth=auth, json={}) and
+                 client.get("/api/tasks", auth=auth).json(), "Flower to receive task events", timeout_s=60)
         # Every scheduled task can be triggered by hand through the same API.
         for name in ("powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"):
             tid = client.post(f"/api/task/send-task/{name}", auth=auth, json={}).json()["task-id"]
             ran = wait_for(lambda: (r := client.get(f"/api/task/result/{tid}", auth=auth).json())
                            and r["state"] == "SUCCESS" and r, f"{name} sent through Flower to succeed")
             assert ran["result"]["at"] > 0
+            # The tick families lead with a summary Flower's search finds apart from the node tasks.
+            assert next(iter(ran["result"])) == "summary" and ran["result"]["summary"].startswith("fleet-tick ")
+
+        def ticks_found() -> set[str]:
+            found = client.get("/api/tasks", auth=auth, params={"search": "result:fleet-tick"}).json()
+            return {t["name"] for t in found.values()}
+
+        assert wait_for(lambda: len(ticks_found()) == 3 and ticks_found(), "Flower to find the ticks") == {
+            "powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"}
         _flower_refuses_what_trigger_refuses(client, auth, app)
         _flower_refuses_worker_control(client, auth, app)
     assert "pw-123" not in flower.log.read_text()

@@ -82,3 +82,19 @@ def test_reader_is_bounded_and_refuses_closed_or_binary_stdin(tmp_path, monkeypa
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"a": "caf\xe9"}')))
     with pytest.raises(InputError, match="stdin is not UTF-8 text"):
         read_text("-")
+
+
+def test_skipped_results_and_ticks_lead_with_a_summary_flower_can_search() -> None:
+    from powerfleet.workers.app import TICK_FAMILIES
+    from powerfleet.workers.outcomes import summarised
+
+    skipped = summarised("powerfleet.agent.reconcile", {"node": "a", "ran": True, "skipped": "pod list failed: 503"},
+                         TICK_FAMILIES)
+    assert list(skipped)[0] == "summary" and skipped["summary"] == "skipped: pod list failed: 503"
+    assert skipped["skipped"] == "pod list failed: 503"  # the result's own fields stay as they were
+    window = summarised("powerfleet.retune.window", {"status": "abandoned", "reason": "cut failed"}, TICK_FAMILIES)
+    assert window["summary"] == "skipped: abandoned: cut failed"
+    assert summarised("powerfleet.budget.tick", {"at": 1.0}, TICK_FAMILIES) == {"summary": "fleet-tick budget", "at": 1.0}
+    ok = {"node": "a", "ran": True, "skipped": None}
+    assert summarised("powerfleet.agent.reconcile", ok, TICK_FAMILIES) is ok
+    assert summarised("powerfleet.retune.window", {"status": "not-leader"}, TICK_FAMILIES) == {"status": "not-leader"}

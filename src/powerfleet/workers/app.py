@@ -182,7 +182,9 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     url = broker_url or config.broker.url
     if url is None:
         raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
-    app = FleetCelery(main, set_as_current=True)
+    from powerfleet.workers.outcomes import FleetTask
+
+    app = FleetCelery(main, set_as_current=True, task_cls=FleetTask)
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
