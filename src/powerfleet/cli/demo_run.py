@@ -43,6 +43,7 @@ class DemoRun:
     ended_at: float = 0.0
     _ticks_seen: dict[str, float] = field(default_factory=dict)
     _tick_detail: dict[str, str] = field(default_factory=dict)
+    _budget_seen: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (wall-clock time, what happened)
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
@@ -161,6 +162,7 @@ class DemoRun:
                         self._decision(news)
                     else:
                         s.quiet_ticks[family] = s.quiet_ticks.get(family, 0) + 1
+            self._budget_news()
             for key in self.redis.scan_iter(match="powerfleet:retune:launched:*", count=500):
                 _, _, _, dgd, k = key.decode().split(":", 4)
                 self._launched.add((dgd, int(k)))
@@ -175,6 +177,20 @@ class DemoRun:
                                    f"{_reason_text(key[2], str(h.get('reason') or ''))}")
         s.steps = self.scenario.states()
         view.update(s)
+
+    def _budget_news(self) -> None:
+        """A budget evaluation whose verdict or limit changed: the clamp, the limit and what it leaves."""
+        from powerfleet.budget.state import BudgetState
+
+        for dgd, fig in sorted(BudgetState(self.redis).figures().items()):
+            seen = (fig.get("reason"), fig.get("limit_w"))
+            if self._budget_seen.get(dgd) == seen:
+                continue
+            self._budget_seen[dgd] = seen
+            watts = ", ".join(f"{label} {fig[k]} W" for k, label in (("limit_w", "limit"), ("settled_w", "settled"),
+                                                                     ("peak_w", "peak")) if fig.get(k) is not None)
+            gpus = f" on {fig['gpus']} GPUs" if fig.get("gpus") is not None else ""
+            self._decision(f"budget {dgd}: {fig.get('reason')}" + (f" ({watts}{gpus})" if watts else ""))
 
     # -- judging and the report --
 
