@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from powerfleet.twin import checks as C
@@ -167,3 +169,23 @@ def test_rich_view_renders_every_panel() -> None:
     for part in ("12 s of 180 s", "http://127.0.0.1:5555", "900 / 2,000 W", "700 380", "retune apply",
                  "failed: absent", "control"):
         assert part in text, part
+
+
+def test_demo_gives_each_process_its_own_metrics_port() -> None:
+    from powerfleet.cli.demo_cmd import metrics_ports
+
+    _, ports = metrics_ports(9100, ["n0", "n1"])
+    got = {name: env["POWERFLEET_METRICS__PORT"] for name, env in ports.items()}
+    assert got == {"control": "9100", "sweep-1": "9101", "sweep-2": "9102", "agent-n0": "9103", "agent-n1": "9104",
+                   "beat": "9105"}
+    _, off = metrics_ports(0, ["n0"])
+    assert all(env == {} for env in off.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["reconcile", "budget", "retune"]), st.text(max_size=80), st.none() | st.text(max_size=20))
+def test_tick_news_is_one_line_or_nothing(family: str, detail: str, before: str | None) -> None:
+    news = tick_news(family, detail, before, 10)
+    assert news is None or (isinstance(news, str) and news and "\n" not in news)
+    if family == "reconcile":
+        assert news is None

@@ -132,13 +132,10 @@ def demo(
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
         fail("--window: the retune window must be at least 10 s")
-    from powerfleet.cli.up import MetricsPorts, prepare_log_dir
+    from powerfleet.cli.up import prepare_log_dir
 
     prepare_log_dir(report, "--report")  # before the demo runs, not after it
-    metrics = MetricsPorts(fleet_config(ctx).metrics.port)
-    names = ["control", "sweep-1", "sweep-2", *(f"agent-{n}" for n in TwinSpec(nodes=nodes, seed=seed).node_names),
-             "beat"]
-    ports = {name: metrics.env(name) for name in names}
+    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, TwinSpec(nodes=nodes, seed=seed).node_names)
     work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -187,6 +184,15 @@ def demo(
     if failed:
         fail(f"demo: checks failed: {', '.join(failed)} (details in {report / 'summary.json'})", EXIT_FAILURE)
     typer.echo("demo finished: every check held", err=True)
+
+
+def metrics_ports(base: int, nodes: list[str]) -> tuple[Any, dict[str, dict[str, str]]]:
+    """Each demo process's own POWERFLEET_METRICS__PORT, spread from ``metrics.port`` as `up` does."""
+    from powerfleet.cli.up import MetricsPorts
+
+    metrics = MetricsPorts(base)
+    names = ["control", "sweep-1", "sweep-2", *(f"agent-{n}" for n in nodes), "beat"]
+    return metrics, {name: metrics.env(name) for name in names}
 
 
 def _spawn_fleet(launcher: Any, twin: Any, work: Path, ports: dict[str, dict[str, str]]) -> None:

@@ -63,8 +63,8 @@ def tick_news(family: str, detail: str, before: str | None, window_s: int) -> st
             return None
         return "retune: sweep launched for " + ", ".join(f"{d} window {window_span(int(k), window_s)}"
                                                          for d, k in launched)
-    if family == "budget" and detail != before:
-        return f"budget tick: {detail}"
+    if family == "budget" and detail != before and detail.strip():
+        return "budget tick: " + " ".join(detail.split())
     return None
 
 
