@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,9 @@ BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00" + bytes(range(256)) * 4
 LATIN1 = "caf\u00e9: [1, 2]\nname: r\u00e9sum\u00e9\n".encode("latin-1")
 BROKEN_YAML = "a: [1, 2\n  b: }\n\t- x: :\n"
 DUP_KEYS = "apiVersion: nvidia.com/v1alpha1\nkind: DynamoGraphDeployment\nkind: Other\n"
+# Valid JSON (and YAML), nested far deeper than Python's parsers recurse.
+DEEP = "[" * 50000 + "]" * 50000
+DEEP_OBJECT = '{"a": ' * 50000 + "1" + "}" * 50000
 
 
 def _command_paths() -> set[str]:
@@ -44,12 +48,49 @@ def _command_paths() -> set[str]:
 def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("hostile")
     out = {"binary": d / "binary.bin", "latin1": d / "latin1.yaml", "yaml": d / "broken.yaml",
-           "dup": d / "dup.yaml", "dir": d, "missing": d / "no-such-file"}
+           "dup": d / "dup.yaml", "dir": d, "missing": d / "no-such-file", "deep": d / "deep.json",
+           "deep_object": d / "deep-object.json", "zero": Path("/dev/zero"), "unwritable": d / "file" / "sub"}
+    out["no_pods"] = d / "no-pods.json"
+    out["no_pods"].write_text('{"items": []}')
+    out["huge_gpus"] = d / "huge-gpus.json"
+    out["huge_gpus"].write_text('[{"index": 0, "uuid": "GPU-0", "min_w": 100, "max_w": 1e308, "default_w": 700, '
+                                '"current_w": 700, "pids": []}]')
+    out["deep"].write_text(DEEP)
+    out["deep_object"].write_text(DEEP_OBJECT)
+    (d / "file").write_text("a file, so no directory can be made under it")
     out["binary"].write_bytes(BINARY)
     out["latin1"].write_bytes(LATIN1)
     out["yaml"].write_text(BROKEN_YAML)
     out["dup"].write_text(DUP_KEYS)
     return out
+
+
+@pytest.fixture(scope="module")
+def not_redis() -> str:
+    """A broker URL where something answers, but not Redis (an SSH banner): InvalidResponse."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(1024)
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    stop.set()
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +102,15 @@ def busy_port() -> int:
     s.close()
 
 
-def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
+Case = tuple  # (command, argv[, extra environment or None[, stdin bytes, or None for a closed stdin]])
+
+
+def _cases(f: dict[str, Path], busy: int, not_redis: str = "redis://127.0.0.1:1/0") -> list[Case]:
+    cases: list[Case] = [
+        ("status", ["status"], {"POWERFLEET_BROKER__URL": not_redis}),
+        ("trigger", ["trigger", "powerfleet.fleet.echo"], {"POWERFLEET_BROKER__URL": not_redis}),
+    ]
     bad_files = ("binary", "latin1", "yaml", "dir", "missing")
-    cases: list[tuple[str, list[str]]] = []
     for kind in bad_files:
         cases += [
             ("validate dgd-update", ["validate", "dgd-update", "--old", str(f[kind]), "--new", str(f["dup"])]),
@@ -75,6 +122,18 @@ def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
             ("status", ["--config", str(f[kind]), "status"]),
             ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", f"@{f[kind]}"]),
         ]
+    # Nested too deeply for Python's parsers, and /dev/zero (read forever without a limit).
+    for kind in ("deep", "zero"):
+        cases += [
+            ("status", ["--config", str(f[kind]), "status"]),
+            ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", f"@{f[kind]}"]),
+            ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--pods", str(f[kind])]),
+        ]
+    cases += [
+        ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f["deep_object"])]),
+        ("budget plan", ["budget", "plan", "--input", str(f["deep"])]),
+        ("validate dgd-update", ["validate", "dgd-update", "--old", str(f["deep"]), "--new", str(f["dup"])]),
+    ]
     trace = str(Path(__file__).resolve().parents[1] / "sim" / "data")
     cases += [
         ("validate dgd-update", ["validate", "dgd-update", "--old", str(f["dup"]), "--new", str(f["dup"])]),
@@ -112,33 +171,64 @@ def _cases(f: dict[str, Path], busy: int) -> list[tuple[str, list[str]]]:
         ("retune reset-window", ["retune", "reset-window", "--dgd", "llama"]),
         ("trigger", ["trigger", "powerfleet.agent.reconcile", "--args", '{"node": "a b"}']),
         ("status", ["status", "--timeout", "-3"]),
+        ("status", ["status", "--timeout", "1e308"]),
+        ("sim replay", ["sim", "replay", "--trace", trace, "--workers", "2", "--profile", str(f["deep"])]),
+        ("worker", ["worker", "--loglevel", "BOGUS"]),
+        ("beat", ["beat", "--loglevel", "BOGUS"]),
+        ("up", ["up", "--log-dir", str(f["unwritable"])]),
+        ("demo", ["demo", "--duration", "30", "--nodes", "1", "--report", str(f["unwritable"])]),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", '{"payload": 1, "payload": 2}']),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--timeout", "1e308"]),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", '{"a": ' * 5000 + "1" + "}" * 5000]),
+        ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f["huge_gpus"]),
+                        "--pods", str(f["no_pods"])]),
+        ("retune status", ["retune", "status"], {"POWERFLEET_RETUNE__DEPLOYMENTS": "['../x']"}),
+        ("budget plan", ["budget", "plan", "--input", "-"], None, None),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", "-"], None, None),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", "-"], None, b'{"payload": "caf\xe9"}'),
+        ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", "-"], None, b"[" * 50000),
     ]
     return cases
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+CLOSED = object()
+
+
+def _run(case: Case) -> subprocess.CompletedProcess[str]:
+    args = case[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
     # A broker that is not there: a command that got past input checking fails on it, in one line.
     env["POWERFLEET_BROKER__URL"] = f"redis://127.0.0.1:{free_loopback_port()}/0"
     env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    env.update(case[2] if len(case) > 2 and case[2] else {})
+    argv = [sys.executable, "-m", "powerfleet.cli", *args]
+    stdin: object = subprocess.DEVNULL
+    if len(case) > 3:
+        stdin = CLOSED if case[3] is None else case[3]
+    if stdin is CLOSED:  # the shell's `0<&-`: the command starts with no file descriptor 0
+        argv = ["sh", "-c", 'exec "$@" 0<&-', "sh", *argv]
+        stdin = None
+    out = subprocess.run(argv, env=env, capture_output=True, timeout=120,
+                         **({"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}))
+    return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode(errors="replace"),
+                                       out.stderr.decode(errors="replace"))
 
 
 def test_every_command_is_covered(files, busy_port) -> None:
-    covered = {name for name, _ in _cases(files, busy_port)}
+    covered = {case[0] for case in _cases(files, busy_port)}
     assert _command_paths() <= covered, sorted(_command_paths() - covered)
 
 
-def test_hostile_input_fails_in_one_line_without_a_traceback(files, busy_port) -> None:
-    cases = _cases(files, busy_port)
+def test_hostile_input_fails_in_one_line_without_a_traceback(files, busy_port, not_redis) -> None:
+    cases = _cases(files, busy_port, not_redis)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda c: _run(c[1]), cases))
+        results = list(pool.map(_run, cases))
     problems = []
-    for (name, args), out in zip(cases, results):
+    for case, out in zip(cases, results):
         err = out.stderr.strip()
         # `budget plan` answers each bad input line with an error on stdout, by its contract.
         said = len(err.splitlines()) == 1 or (not err and "error" in out.stdout)
         if out.returncode not in (1, 2) or "Traceback" in out.stderr + out.stdout or not said:
-            problems.append(f"{' '.join(args)}: exit {out.returncode}: {err[-600:]}")
+            shown = " ".join(a if len(a) < 80 else a[:40] + "..." for a in case[1])
+            problems.append(f"{shown}: exit {out.returncode}: {err[-600:]}")
     assert not problems, "\n".join(problems)

@@ -57,6 +57,11 @@ def test_trigger_no_wait_prints_the_task_id(control_worker, fleet_env, app) -> N
         (["powerfleet.retune.window", "--args", '{"dgd": "d", "window": -3}'], "window: Input should be greater than"),
         (["powerfleet.fleet.echo", "--queue", "node.bad node"], "--queue: 'node.bad node' is not a fleet queue"),
         (["powerfleet.fleet.echo", "--args", "@/nonexistent/args.json"], "--args: cannot read /nonexistent/args.json"),
+        (["powerfleet.fleet.echo", "--args", '{"payload": 1, "payload": 2}'], "--args: key 'payload' appears twice"),
+        (["powerfleet.fleet.echo", "--args", '{"payload": 1e400}'], "NaN or an infinity"),
+        (["powerfleet.fleet.echo", "--queue", "node.a"], "is a node queue; only powerfleet.agent.* tasks run there"),
+        (["powerfleet.budget.propose", "--args", '{"deployment": "a/b", "replicas": {"decode": -1}}'],
+         "replicas.decode: Input should be greater than or equal to 0"),
     ],
 )
 def test_trigger_refuses_bad_input_before_sending(fleet_env, broker_url, args, message) -> None:
@@ -82,6 +87,14 @@ def test_trigger_reads_args_from_a_file_or_stdin(control_worker, fleet_env, tmp_
                            env={**{k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}, **fleet_env})
     assert piped.returncode == 0, piped.stderr
     assert json.loads(piped.stdout)["payload"] == "from stdin"
+
+
+def test_trigger_refuses_a_payload_over_the_limit(fleet_env, broker_url, tmp_path) -> None:
+    r = redis.Redis.from_url(broker_url)
+    (tmp_path / "big.json").write_text(json.dumps({"payload": "x" * (1024 * 1024)}))
+    out = run_cli("trigger", "powerfleet.fleet.echo", "--args", f"@{tmp_path / 'big.json'}", env=fleet_env)
+    assert out.returncode == 2 and "over the task API's limit of 1048576 bytes" in out.stderr, out.stderr
+    assert r.llen("control") == 0
 
 
 def test_trigger_timeout_is_one_line(fleet_env) -> None:
@@ -111,7 +124,7 @@ def test_unreachable_broker_gives_one_line(fleet_env) -> None:
         assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher) -> None:
+def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher, app) -> None:
     port = free_loopback_port()
     launcher.env.update({"POWERFLEET_FLOWER__PORT": str(port), "POWERFLEET_FLOWER__BASIC_AUTH": "[ops:pw-123]"})
     flower = launcher.spawn("flower", "flower")
@@ -137,13 +150,83 @@ def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher) -> None
         illegal = client.post("/api/task/send-task/powerfleet.agent.reconcile", auth=auth,
                               json={"kwargs": {"node": "a/../b"}})
         assert illegal.status_code == 400 and "not a valid Kubernetes node name" in illegal.text
+        # Flower asks the workers for task events every few seconds: wait until it sees tasks at all.
+        wait_for(lambda: client.post("/api/task/send-task/powerfleet.fleet.noop", auth=auth, json={}) and
+                 client.get("/api/tasks", auth=auth).json(), "Flower to receive task events", timeout_s=60)
         # Every scheduled task can be triggered by hand through the same API.
         for name in ("powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"):
             tid = client.post(f"/api/task/send-task/{name}", auth=auth, json={}).json()["task-id"]
             ran = wait_for(lambda: (r := client.get(f"/api/task/result/{tid}", auth=auth).json())
                            and r["state"] == "SUCCESS" and r, f"{name} sent through Flower to succeed")
             assert ran["result"]["at"] > 0
+            # The tick families lead with a summary Flower's search finds apart from the node tasks.
+            assert next(iter(ran["result"])) == "summary" and ran["result"]["summary"].startswith("fleet-tick ")
+
+        def ticks_found() -> set[str]:
+            found = client.get("/api/tasks", auth=auth, params={"search": "result:fleet-tick"}).json()
+            return {t["name"] for t in found.values()}
+
+        assert wait_for(lambda: len(ticks_found()) == 3 and ticks_found(), "Flower to find the ticks") == {
+            "powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"}
+        _flower_refuses_what_trigger_refuses(client, auth, app)
+        _flower_refuses_worker_control(client, auth, app)
     assert "pw-123" not in flower.log.read_text()
+
+
+HOSTILE_SENDS = [
+    # (endpoint, task, body, what the one-line answer says)
+    ("send-task", "powerfleet.fleet.echo", {"queue": "node.../../x"}, "is not a fleet queue"),
+    ("send-task", "powerfleet.fleet.echo", {"queue": "bogus"}, "'bogus' is not a fleet queue"),
+    ("async-apply", "powerfleet.fleet.echo", {"queue": "bogus"}, "'bogus' is not a fleet queue"),
+    ("send-task", "powerfleet.fleet.echo", {"queue": "node.a"}, "is a node queue"),
+    ("send-task", "powerfleet.agent.reconcile", {"kwargs": {"node": "gpu-ghost"}}, "no live agent serves node 'gpu-ghost'"),
+    ("send-task", "powerfleet.agent.reconcile", {"kwargs": {"node": "a"}, "queue": "node.b"}, "not this order's node queue"),
+    ("send-task", "powerfleet.fleet.echo", {"countdown": "abc"}, "countdown: must be a number of seconds"),
+    ("async-apply", "powerfleet.fleet.echo", {"countdown": "abc"}, "countdown: must be a number of seconds"),
+    ("send-task", "powerfleet.fleet.echo", {"countdown": 1e12}, "countdown: must be 0 to 86400 seconds"),
+    ("send-task", "powerfleet.fleet.echo", {"eta": "not-a-date"}, "eta: 'not-a-date' is not a date"),
+    ("send-task", "powerfleet.fleet.echo", {"expires": -5}, "expires: must be more than 0"),
+    ("send-task", "powerfleet.fleet.echo", {"serializer": "pickle"}, "only 'json' is accepted"),
+    ("send-task", "powerfleet.fleet.echo", {"routing_key": "nowhere"}, "option 'routing_key' is not accepted"),
+    ("send-task", "powerfleet.fleet.echo", {"kwargs": {"payload": "x" * (1024 * 1024 + 1)}}, "over the task API's limit"),
+    ("send-task", "powerfleet.budget.propose", {"kwargs": {"deployment": "a/b", "replicas": {"decode": -1}}},
+     "replicas.decode: Input should be greater than or equal to 0"),
+]
+
+
+def _flower_refuses_what_trigger_refuses(client, auth, app) -> None:
+    r = redis.Redis.from_url(app.conf.broker_url)
+    before = set(r.keys())
+    for endpoint, task, body, message in HOSTILE_SENDS:
+        answer = client.post(f"/api/task/{endpoint}/{task}", auth=auth, json=body)
+        assert answer.status_code == 400, (endpoint, task, body, answer.status_code, answer.text[:300])
+        assert message in answer.text and "\n" not in answer.text.strip(), (body, answer.text[:300])
+    nan = client.post("/api/task/send-task/powerfleet.fleet.echo", auth=auth, content=b'{"countdown": NaN}')
+    assert nan.status_code == 400 and "countdown" in nan.text, nan.text
+    # Nothing was published: no list for a queue nobody reads, no result key.
+    assert set(r.keys()) == before, set(r.keys()) - before
+    # A good delay in either form is taken and runs.
+    at = "2000-01-01 00:00:00.000000"  # in the past: runs now, as Celery does
+    for body in ({"countdown": 0.2, "kwargs": {"payload": 1}}, {"eta": at, "expires": 600, "kwargs": {"payload": 2}}):
+        sent = client.post("/api/task/send-task/powerfleet.fleet.echo", auth=auth, json=body)
+        assert sent.status_code == 200, sent.text
+        assert app.AsyncResult(sent.json()["task-id"]).get(timeout=30)["payload"] == body["kwargs"]["payload"]
+
+
+def _flower_refuses_worker_control(client, auth, app) -> None:
+    for path in ("/api/worker/shutdown/ctl@test", "/api/worker/pool/restart/ctl@test",
+                 "/api/worker/pool/grow/ctl@test?n=2", "/api/worker/pool/shrink/ctl@test?n=1",
+                 "/api/worker/pool/autoscale/ctl@test?min=1&max=4",
+                 "/api/worker/queue/add-consumer/ctl@test?queue=node.a",
+                 "/api/worker/queue/cancel-consumer/ctl@test?queue=control",
+                 "/api/task/rate-limit/powerfleet.fleet.echo?workername=ctl@test&ratelimit=1/h",
+                 "/api/task/timeout/powerfleet.fleet.echo?workername=ctl@test&hard=1",
+                 "/api/task/revoke/some-task-id?terminate=true", "/api/task/abort/some-task-id"):
+        answer = client.post(path, auth=auth)
+        assert answer.status_code == 403 and "flower.allow_worker_control" in answer.text, (path, answer.text)
+    # The worker is still there, consuming what it consumed.
+    queues = app.control.inspect(destination=["ctl@test"], timeout=5).active_queues()
+    assert sorted(q["name"] for q in queues["ctl@test"]) == ["control", "sweep"]
 
 
 def test_flower_refuses_a_public_address_without_credentials(fleet_env) -> None:

@@ -43,6 +43,8 @@ def test_up_starts_everything_and_ctrl_c_stops_it(tmp_path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = err.read_text()
     assert "stopping fleet" in text and "Traceback" not in text
+    # The line status/trigger need, ready to paste.
+    assert f"export POWERFLEET_BROKER__URL={url}" in text
     for log in ("worker", "beat", "flower", "agent-up-node"):
         assert (tmp_path / "logs" / f"{log}.log").exists()
     try:

@@ -49,8 +49,8 @@ def _start_up(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], Path
     (tmp_path / "tmp").mkdir()
     with open(err, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "up", "--log-dir", str(tmp_path / "logs")],
-                                env=_clean_env(POWERFLEET_FLOWER__PORT=str(free_loopback_port()),
-                                               TMPDIR=str(tmp_path / "tmp"), **env),
+                                env=_clean_env(**{"POWERFLEET_FLOWER__PORT": str(free_loopback_port()),
+                                                  "TMPDIR": str(tmp_path / "tmp"), **env}),
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     return proc, err
 
@@ -105,3 +105,30 @@ def test_up_stops_in_one_line_when_its_redis_dies(tmp_path) -> None:
         assert "Traceback" not in text
     finally:
         _stop(proc)
+
+
+def test_up_names_why_a_process_stopped_early(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc, err = _start_up(tmp_path, POWERFLEET_FLOWER__PORT=str(busy.getsockname()[1]))
+        try:
+            assert proc.wait(timeout=90) == 1
+        finally:
+            _stop(proc)
+    text = err.read_text()
+    # The process, its exit code and the line it said, not only where its log is.
+    assert re.search(r"a fleet process stopped: flower \(exit 2: powerfleet: error: flower.port: cannot listen", text), text
+    assert "Traceback" not in text
+
+
+def test_up_with_an_unwritable_log_dir_starts_nothing(tmp_path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "tmp").mkdir()
+    out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "up", "--log-dir", str(tmp_path / "file" / "logs")],
+                         env=_clean_env(TMPDIR=str(tmp_path / "tmp")), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--log-dir: cannot write to" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not list((tmp_path / "tmp").iterdir())  # no embedded redis-server was started (its dir lives here)

@@ -15,7 +15,7 @@ from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.state import RetuneState
 from powerfleet.retune.status import deployment_status
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import start_of, traffic_lines, write_segments
+from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
 
 K = 30_000_300
 

@@ -15,7 +15,7 @@ from powerfleet.retune.sweep import run_sweep
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.trace import read_trace
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import INTERVAL, START_POLICY, start_of, traffic_lines, write_segments
+from powerfleet.testing.retune_world import INTERVAL, START_POLICY, start_of, traffic_lines, write_segments
 
 K = 30_000_400
 

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from powerfleet.twin import checks as C
@@ -16,7 +18,7 @@ from powerfleet.twin.frontends import WindowTtft
 from powerfleet.twin.nodes import GpuSample
 from powerfleet.twin.report import summary, write_report
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.view import PlainView, ViewState, make_view
+from powerfleet.twin.view import PlainView, ViewState, clock, make_view, tick_news
 
 
 def _sample(t: float, cap: float, want: float | None, rack_w: float = 1000.0) -> Sample:
@@ -95,6 +97,44 @@ def test_report_writes_summary_images_and_html(tmp_path: Path) -> None:
         assert f'src="{name}"' in html
 
 
+def test_plain_output_prints_no_no_op_tick_lines_and_counts_them() -> None:
+    assert tick_news("reconcile", "agent.reconcile -> node.a", None, 10) is None
+    assert tick_news("retune", "no closed window to launch", None, 10) is None
+    assert tick_news("budget", "budget.evaluate -> d/a", "budget.evaluate -> d/a", 10) is None
+    assert tick_news("budget", "budget.evaluate -> d/a", None, 10) == "budget tick: budget.evaluate -> d/a"
+    news = tick_news("retune", "launched llm-agg window 180000000", None, 10)
+    # A window is shown as the clock times it covers, not as an epoch index.
+    assert news == f"retune: sweep launched for llm-agg window {clock(1_800_000_000)}-{clock(1_800_000_010)}"
+    out = io.StringIO()
+    state = ViewState(elapsed_s=1, now=1_800_000_000, fleet_w=900, fleet_budget_w=2000, rack_w={"rack-a": 900},
+                      rack_budget_w={"rack-a": 2000}, quiet_ticks={"reconcile": 7, "retune": 3})
+    PlainView(out, every_s=5).update(state)
+    text = out.getvalue()
+    assert "tick:" not in text and "ticks without change: reconcile 7, retune 3" in text
+    assert text.startswith(f"  {clock(1_800_000_000)}  power fleet 900/2000 W | rack-a 900/2000 W")
+
+
+def test_report_timeline_has_run_events_and_cap_changes_by_deployment_and_role(tmp_path: Path) -> None:
+    def sample(t: float, decode_cap: float) -> Sample:
+        gpus = [GpuSample("n0", i, f"GPU-{i}", decode_cap, 300.0, f"llm-agg-decode-{i}", "decode", True) for i in (0, 1)]
+        gpus.append(GpuSample("n0", 2, "GPU-2", 700.0, 60.0, None, None, False))
+        return Sample(t, 660.0, {"rack-a": 660.0}, gpus, {}, {"llm-agg": 3})
+
+    samples = [sample(100.0 + t, 700 if t < 3 else 450) for t in range(6)]
+    data = summary(samples=samples, windows=[], checks=[], rack_budget_w={"rack-a": 2000}, fleet_budget_w=2000,
+                   extra={"dropped_requests": {"llm-agg": {"requests": 4, "cause": "no frontend pod of the deployment "
+                                                                                   "was running"}}},
+                   events=[(101.0, "retune llm-agg window 10:00:00-10:00:10: apply - gain 3.2 %")])
+    assert [e["event"] for e in data["timeline"]] == [
+        "retune llm-agg window 10:00:00-10:00:10: apply - gain 3.2 %",
+        "caps llm-agg/decode: 700 W on 2 GPUs -> 450 W on 2 GPUs"]
+    assert data["timeline"][1]["t_s"] == 3.0 and data["timeline"][1]["at"] == clock(103.0)
+    index = write_report(tmp_path / "r", data, samples, [], {"rack-a": 2000})
+    html = index.read_text()
+    assert "<h2>Timeline</h2>" in html and "caps llm-agg/decode: 700 W on 2 GPUs -&gt; 450 W on 2 GPUs" in html
+    assert "no frontend pod of the deployment was running" in html
+
+
 def test_index_html_renders_in_a_headless_browser(tmp_path: Path) -> None:
     """Chromium from Debian's `chromium` package; skipped where it is not installed."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -126,6 +166,26 @@ def test_rich_view_renders_every_panel() -> None:
                       steps={"cap_change": "ok", "retune_applied": "failed: absent"})
     console.print(render(state))
     text = console.file.getvalue()
-    for part in ("t+12s of 180s", "http://127.0.0.1:5555", "900 / 2,000 W", "700 380", "retune apply",
+    for part in ("12 s of 180 s", "http://127.0.0.1:5555", "900 / 2,000 W", "700 380", "retune apply",
                  "failed: absent", "control"):
         assert part in text, part
+
+
+def test_demo_gives_each_process_its_own_metrics_port() -> None:
+    from powerfleet.cli.demo_cmd import metrics_ports
+
+    _, ports = metrics_ports(9100, ["n0", "n1"])
+    got = {name: env["POWERFLEET_METRICS__PORT"] for name, env in ports.items()}
+    assert got == {"control": "9100", "sweep-1": "9101", "sweep-2": "9102", "agent-n0": "9103", "agent-n1": "9104",
+                   "beat": "9105"}
+    _, off = metrics_ports(0, ["n0"])
+    assert all(env == {} for env in off.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["reconcile", "budget", "retune"]), st.text(max_size=80), st.none() | st.text(max_size=20))
+def test_tick_news_is_one_line_or_nothing(family: str, detail: str, before: str | None) -> None:
+    news = tick_news(family, detail, before, 10)
+    assert news is None or (isinstance(news, str) and news and "\n" not in news)
+    if family == "reconcile":
+        assert news is None

@@ -37,6 +37,7 @@ def test_twin_runs_in_the_foreground_and_ctrl_c_stops_it(tmp_path: Path) -> None
         assert {p.metadata.annotations["powerfleet.nvidia.com/router-url"] for p in fronts} == \
             {fe["router_url"] for fe in manifest["frontends"].values()}
         api.close()
+        _second_twin_on_the_same_dir_is_refused(root)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -44,6 +45,33 @@ def test_twin_runs_in_the_foreground_and_ctrl_c_stops_it(tmp_path: Path) -> None
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     assert f"kubeconfig: {manifest['kubeconfig']}" in out and "Traceback" not in err
+    _exports_are_accepted_by_a_shell_and_configure_a_fleet(out, manifest)
+
+
+def _second_twin_on_the_same_dir_is_refused(root: Path) -> None:
+    before = (root / "twin.json").read_text()
+    second = subprocess.run([sys.executable, "-m", "powerfleet.cli", "twin", "--nodes", "1", "--dir", str(root)],
+                            env=_env(), capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1 and "is in use by another twin" in second.stderr, second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert (root / "twin.json").read_text() == before  # the running twin's files are untouched
+
+
+def _exports_are_accepted_by_a_shell_and_configure_a_fleet(out: str, manifest: dict) -> None:
+    from powerfleet.config import load_config
+
+    exports = [line for line in out.splitlines() if line.startswith("export ")]
+    script = "set -e\n" + "\n".join(exports) + "\nenv\n"
+    shell = subprocess.run(["sh", "-c", script], env=_env(), capture_output=True, text=True, timeout=30)
+    assert shell.returncode == 0, shell.stderr
+    env = dict(line.split("=", 1) for line in shell.stdout.splitlines() if line.startswith(("POWERFLEET_", "KUBECONFIG=")))
+    cfg = load_config(environ=env)
+    assert cfg.nodes == ["twin-gpu-00"]
+    assert cfg.agent.kubeconfig == cfg.budget.kubeconfig == cfg.retune.kubeconfig == manifest["kubeconfig"]
+    assert set(cfg.retune.deployments) == {"llm-disagg", "llm-agg"}
+    assert cfg.retune.window_interval_s == 20  # the twin's own window (--window), not 300 s
+    assert {d.split("/")[1] for d in cfg.budget.deployments} == {"llm-disagg", "llm-agg"}
+    assert cfg.budget.groups and cfg.beat.budget_interval_s <= 5
 
 
 def test_twin_refuses_bad_options(tmp_path: Path) -> None:

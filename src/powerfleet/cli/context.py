@@ -60,6 +60,9 @@ def check_broker_reachable(url: str, timeout_s: float = 3.0) -> None:
         fail(f"broker unreachable at {redact(url)}: {reason}", EXIT_FAILURE)
     except redis.ResponseError as exc:
         fail(f"broker at {redact(url)} refused the connection: {exc}", EXIT_FAILURE)
+    except redis.RedisError as exc:  # InvalidResponse: something answers there, not Redis
+        reason = " ".join(str(exc).split())[:200]
+        fail(f"broker at {redact(url)} does not answer as Redis ({type(exc).__name__}: {reason})", EXIT_FAILURE)
     finally:
         client.close()
 

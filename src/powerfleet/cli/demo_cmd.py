@@ -37,7 +37,7 @@ def _known(path: str) -> bool:
     return True
 
 
-def _env(values: dict[str, str]) -> dict[str, str]:
+def config_env(values: dict[str, str]) -> dict[str, str]:
     return {"POWERFLEET_" + k.upper().replace(".", "__"): v for k, v in values.items() if _known(k)}
 
 
@@ -53,6 +53,17 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
 
 
 def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
+    env = twin_fleet_env(twin, window_s)
+    env.update(config_env({"flower.port": str(flower_port)}))
+    return env
+
+
+def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
+    """Everything that points a fleet at the twin (the demo's and `powerfleet twin`'s settings).
+
+    Short beat intervals and the twin's own retune window, so that something visible happens
+    within seconds, and the budgets its deployments need (without them the planner never runs).
+    """
     nodes = twin.spec.node_names
     fleet_max = twin.spec.total_gpus * GPU_MAX_W
     values = {
@@ -60,7 +71,6 @@ def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
         "beat.reconcile_interval_s": "3",
         "beat.budget_interval_s": "4",
         "beat.retune_interval_s": "2",
-        "flower.port": str(flower_port),
         "retune.deployments": "[llm-disagg, llm-agg]",
         "retune.window_interval_s": str(window_s),
         "retune.kubeconfig": str(twin.kubeconfig),
@@ -90,13 +100,13 @@ def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
         "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}, "
                                               "sole_writer: true}" for d in (DISAGG, AGG)) + "}",
     }
-    env = _env(values)
+    env = config_env(values)
     env["KUBECONFIG"] = str(twin.kubeconfig)
     return env
 
 
 def agent_env(twin: Any, node: str, work: Path) -> dict[str, str]:
-    return _env({"agent.proc_root": str(twin.nodes[node].proc_root),
+    return config_env({"agent.proc_root": str(twin.nodes[node].proc_root),
                  "agent.state_dir": str(work / "agent-state" / node)})
 
 
@@ -127,6 +137,10 @@ def demo(
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
         fail("--window: the retune window must be at least 10 s")
+    from powerfleet.cli.up import prepare_log_dir
+
+    prepare_log_dir(report, "--report")  # before the demo runs, not after it
+    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, TwinSpec(nodes=nodes, seed=seed).node_names)
     work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -153,7 +167,10 @@ def demo(
         flower_url = f"http://127.0.0.1:{port}"
         typer.echo(f"demo: twin of {nodes} nodes x 8 GPUs in {twin.root}; kubeconfig {twin.kubeconfig}; "
                    f"logs {work / 'logs'}; Flower {flower_url}", err=True)
-        _spawn_fleet(launcher, twin, work)
+        _spawn_fleet(launcher, twin, work, ports)
+        if metrics.assigned:
+            typer.echo("demo: metrics " + ", ".join(f"{name} :{port}" for name, port in metrics.assigned.items()),
+                       err=True)
         from powerfleet.cli.demo_run import DemoRun
 
         run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
@@ -175,11 +192,22 @@ def demo(
     typer.echo("demo finished: every check held", err=True)
 
 
-def _spawn_fleet(launcher: Any, twin: Any, work: Path) -> None:
-    launcher.spawn("control", "worker", "--queues", "control", "--name", "control@demo")
+def metrics_ports(base: int, nodes: list[str]) -> tuple[Any, dict[str, dict[str, str]]]:
+    """Each demo process's own POWERFLEET_METRICS__PORT, spread from ``metrics.port`` as `up` does."""
+    from powerfleet.cli.up import MetricsPorts
+
+    metrics = MetricsPorts(base)
+    names = ["control", "sweep-1", "sweep-2", *(f"agent-{n}" for n in nodes), "beat"]
+    return metrics, {name: metrics.env(name) for name in names}
+
+
+def _spawn_fleet(launcher: Any, twin: Any, work: Path, ports: dict[str, dict[str, str]]) -> None:
+    """``ports``: each process's own POWERFLEET_METRICS__PORT (as `up` spreads them), or nothing."""
+    launcher.spawn("control", "worker", "--queues", "control", "--name", "control@demo", env=ports["control"])
     for i in (1, 2):
-        launcher.spawn(f"sweep-{i}", "worker", "--queues", "sweep", "--name", f"sweep{i}@demo")
+        launcher.spawn(f"sweep-{i}", "worker", "--queues", "sweep", "--name", f"sweep{i}@demo", env=ports[f"sweep-{i}"])
     for node in twin.spec.node_names:  # each agent has its own node's proc root and state dir
-        launcher.spawn(f"agent-{node}", "agent", "--node", node, env=agent_env(twin, node, work))
-    launcher.spawn("beat", "beat")
+        launcher.spawn(f"agent-{node}", "agent", "--node", node,
+                       env={**agent_env(twin, node, work), **ports[f"agent-{node}"]})
+    launcher.spawn("beat", "beat", env=ports["beat"])
     launcher.spawn("flower", "flower")

@@ -18,7 +18,8 @@ from powerfleet.twin.report import summary as build_summary
 from powerfleet.twin.report import write_report
 from powerfleet.twin.runtime import Twin
 from powerfleet.twin.scenario import DECIDED, Scenario
-from powerfleet.twin.view import ViewState, make_view
+from powerfleet.twin.view import ViewState, clock, make_view, tick_news, window_span
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 
 FLEET_UP_TIMEOUT_S = 120.0
 
@@ -42,6 +43,9 @@ class DemoRun:
     first_reconcile_at: float | None = None
     ended_at: float = 0.0
     _ticks_seen: dict[str, float] = field(default_factory=dict)
+    _tick_detail: dict[str, str] = field(default_factory=dict)
+    _budget_seen: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    timeline: list[tuple[float, str]] = field(default_factory=list)  # (wall-clock time, what happened)
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
 
@@ -62,7 +66,17 @@ class DemoRun:
         self.app.send_task(name, kwargs=kwargs)
 
     def _decision(self, line: str) -> None:
-        self.state.decisions.append(line)
+        now = time.time()
+        self.timeline.append((now, line))
+        self.state.decisions.append(f"{clock(now)}  {line}")
+
+    def _window_span(self, k: int) -> str:
+        return window_span(k, self.window_s)
+
+    def _tick_news(self, family: str, detail: str) -> str | None:
+        news = tick_news(family, detail, self._tick_detail.get(family), self.window_s)
+        self._tick_detail[family] = detail
+        return news
 
     # -- the run --
 
@@ -123,7 +137,8 @@ class DemoRun:
 
     def _refresh(self, view: Any, since: float) -> None:
         s = self.state
-        s.elapsed_s = time.time() - since
+        s.now = time.time()
+        s.elapsed_s = s.now - since
         samples = self.twin.snapshot_samples()
         if samples:
             last = samples[-1]
@@ -141,11 +156,14 @@ class DemoRun:
             for family, at in self.ticklog.last_ticks().items():
                 if self._ticks_seen.get(family) != at:
                     self._ticks_seen[family] = at
-                    detail = self.ticklog.last_details().get(family, "")
-                    if family != "reconcile":  # every few seconds, always the same: not news
-                        self._decision(f"{family} tick: {detail}")
-                    elif self.first_reconcile_at is None:
+                    if family == "reconcile" and self.first_reconcile_at is None:
                         self.first_reconcile_at = at
+                    news = self._tick_news(family, self.ticklog.last_details().get(family, ""))
+                    if news:
+                        self._decision(news)
+                    else:
+                        s.quiet_ticks[family] = s.quiet_ticks.get(family, 0) + 1
+            self._budget_news()
             for key in self.redis.scan_iter(match="powerfleet:retune:launched:*", count=500):
                 _, _, _, dgd, k = key.decode().split(":", 4)
                 self._launched.add((dgd, int(k)))
@@ -156,9 +174,24 @@ class DemoRun:
                 key = (dgd, int(h.get("window", -1)), str(h.get("outcome")))
                 if key not in self._decisions_seen:
                     self._decisions_seen.add(key)
-                    self._decision(f"retune {dgd} window {key[1]}: {key[2]} ({h.get('reason', '')})")
+                    self._decision(f"retune {dgd} window {self._window_span(key[1])}: {key[2]}"
+                                   f"{_reason_text(key[2], str(h.get('reason') or ''))}")
         s.steps = self.scenario.states()
         view.update(s)
+
+    def _budget_news(self) -> None:
+        """A budget evaluation whose verdict or limit changed: the clamp, the limit and what it leaves."""
+        from powerfleet.budget.state import BudgetState
+
+        for dgd, fig in sorted(BudgetState(self.redis).figures().items()):
+            seen = (fig.get("reason"), fig.get("limit_w"))
+            if self._budget_seen.get(dgd) == seen:
+                continue
+            self._budget_seen[dgd] = seen
+            watts = ", ".join(f"{label} {fig[k]} W" for k, label in (("limit_w", "limit"), ("settled_w", "settled"),
+                                                                     ("peak_w", "peak")) if fig.get(k) is not None)
+            gpus = f" on {fig['gpus']} GPUs" if fig.get("gpus") is not None else ""
+            self._decision(f"budget {dgd}: {fig.get('reason')}" + (f" ({watts}{gpus})" if watts else ""))
 
     # -- judging and the report --
 
@@ -209,9 +242,19 @@ class DemoRun:
                  "steps": self.scenario.states(), "view": self.state.to_json(),
                  "launched_windows": sorted(f"{d}#{k}" for d, k in self._launched),
                  "twin": {"tick_errors": self.twin.tick_errors, "last_tick_error": self.twin.last_tick_error,
-                          "dropped_requests": self.twin.dropped}}
+                          "dropped_requests": self.twin.dropped},
+                 # The twin drops a request only when no frontend pod of its deployment runs.
+                 "dropped_requests": {d: {"requests": n, "cause": "no frontend pod of the deployment was running"}
+                                      for d, n in sorted(self.twin.dropped.items()) if n}}
         self.summary = build_summary(samples=samples, windows=windows, checks=checks,
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
-                                     extra=extra)
+                                     extra=extra, events=self.timeline)
         racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         return write_report(out, self.summary, samples, windows, self.twin.budgets, racks)
+
+
+def _reason_text(outcome: str, reason: str) -> str:
+    """`` - <reason>`` without the outcome said twice (``keep: keep: ...``)."""
+    while reason.startswith(f"{outcome}:"):
+        reason = reason[len(outcome) + 1:].strip()
+    return f" - {reason}" if reason else ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -19,15 +18,16 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def read_text_input(path: str | os.PathLike[str], option: str) -> str:
-    """The UTF-8 text of a file a command was given, or of stdin for ``-``; any problem is exit 2."""
-    if str(path) == "-":
-        return sys.stdin.read()
+    """The UTF-8 text of a file a command was given, or of stdin for ``-``; any problem is exit 2.
+
+    Bounded (powerfleet.textinput.MAX_INPUT_BYTES): ``/dev/zero`` is refused, not read forever.
+    """
+    from powerfleet.textinput import InputError, read_text
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
-    except UnicodeDecodeError:
-        fail(f"{option}: {path} is not UTF-8 text")
+        return read_text(path)
+    except InputError as exc:
+        fail(f"{option}: {exc}")
 
 
 def print_json(data: object) -> None:

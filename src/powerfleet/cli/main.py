@@ -65,6 +65,15 @@ def main() -> None:
     except typer.Abort:
         typer.echo("powerfleet: aborted", err=True)
         sys.exit(1)
+    # The last line of defence for two families no option type catches everywhere: input nested
+    # deeper than Python's parsers recurse, and a number too large for what it feeds (a float
+    # of 1e308 seconds given to a socket timeout). Each stays one line.
+    except RecursionError:
+        typer.echo("powerfleet: error: input nested too deeply to parse", err=True)
+        sys.exit(2)
+    except OverflowError as exc:
+        typer.echo(f"powerfleet: error: a number is out of range ({' '.join(str(exc).split())})", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
 

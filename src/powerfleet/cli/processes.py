@@ -19,6 +19,16 @@ from powerfleet.queues import is_fleet_queue, worker_prefetch
 
 
 METRICS_PORT_HELP = "Serve /metrics on this port (overrides metrics.port; 0 disables)."
+LOGLEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "FATAL")
+LOGLEVEL_HELP = "Log level: " + ", ".join(LOGLEVELS[:-1]) + " (any case)."
+
+
+def check_loglevel(value: str) -> str:
+    """A typer callback (also for `agent --loglevel`): Celery's own answer to a bad level is a usage box."""
+    level = value.upper()
+    if level not in LOGLEVELS:
+        fail(f"--loglevel: {value!r} is not a log level ({', '.join(LOGLEVELS[:-1])})")
+    return level
 
 
 def _metrics_port(config: FleetConfig, override: Optional[int]) -> int:
@@ -62,7 +72,7 @@ def worker(
     queues: str = typer.Option("control,sweep", "--queues", "-Q", help="Comma-separated queues to consume."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Worker node name (default fleet@<host>)."),
     concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, max=256, help="Prefork processes."),
-    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l", help=LOGLEVEL_HELP, callback=check_loglevel),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
 ) -> None:
     """Run a worker consuming the given queues (control, sweep, node.<name>)."""
@@ -77,7 +87,7 @@ def worker(
 
 def beat(
     ctx: typer.Context,
-    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l", help=LOGLEVEL_HELP, callback=check_loglevel),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help=METRICS_PORT_HELP),
 ) -> None:
     """Run beat. A Redis lock (RedBeat) keeps a second beat on standby until the first stops."""
@@ -124,7 +134,7 @@ def flower(
 
     from powerfleet.cli.flower_api import install_task_api_checks
 
-    install_task_api_checks()
+    install_task_api_checks(allow_worker_control=config.flower.allow_worker_control)
 
     celery_cli.main(args=argv, prog_name="powerfleet flower")
 

@@ -10,7 +10,7 @@ import typer
 
 from powerfleet.cli.context import fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
-from powerfleet.queues import NODE_QUEUE_PREFIX, is_fleet_queue
+from powerfleet.queues import is_fleet_queue
 
 
 ARGS_HELP = ("Keyword arguments as one JSON object, checked against the task's own argument model "
@@ -21,6 +21,10 @@ ARGS_HELP = ("Keyword arguments as one JSON object, checked against the task's o
 def _read_args_text(raw: str) -> str:
     if raw == "-" or raw.startswith("@"):
         return read_text_input(raw.removeprefix("@"), "--args")
+    try:
+        raw.encode("utf-8")  # argv bytes that are not UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError:
+        fail("--args: not UTF-8 text")
     return raw
 
 
@@ -30,13 +34,19 @@ def _refuse_constant(name: str) -> Any:
 
 def parse_task_args(raw: str) -> dict[str, Any]:
     """The JSON object of keyword arguments named by --args (inline, @file or -)."""
+    from powerfleet.textinput import DuplicateKey, no_duplicate_keys, too_deep
+
     text = _read_args_text(raw)
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as exc:
         fail(f"--args: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    except DuplicateKey as exc:
+        fail(f"--args: {exc}")
     except ValueError as exc:  # NaN, Infinity, -Infinity
         fail(f"--args: {exc}: JSON has no NaN or infinities")
+    except RecursionError:
+        fail(f"--args: {too_deep('the JSON')}")
     if not isinstance(value, dict):
         fail(f"--args: must be a JSON object of keyword arguments, got {type(value).__name__}")
     return value
@@ -49,7 +59,8 @@ def trigger(
     queue: Optional[str] = typer.Option(None, "--queue", help="Override the routing table's queue "
                                         "(control, sweep or node.<NAME>)."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait for the result (default) or print the id."),
-    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="Seconds to wait for the result."),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, max=86400.0,
+                                 help="Seconds to wait for the result (at most a day)."),
 ) -> None:
     """Send any powerfleet task by name and print its JSON result.
 
@@ -63,18 +74,16 @@ def trigger(
     config = fleet_config(ctx)
     app = fleet_app(config)
     from powerfleet.workers.app import SEND_ERRORS
-    from powerfleet.queues import RoutingError, family_of, route_task
+    from powerfleet.workers.manual import NoLiveAgent, check_manual_send
 
     try:
-        app.check_send(task, None, kwargs, task_api=True)
-        routed = queue or route_task(task, (), kwargs, {})["queue"]  # type: ignore[index]
-    except (*SEND_ERRORS, RoutingError) as exc:
+        options = check_manual_send(app, task, None, kwargs, {"queue": queue} if queue else {}, now=time.time(),
+                                    node_expires_s=config.beat.reconcile_interval_s)
+    except NoLiveAgent as exc:
+        fail(str(exc), EXIT_FAILURE)
+    except SEND_ERRORS as exc:
         fail(str(exc))
-    options: dict[str, Any] = {"queue": queue} if queue else {}
-    if family_of(task) == "node":
-        _require_live_agent(app, routed)
-        # A node order nobody takes must not run hours later when an agent appears.
-        options["expires"] = config.beat.reconcile_interval_s
+    routed = options["queue"]
     result = app.send_task(task, kwargs=kwargs, **options)
     if not wait:
         print_json({"task_id": result.id, "task": task, "state": "SENT"})
@@ -100,15 +109,6 @@ def _forget(result: Any) -> None:
         result.backend.result_consumer.cancel_for(result.id)
     except Exception:  # noqa: BLE001 - best effort clean-up on the way out
         pass
-
-
-def _require_live_agent(app: Any, queue: str) -> None:
-    from powerfleet.agent.presence import live_agents
-    from powerfleet.tasks.ports import fleet_redis
-
-    node = queue[len(NODE_QUEUE_PREFIX):]
-    if node not in live_agents(fleet_redis(app)):
-        fail(f"no live agent serves node {node!r} (no heartbeat); nothing sent", EXIT_FAILURE)
 
 
 def status(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import tempfile
 import threading
@@ -15,20 +17,55 @@ from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.twin.topology import MAX_NODES, MIN_NODES
 
 
-def fleet_settings(tw: Any) -> dict[str, str]:
-    """The POWERFLEET_* settings that point a fleet's agents, planner and retune at the twin."""
-    nodes = ", ".join(tw.spec.node_names)
-    return {
-        "POWERFLEET_NODES": f"[{nodes}]",
-        "POWERFLEET_AGENT__GPU_BACKEND": "simulated",
-        "POWERFLEET_AGENT__SIMULATED_DIR": str(tw.root / "gpus"),
-        "POWERFLEET_AGENT__PROC_ROOT": str(tw.root / "proc" / "all"),
-        "POWERFLEET_AGENT__KUBECONFIG": str(tw.kubeconfig),
-        "POWERFLEET_BUDGET__KUBECONFIG": str(tw.kubeconfig),
-        "POWERFLEET_RETUNE__KUBECONFIG": str(tw.kubeconfig),
-        "POWERFLEET_RETUNE__TRACE_DIR": str(tw.trace_dir),
-        "POWERFLEET_RETUNE__DEPLOYMENTS": "[llm-disagg, llm-agg]",
-    }
+def fleet_settings(tw: Any, window_s: int) -> dict[str, str]:
+    """The variables that point a fleet (`powerfleet up` on this machine) at the twin.
+
+    The same settings the demo gives its fleet (budgets, the twin's retune window, short beat
+    intervals), with one proc root and one state directory for every agent of the machine.
+    """
+    from powerfleet.cli.demo_cmd import config_env, twin_fleet_env
+
+    env = twin_fleet_env(tw, window_s)
+    env.update(config_env({"agent.proc_root": str(tw.root / "proc" / "all"),
+                     "agent.state_dir": str(tw.root / "agent-state")}))
+    return env
+
+
+def export_lines(settings: dict[str, str]) -> list[str]:
+    """``export KEY=VALUE`` lines a POSIX shell accepts as they are (values quoted)."""
+    return [f"export {key}={shlex.quote(value)}" for key, value in settings.items()]
+
+
+class DirLock:
+    """An exclusive lock on a twin's ``--dir``: a second twin there would overwrite the first's files."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".twin.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise TwinDirBusy(f"{self.path.parent} is in use by another twin (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays, harmless
+            self._fd = None
+
+
+class TwinDirBusy(Exception):
+    pass
 
 
 def twin(
@@ -51,6 +88,13 @@ def twin(
     if traces is not None and not traces.is_dir():
         fail(f"--traces: {traces} is not a directory")
     root = directory or Path(tempfile.mkdtemp(prefix="powerfleet-twin-"))
+    lock = DirLock(root)
+    try:
+        lock.acquire()
+    except TwinDirBusy as exc:
+        fail(f"twin: --dir {exc}", EXIT_FAILURE)
+    except OSError as exc:
+        fail(f"twin: cannot start in {root}: {exc.strerror or exc}", EXIT_FAILURE)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -76,13 +120,14 @@ def twin(
             typer.echo(f"API server: {tw.api.url}")
             for name, fe in manifest["frontends"].items():
                 typer.echo(f"frontend {name}: router {fe['router_url']}/router_policy, metrics {fe['metrics_url']}")
-            typer.echo("point a fleet at it (e.g. `powerfleet up`) with:")
-            for key, value in fleet_settings(tw).items():
-                typer.echo(f"  {key}={value}")
+            typer.echo("point a fleet at it: paste these lines into a shell, then run `powerfleet up` there:")
+            for line in export_lines(fleet_settings(tw, window)):
+                typer.echo(line)
             typer.echo(f"paths and URLs: {tw.root / 'twin.json'}")
             typer.echo("Ctrl-C stops the twin", err=True)
         stop.wait(duration if duration > 0 else None)
     finally:
         tw.stop()
+        lock.release()
     if not as_json:
         typer.echo(json.dumps({"samples": len(tw.samples), "tick_errors": tw.tick_errors}), err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import tempfile
 import threading
@@ -21,26 +22,60 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
     from powerfleet.workers.launcher import Launcher
 
     export_config_path(ctx)
+    prepare_log_dir(log_dir, "--log-dir")  # before Redis starts: a bad directory leaves nothing running
+    metrics = MetricsPorts(config.metrics.port)
+    names = ["worker", *(f"agent-{node}" for node in config.nodes), "beat"]
+    ports = {name: metrics.env(name) for name in names}  # checked before anything starts, too
     launcher = Launcher(log_dir=log_dir)
     if config.broker.url is None:
         try:
             url = launcher.start_embedded_broker()
         except BrokerUnavailable as exc:
             fail(str(exc))
-        typer.echo(f"embedded redis-server at {url}", err=True)
+        where = f"embedded redis-server at {url}"
     else:
         url = config.broker.url
-        typer.echo(f"broker {redact(url)}", err=True)
-    metrics = MetricsPorts(config.metrics.port)
-    launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "fleet@up", env=metrics.env("worker"))
-    for node in config.nodes:
-        launcher.spawn(f"agent-{node}", "agent", "--node", node, env=metrics.env(f"agent-{node}"))
-    launcher.spawn("beat", "beat", env=metrics.env("beat"))
-    launcher.spawn("flower", "flower")
+        where = f"broker {redact(url)}"
+    # Other commands (status, trigger) need it; a password is never printed (it is in the config).
+    paste = f"export POWERFLEET_BROKER__URL={shlex.quote(url)}" if redact(url) == url else "as configured"
+    typer.echo(f"{where} (for status/trigger: {paste})", err=True)
+    try:
+        launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "fleet@up", env=ports["worker"])
+        for node in config.nodes:
+            launcher.spawn(f"agent-{node}", "agent", "--node", node, env=ports[f"agent-{node}"])
+        launcher.spawn("beat", "beat", env=ports["beat"])
+        launcher.spawn("flower", "flower")
+    except BaseException:
+        launcher.stop()  # never leave the embedded redis-server or a started child behind
+        raise
     if metrics.assigned:
         typer.echo("metrics: " + ", ".join(f"{name} http://{config.metrics.address}:{port}/metrics"
                                            for name, port in metrics.assigned.items()), err=True)
     return launcher, url
+
+
+def prepare_log_dir(path: Path, option: str) -> None:
+    """Create ``path`` and prove it writable, or exit 2 naming ``option`` (shared with `demo --report`)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".powerfleet-probe-"):
+            pass
+    except OSError as exc:
+        fail(f"{option}: cannot write to {path} ({exc.strerror or exc})")
+
+
+def stopped_reason(child) -> str:  # type: ignore[no-untyped-def]
+    """Why a fleet process stopped: its exit code and the last line it logged."""
+    last = ""
+    try:
+        with open(child.log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+            last = lines[-1].strip()[:300] if lines else ""
+    except OSError:
+        pass
+    said = f": {last}" if last else ""
+    return f"{child.name} (exit {child.proc.returncode}{said}; log {child.log})"
 
 
 class MetricsPorts:
@@ -74,7 +109,7 @@ def _wait_for_signal(stop: threading.Event, duration_s: float | None, launcher, 
             return
         dead = launcher.dead_children()
         if dead:
-            names = ", ".join(f"{c.name} (exit {c.proc.returncode}, log {c.log})" for c in dead)
+            names = ", ".join(stopped_reason(c) for c in dead)
             typer.echo(f"powerfleet: a fleet process stopped: {names}", err=True)
             return
         if on_tick is not None:

@@ -23,6 +23,7 @@ ENV_PREFIX = "POWERFLEET_"
 ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
 # Kubernetes node names are DNS subdomains; queue names are built from them.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label
 
 
 def is_node_name(name: str) -> bool:
@@ -95,6 +96,9 @@ class FlowerConfig(_Strict):
     port: int = Field(5555, ge=1, le=65535)
     # "user:password" entries. Required when address is not loopback.
     basic_auth: list[str] = Field(default_factory=list)
+    # Flower's worker-control endpoints (shutdown, pool, consumers, rate/time limits, revoke,
+    # abort) stop work or uncap a node with one call; off, they answer 403 (docs/operations.md).
+    allow_worker_control: bool = False
 
     @field_validator("basic_auth")
     @classmethod
@@ -113,6 +117,14 @@ class FlowerConfig(_Strict):
             return ipaddress.ip_address(self.address).is_loopback
         except ValueError:
             return False
+
+
+class TaskApiConfig(_Strict):
+    """Sends by hand (`powerfleet trigger`, Flower's task API)."""
+
+    # The JSON arguments of one send; the result (often an echo of them) stays in Redis for
+    # broker.result_expires_s, so an unbounded payload is unbounded Redis memory.
+    max_payload_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
 
 class MetricsConfig(_Strict):
@@ -179,6 +191,15 @@ class RetuneConfig(_Strict):
     window_store: Literal["file", "redis"] = "file"
     per_deployment: dict[str, RetuneDeploymentConfig] = Field(default_factory=dict)
 
+    @field_validator("deployments", "per_deployment")
+    @classmethod
+    def _deployment_names(cls, v: Any) -> Any:
+        # Lease names and Redis keys are built from them: each must be a Kubernetes object name.
+        for name in v:
+            if not is_node_name(name):
+                raise ValueError(f"{name!r} is not a valid Kubernetes object name")
+        return v
+
     @model_validator(mode="after")
     def _phase_within_interval(self) -> "RetuneConfig":
         if self.window_phase_s >= self.window_interval_s:
@@ -214,7 +235,7 @@ class AgentConfig(_Strict):
     @classmethod
     def _namespace_names(cls, v: list[str]) -> list[str]:
         for ns in v:
-            if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", ns):
+            if not _NAMESPACE.match(ns):
                 raise ValueError(f"{ns!r} is not a valid namespace name")
         return v
 
@@ -259,6 +280,8 @@ class BudgetConfig(_Strict):
             ns, sep, name = key.partition("/")
             if not sep or not ns or not name or "/" in name:
                 raise ValueError(f"{key!r} must be 'namespace/name'")
+            if not _NAMESPACE.match(ns) or not is_node_name(name):
+                raise ValueError(f"{key!r}: not a Kubernetes namespace and object name")
         return v
 
     @field_validator("groups")
@@ -275,6 +298,7 @@ class FleetConfig(_Strict):
     beat: BeatConfig = BeatConfig()
     limits: TimeLimits = TimeLimits()
     flower: FlowerConfig = FlowerConfig()
+    task_api: TaskApiConfig = TaskApiConfig()
     metrics: MetricsConfig = MetricsConfig()
     retune: RetuneConfig = RetuneConfig()
     agent: AgentConfig = AgentConfig()
@@ -326,6 +350,8 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        except RecursionError:
+            raise ConfigError(f"environment {key}: nested too deeply to parse") from None
         node = tree
         for part in path[:-1]:
             nxt = node.setdefault(part, {})
@@ -347,14 +373,18 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    from powerfleet.textinput import InputError, read_text, too_deep
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: config file is not UTF-8 text") from None
+        text = read_text(path)  # bounded: /dev/zero as --config is refused, not read forever
+    except InputError as exc:
+        if exc.reason.startswith("cannot read"):
+            raise ConfigError(f"{path}: cannot read config file {exc.reason.removeprefix('cannot read it ')}") from None
+        raise ConfigError(f"{path}: config file {exc.reason}") from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: {too_deep('the YAML')}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -376,6 +406,8 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
     env_data = _env_overrides(environ)
     try:
         return FleetConfig.model_validate(_deep_merge(file_data, env_data))
+    except RecursionError:
+        raise ConfigError(f"{path or 'environment'}: nested too deeply to validate") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])

@@ -3,7 +3,7 @@ the task API's proposals and re-admission (docs/budget.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -94,7 +94,8 @@ class EvaluateResult(TaskArgs):
 
 class ProposeArgs(TaskArgs):
     deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
-    replicas: dict[Role, int] = Field(min_length=1)
+    # Bounded here, so a negative or absurd count is refused at send time, not in the worker.
+    replicas: dict[Role, Annotated[int, Field(ge=0, le=100_000)]] = Field(min_length=1)
     source: str = Field("task-api", max_length=100)
 
 

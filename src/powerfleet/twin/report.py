@@ -7,9 +7,15 @@ scenario's steps, retune windows with their TTFT) and ``checks``: one entry per 
 
 Plots (matplotlib, Agg backend, no display needed):
 ``power.png`` power per rack over time against its budget, with the sum of the applied caps
-of the rack's GPUs that run pods (what they may draw); ``caps.png`` the applied cap of
-every GPU over time; ``ttft.png`` mean TTFT per retune window, the frontend's settings
-(retuned) against the default settings replayed on the same window.
+of the rack's GPUs that run pods (what they may draw); ``caps.png`` the applied cap per
+deployment and role (the mean over its GPUs, their count in the legend); ``ttft.png`` mean
+TTFT per retune window (labelled by its start time), the frontend's settings (retuned)
+against the default settings replayed on the same window.
+
+``timeline`` lists what happened, in clock time: the run's own events (sweeps launched, retune
+decisions, scenario steps) and every change of a deployment role's caps, read from the samples.
+``dropped_requests`` gives each deployment's dropped requests with their cause. Every time axis
+counts seconds from the first sample and names its clock time, the clock of the live view.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.twin.checks import Check
+from powerfleet.twin.manifests import AGG, DISAGG
+from powerfleet.twin.view import clock
 from powerfleet.twin.frontends import WindowTtft
 from powerfleet.twin.runtime import Sample
 
@@ -34,8 +42,50 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"min": round(min(values), 1), "mean": round(sum(values) / len(values), 1), "max": round(max(values), 1)}
 
 
+def cap_group(pod: str | None, role: str | None) -> str:
+    """``<deployment>/<role>`` of a GPU's pod, or ``idle`` for a GPU without one."""
+    if pod is None:
+        return "idle"
+    dgd = next((d for d in sorted((DISAGG, AGG), key=len, reverse=True) if pod.startswith(d + "-")), pod)
+    return f"{dgd}/{role or 'pod'}"
+
+
+def _caps_by_group(s: Sample) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for g in s.gpus:
+        out.setdefault(cap_group(g.pod, g.role), []).append(g.cap_w)
+    return out
+
+
+def _caps_text(caps: Sequence[float]) -> str:
+    lo, hi = min(caps), max(caps)
+    return f"{lo:.0f} W" if lo == hi else f"{lo:.0f}-{hi:.0f} W"
+
+
+def cap_events(samples: Sequence[Sample]) -> list[tuple[float, str]]:
+    """Each change of a deployment role's applied caps (or of its GPU count), as (time, text)."""
+    out: list[tuple[float, str]] = []
+    before: dict[str, list[float]] = {}
+    for s in samples:
+        now = {k: sorted(v) for k, v in _caps_by_group(s).items()}
+        for group, caps in sorted(now.items()):
+            old = before.get(group)
+            if old is not None and old != caps:
+                out.append((s.t, f"caps {group}: {_caps_text(old)} on {len(old)} GPUs -> {_caps_text(caps)} "
+                                 f"on {len(caps)} GPUs"))
+        before = now
+    return out
+
+
+def timeline(samples: Sequence[Sample], events: Sequence[tuple[float, str]]) -> list[dict[str, Any]]:
+    t0 = samples[0].t if samples else (events[0][0] if events else 0.0)
+    merged = sorted([*events, *cap_events(samples)], key=lambda e: e[0])
+    return [{"at": clock(t), "t_s": round(t - t0, 1), "event": text} for t, text in merged]
+
+
 def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks: Sequence[Check],
-            rack_budget_w: Mapping[str, float], fleet_budget_w: float, extra: Mapping[str, Any]) -> dict[str, Any]:
+            rack_budget_w: Mapping[str, float], fleet_budget_w: float, extra: Mapping[str, Any],
+            events: Sequence[tuple[float, str]] = ()) -> dict[str, Any]:
     t0 = samples[0].t if samples else 0.0
     racks = sorted(rack_budget_w)
     last = samples[-1] if samples else None
@@ -57,6 +107,7 @@ def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks:
              "ttft_ms_retuned": w.ttft_ms_current, "ttft_ms_default": w.ttft_ms_default, "policy": w.policy}
             for w in windows
         ],
+        "timeline": timeline(samples, events),
         "checks": {c.name: c.ok for c in checks},
         "check_details": {c.name: c.detail for c in checks},
         "images": list(IMAGES),
@@ -69,7 +120,7 @@ def _rack_caps(s: Sample, rack: str, racks: Mapping[str, str]) -> float:
 
 
 def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
-           rack_budget_w: Mapping[str, float], racks: Mapping[str, str]) -> list[str]:
+           rack_budget_w: Mapping[str, float], racks: Mapping[str, str], window_s: int = 0) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,6 +129,7 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
     made: list[str] = []
     t0 = samples[0].t if samples else 0.0
     ts = [s.t - t0 for s in samples]
+    xlabel = f"seconds since {clock(t0)} (the live view's clock)"
 
     fig, ax = plt.subplots(figsize=(11, 4))
     for i, rack in enumerate(sorted(rack_budget_w)):
@@ -87,7 +139,7 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
                 label=f"{rack} caps of its pods' GPUs")
         # Racks often share one budget figure: offset dash patterns keep both lines visible.
         ax.axhline(rack_budget_w[rack], color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
-    ax.set_xlabel("seconds since start")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("GPU power (W)")
     ax.set_title("Power per rack against its budget")
     ax.set_ylim(bottom=0)
@@ -97,15 +149,22 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
     plt.close(fig)
     made.append("power.png")
 
-    fig, ax = plt.subplots(figsize=(9, 4))
-    keys = sorted({f"{g.node}/{g.index}" for s in samples for g in s.gpus})
-    for key in keys:
-        series = [next((g.cap_w for g in s.gpus if f"{g.node}/{g.index}" == key), float("nan")) for s in samples]
-        ax.step(ts, series, where="post", linewidth=1)
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("applied cap (W)")
-    ax.set_title(f"Applied power cap of each GPU ({len(keys)} GPUs)")
+    fig, ax = plt.subplots(figsize=(11, 4))
+    groups = sorted({cap_group(g.pod, g.role) for s in samples for g in s.gpus})
+    for i, group in enumerate(groups):
+        series, counts = [], []
+        for s in samples:
+            caps = _caps_by_group(s).get(group, [])
+            series.append(sum(caps) / len(caps) if caps else float("nan"))
+            counts.append(len(caps))
+        ax.step(ts, series, where="post", linewidth=1.5, color=f"C{i}",
+                label=f"{group} (up to {max(counts) if counts else 0} GPUs)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("applied cap, mean over the GPUs (W)")
+    ax.set_title("Applied power cap per deployment and role")
     ax.set_ylim(0, 750)
+    if groups:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "caps.png", dpi=100)
     plt.close(fig)
@@ -122,7 +181,12 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no retune window closed", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("retune window")
+    if window_s:
+        shown = sorted({w.window for w in windows if w.ttft_ms_current is not None})
+        ax.set_xticks(range(len(shown)), [clock(k * window_s) for k in shown], rotation=30, fontsize=8)
+        ax.set_xlabel(f"retune window ({window_s} s), by its start time")
+    else:
+        ax.set_xlabel("retune window")
     ax.set_ylabel("mean TTFT (ms)")
     ax.set_title("TTFT per window: the routers' settings against default settings, same requests")
     fig.tight_layout()
@@ -139,6 +203,11 @@ def _html(data: Mapping[str, Any], images: Sequence[str]) -> str:
         for name, ok in data["checks"].items())
     steps = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
                     for k, v in (data.get("steps") or {}).items())
+    events = "".join(f"<tr><td>{html.escape(e['at'])}</td><td>{e['t_s']:.0f} s</td><td>{html.escape(e['event'])}</td></tr>"
+                     for e in data.get("timeline", []))
+    dropped = "".join(f"<tr><td>{html.escape(d)}</td><td>{v['requests']}</td><td>{html.escape(v['cause'])}</td></tr>"
+                      for d, v in (data.get("dropped_requests") or {}).items()) or \
+        "<tr><td colspan=3>none</td></tr>"
     figs = "".join(f'<figure><img src="{html.escape(i)}" alt="{html.escape(i)}"></figure>' for i in images)
     p = data["power"]
     return f"""<!doctype html>
@@ -155,6 +224,8 @@ seed {html.escape(str(data.get('seed', '?')))}; traffic: {html.escape(str(data.g
 Fleet power mean {p['fleet_w']['mean']:.0f} W, peak {p['fleet_w']['max']:.0f} W of a {p['fleet_budget_w']:.0f} W budget.</p>
 <h2>Checks</h2><table><tr><th>check</th><th>result</th><th>detail</th></tr>{rows}</table>
 <h2>Scenario</h2><table><tr><th>step</th><th>outcome</th></tr>{steps}</table>
+<h2>Timeline</h2><table><tr><th>clock</th><th>since start</th><th>what happened</th></tr>{events}</table>
+<h2>Dropped requests</h2><table><tr><th>deployment</th><th>requests</th><th>cause</th></tr>{dropped}</table>
 <h2>Plots</h2>{figs}
 <p>All figures: <a href="summary.json">summary.json</a>.</p>
 </body></html>
@@ -165,7 +236,7 @@ def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], win
                  rack_budget_w: Mapping[str, float], racks: Mapping[str, str] | None = None) -> Path:
     """``racks``: node -> rack, for the caps line of the power plot (omitted: no caps line)."""
     out.mkdir(parents=True, exist_ok=True)
-    images = _plots(out, samples, windows, rack_budget_w, racks or {})
+    images = _plots(out, samples, windows, rack_budget_w, racks or {}, int(data.get("window_s") or 0))
     assert tuple(images) == IMAGES, images
     (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
     (out / "index.html").write_text(_html(data, images))

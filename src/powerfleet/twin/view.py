@@ -2,11 +2,17 @@
 
 Both render the same ``ViewState``: fleet and per-rack power against budget, caps per node,
 queue depths, the last decisions, the scenario's steps and the Flower URL.
+
+One clock: every line and decision carries the wall-clock time (``clock``), the same the
+report's timeline and plots use. Only what changed is printed: ticks that did nothing are
+counted (``quiet_ticks``) on the status line, not printed one by one.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -25,12 +31,41 @@ class ViewState:
     queues: dict[str, int] = field(default_factory=dict)
     decisions: list[str] = field(default_factory=list)  # newest last
     steps: dict[str, str] = field(default_factory=dict)  # step -> "pending" | "running" | "ok" | "failed: ..."
+    now: float = 0.0  # wall-clock time of this state (epoch seconds)
+    quiet_ticks: dict[str, int] = field(default_factory=dict)  # family -> ticks that changed nothing
 
     def to_json(self) -> dict[str, Any]:
         return {"elapsed_s": round(self.elapsed_s, 1), "fleet_w": self.fleet_w, "fleet_budget_w": self.fleet_budget_w,
                 "rack_w": self.rack_w, "rack_budget_w": self.rack_budget_w, "caps": self.caps,
                 "queues": self.queues, "decisions": self.decisions[-20:], "steps": self.steps,
-                "flower_url": self.flower_url}
+                "flower_url": self.flower_url, "quiet_ticks": self.quiet_ticks}
+
+
+def clock(t: float) -> str:
+    """The one clock of the demo's output: local wall-clock time, to the second."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def window_span(k: int, window_s: int) -> str:
+    """Retune window k as the clock times it covers (windows are epoch-aligned; the demo's phase is 0)."""
+    return f"{clock(k * window_s)}-{clock((k + 1) * window_s)}"
+
+
+def tick_news(family: str, detail: str, before: str | None, window_s: int) -> str | None:
+    """What a tick did when it is news; None for a tick that changed nothing (counted, not printed).
+
+    A reconcile tick fans out to the same nodes every few seconds; a budget tick's fan-out is news
+    only when it differs from the last one; a retune tick only when it launched a window's sweep.
+    """
+    if family == "retune":
+        launched = re.findall(r"launched (\S+) window (\d+)", detail)
+        if not launched:
+            return None
+        return "retune: sweep launched for " + ", ".join(f"{d} window {window_span(int(k), window_s)}"
+                                                         for d, k in launched)
+    if family == "budget" and detail != before and detail.strip():
+        return "budget tick: " + " ".join(detail.split())
+    return None
 
 
 def _caps_text(caps: list[float]) -> str:
@@ -53,15 +88,17 @@ class PlainView:
         return None
 
     def update(self, s: ViewState) -> None:
-        for line in s.decisions[self._seen:]:
-            self.out.write(f"  t+{s.elapsed_s:5.0f}s  {line}\n")
+        for line in s.decisions[self._seen:]:  # each already carries its clock time
+            self.out.write(f"  {line}\n")
         self._seen = len(s.decisions)
         if s.elapsed_s - self._last_line >= self.every_s:
             self._last_line = s.elapsed_s
-            racks = " ".join(f"{r} {w:.0f}/{s.rack_budget_w.get(r, 0):.0f}" for r, w in sorted(s.rack_w.items()))
+            racks = " ".join(f"{r} {w:.0f}/{s.rack_budget_w.get(r, 0):.0f} W" for r, w in sorted(s.rack_w.items()))
             queues = " ".join(f"{q}={n}" for q, n in sorted(s.queues.items()) if n or q in ("control", "sweep"))
-            self.out.write(f"  t+{s.elapsed_s:5.0f}s  power fleet {s.fleet_w:.0f}/{s.fleet_budget_w:.0f} W | {racks} | "
-                           f"queues {queues}\n")
+            quiet = ", ".join(f"{f} {n}" for f, n in sorted(s.quiet_ticks.items()) if n)
+            quiet = f" | ticks without change: {quiet}" if quiet else ""
+            self.out.write(f"  {clock(s.now or time.time())}  power fleet {s.fleet_w:.0f}/{s.fleet_budget_w:.0f} W | "
+                           f"{racks} | queues (messages) {queues}{quiet}\n")
         self.out.flush()
 
 
@@ -104,7 +141,7 @@ def render(s: ViewState) -> Any:
     caps = Table("node", "applied cap per GPU (W)", box=None, padding=(0, 1))
     for node, values in sorted(s.caps.items()):
         caps.add_row(node, _caps_text(values))
-    queues = Table("queue", "depth", box=None, padding=(0, 1))
+    queues = Table("queue", "depth (messages)", box=None, padding=(0, 1))
     for q, n in sorted(s.queues.items()):
         queues.add_row(q, str(n))
     steps = Table("step", "state", box=None, padding=(0, 1))
@@ -112,7 +149,8 @@ def render(s: ViewState) -> Any:
         style = "green" if state == "ok" else "red" if state.startswith("failed") else "yellow"
         steps.add_row(name, f"[{style}]{state}[/]")
     decisions = "\n".join(s.decisions[-8:]) or "(none yet)"
-    head = f"powerfleet demo  t+{s.elapsed_s:.0f}s of {s.duration_s:.0f}s   Flower {s.flower_url}"
+    head = (f"powerfleet demo  {clock(s.now or time.time())}  {s.elapsed_s:.0f} s of {s.duration_s:.0f} s   "
+            f"Flower {s.flower_url}")
     return Group(
         Panel(power, title=head, title_align="left"),
         Panel(caps, title="caps"), Panel(queues, title="queues"), Panel(steps, title="scenario"),

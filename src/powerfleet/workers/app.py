@@ -68,8 +68,11 @@ class FleetCelery(Celery):
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TaskInputError(f"{name}: arguments must be a JSON object, got {type(kwargs).__name__}")
         kwargs = kwargs or {}
-        _refuse_non_finite(name, kwargs)
-        decode_args(name, model, tuple(args or ()), kwargs, args_context(self))
+        try:
+            _refuse_non_finite(name, kwargs)
+            decode_args(name, model, tuple(args or ()), kwargs, args_context(self))
+        except RecursionError:
+            raise TaskInputError(f"{name}: arguments are nested too deeply") from None
 
 
 def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
@@ -179,7 +182,9 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     url = broker_url or config.broker.url
     if url is None:
         raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
-    app = FleetCelery(main, set_as_current=True)
+    from powerfleet.workers.outcomes import FleetTask
+
+    app = FleetCelery(main, set_as_current=True, task_cls=FleetTask)
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
