@@ -11,8 +11,6 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import redis
-
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.nvml import NvmlBackend
@@ -23,6 +21,7 @@ from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.watcher import PodWatcher
+from powerfleet.broker.clients import redis_client
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
@@ -101,7 +100,7 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     if cluster is not None and ac.watch:
         rt.stoppers.append(PodWatcher(cluster, node, ac.namespaces, rt.request_pass).start().stop)
     if broker_url is not None:
-        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        client = redis_client(broker_url, config.broker, socket_timeout=5, socket_connect_timeout=5)
         rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock).start().stop)
     address, port = probe if probe is not None else endpoint(config)
     if port:
