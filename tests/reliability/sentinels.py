@@ -145,6 +145,18 @@ class SentinelCluster:
             client.close()
         return new
 
+    def wait_demoted(self, port: int, timeout_s: float = 40) -> None:
+        """Wait until ``port`` (a master a graceful failover replaced) runs as a replica.
+
+        Until then it still accepts writes: a client that has not yet noticed the failover
+        writes there, and those writes are dropped when it resyncs from the new master.
+        """
+        client = _client(port)
+        try:
+            wait_for(lambda: client.info("replication").get("role") == "slave", f"{port} to be demoted", timeout_s)
+        finally:
+            client.close()
+
     # -- faults --------------------------------------------------------------------------
     def running(self, port: int) -> bool:
         proc = self.procs.get(port)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,13 +94,22 @@ def carries_on(fleet: Fleet, since: float) -> None:
     assert fleet.launcher.dead_children() == []
 
 
+def reconnects(port: int, kind: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    key = f'powerfleet_broker_reconnects_total{{kind="{kind}"}} '
+    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), -1.0)
+
+
 def test_a_graceful_sentinel_failover_is_carried_through(fleet: Fleet) -> None:
     wait_for(lambda: all(fleet.ticks.counts().get(f, 0) >= 1 for f in TICK_FAMILIES), "the first ticks", 60)
     old = fleet.cluster.master_port()
     fleet.cluster.graceful_failover()
     new = fleet.cluster.wait_new_master(old)
+    fleet.cluster.wait_demoted(old)  # from here on nobody can still be writing to the old master
     carries_on(fleet, time.time())
     assert fleet.cluster.master_port() == new  # it was carried by the promoted master, not a new one
+    for node in NODES:  # the agents followed the promoted master, and say so
+        assert reconnects(fleet.probe_ports[node], "master_changed") >= 1, node
 
 
 def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:

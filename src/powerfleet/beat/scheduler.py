@@ -41,7 +41,7 @@ class FleetScheduler(RedBeatScheduler):
             next_s = super().tick(min=min, **kwargs)
             if self._broker_lost:
                 self._broker_lost = False
-                reconnects().inc()
+                reconnects().labels(kind="consumer").inc()
             return next_s
         except LockError:
             logger.warning("beat: lost the RedBeat lock (Redis restarted or the outage outlasted it); "

@@ -50,7 +50,7 @@ class BrokerWatch(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         self._starts += 1
         if self._starts > 1:
-            reconnects().inc()
+            reconnects().labels(kind="consumer").inc()
             logger.warning("broker: %s reconnected (%d reconnects since start)", c.hostname, self._starts - 1)
         if self._client is None:
             self._client = redis_client(c.app.conf.broker_url, c.app.fleet_config.broker,
