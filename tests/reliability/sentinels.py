@@ -35,16 +35,19 @@ class SentinelCluster:
 
     ``min_replicas_to_write``: the master refuses writes (NOREPLICAS) unless that many replicas
     are attached with a lag under ``min_replicas_max_lag`` seconds, as the chart configures it.
+    ``sync_delay_s``: Redis's repl-diskless-sync-delay (0 here so replicas sync at once; Redis's
+    default of 5 s is the window in which a freshly restarted replica is still empty).
     """
 
     def __init__(self, base: Path, replicas: int = 2, sentinels: int = 3, down_after_ms: int = 800,
-                 min_replicas_to_write: int = 0, min_replicas_max_lag: int = 10) -> None:
+                 min_replicas_to_write: int = 0, min_replicas_max_lag: int = 10, sync_delay_s: int = 0) -> None:
         self.dir = base
         self.dir.mkdir(parents=True, exist_ok=True)
         self.redis_ports = [free_loopback_port() for _ in range(1 + replicas)]
         self.sentinel_ports = [free_loopback_port() for _ in range(sentinels)]
         self.down_after_ms = down_after_ms
         self.min_replicas = (min_replicas_to_write, min_replicas_max_lag)
+        self.sync_delay_s = sync_delay_s  # Redis waits this long before a full sync (its default: 5)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -61,7 +64,7 @@ class SentinelCluster:
         argv = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
                 "--maxmemory-policy", "noeviction", "--logfile", str(d / "redis.log"),
-                "--repl-diskless-sync-delay", "0",
+                "--repl-diskless-sync-delay", str(self.sync_delay_s),
                 "--min-replicas-to-write", str(self.min_replicas[0]),
                 "--min-replicas-max-lag", str(self.min_replicas[1])]
         if replica_of is not None:
