@@ -63,6 +63,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                   "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb",
                   "resources": {"requests": {"cpu": "500m", "memory": "3Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}},
     },
+    # The in-chart Redis replicated: three pods (Redis + Sentinel each), persistent.
+    "sentinel": {"redis": {"mode": "sentinel", "persistence": {"enabled": True}}},
 }
 
 # Kinds from CRDs: kubernetes-validate has no schema for them (checked by their own tests).

@@ -11,9 +11,10 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import redis
 from kubernetes import client
 from kubernetes import config as kube_config
+
+import redis
 
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
@@ -29,6 +30,7 @@ from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.podcache import PodCache
+from powerfleet.broker.clients import redis_client
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
@@ -135,7 +137,7 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
                       complete_view=not ac.namespaces, metrics=metrics)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
     if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
-        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        client = redis_client(broker_url, config.broker, socket_timeout=5, socket_connect_timeout=5)
         rt.lock = take_lock(client, node, config.beat.reconcile_interval_s)  # LockHeld: refuse to start
     if cache is not None:
         if ac.watch:

@@ -105,7 +105,7 @@ def beat(
 
         from powerfleet.metrics.queues import QueueDepthCollector
 
-        REGISTRY.register(QueueDepthCollector(app.broker_url_resolved))
+        REGISTRY.register(QueueDepthCollector(app.broker_url_resolved, config.broker))
     serve_metrics(port, config.metrics.address)
     app.start(["beat", "--loglevel", loglevel, "--scheduler", "powerfleet.beat.scheduler:FleetScheduler"])
 

@@ -19,6 +19,8 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from powerfleet.config.broker_urls import check_broker_url, is_sentinel
+
 ENV_PREFIX = "POWERFLEET_"
 ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
 # Kubernetes node names are DNS subdomains; queue names are built from them.
@@ -39,10 +41,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SentinelConfig(_Strict):
+    # The name the Sentinels monitor (`sentinel monitor <name> ...`); required with sentinel:// URLs.
+    master_name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
+    # The Sentinels' own password (their `requirepass`); the Redis master's goes in the URL.
+    password: str | None = None
+    # TLS to the Sentinels and to the Redis nodes they name, verified against this CA file
+    # (the system store when unset).
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+
 class BrokerConfig(_Strict):
     # None: start a private redis-server on loopback (see powerfleet.broker.embedded).
+    # redis://, rediss://, unix://, or sentinel://host:port URLs joined by ; (docs/reliability.md).
     url: str | None = None
     result_backend: str | None = None  # defaults to the broker URL
+    sentinel: SentinelConfig = SentinelConfig()
+    # A publish the master refuses with NOREPLICAS (min-replicas-to-write unmet, e.g. while a
+    # replica resyncs after a failover) is retried for this long, then reported in one line.
+    noreplicas_retry_s: float = Field(5.0, ge=0, le=120)
     # Must exceed the longest acks_late task, or Redis redelivers it while it still runs.
     visibility_timeout_s: int = Field(3600, ge=60, le=7 * 86400)
     # Every tick stores a small result: a day of them at the default rates is ~36 MB of Redis
@@ -52,9 +70,13 @@ class BrokerConfig(_Strict):
     @field_validator("url", "result_backend")
     @classmethod
     def _redis_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return v
+        return None if v is None else check_broker_url(v)
+
+    @model_validator(mode="after")
+    def _sentinel_needs_a_master(self) -> "BrokerConfig":
+        if (is_sentinel(self.url) or is_sentinel(self.result_backend)) and self.sentinel.master_name is None:
+            raise ValueError("a sentinel:// URL needs broker.sentinel.master_name (the name the Sentinels monitor)")
+        return self
 
 
 class BeatConfig(_Strict):
