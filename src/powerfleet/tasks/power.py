@@ -26,6 +26,7 @@ log = logging.getLogger("powerfleet.power")
 THROTTLE_TASK = "powerfleet.agent.throttle"
 MEMORY_KEY = "powerfleet:power:guard:{group}"
 LOCK_KEY = "powerfleet:power:guard:{group}:lock"
+DRAW_KEY = "powerfleet:power:draw:{group}"  # [t, W] per period, newest first: admission's window
 MEMORY_TTL_S = 86400  # a guard back after an outage resumes from what it sent last
 _refused: dict[str, str | None] = {}  # group -> the refusal last logged (one line per change)
 _topologies: dict[str, Any] = {}
@@ -94,12 +95,26 @@ def run_guard(app: Any, group: str, limit_w: float, topology: Any, telemetry: Te
         elif group in _refused:
             log.info("group %s: oversubscription no longer refused; guarding it", group)
         _refused[group] = period.refused
+    if period.decision is not None:  # the measured figure admission reads (power/admission.py)
+        keep = int(app.fleet_config.power.admission_window_s / settings.period_s) + 1
+        pipe = r.pipeline(transaction=False)
+        pipe.lpush(DRAW_KEY.format(group=group), json.dumps([now, period.decision.measured_w], allow_nan=False))
+        pipe.ltrim(DRAW_KEY.format(group=group), 0, keep - 1)
+        pipe.expire(DRAW_KEY.format(group=group), MEMORY_TTL_S)
+        pipe.execute()
     sent = send_overlays(app, period)
     power_metrics.observe(group, limit_w, period)
     d = period.decision
     return GuardResult(group=group, at=now, ran=True, limit_w=limit_w, refused=period.refused, overlays=sent,
                        mode=d.mode if d else None, measured_w=d.measured_w if d else None,
                        throttle=dict(d.throttle) if d else {}, stale=list(d.stale) if d else [])
+
+
+def draw_history(r: Any, group: str) -> list[tuple[float, float]]:
+    """The group's measured draw per guard period over the admission window (for the ledger)."""
+    from powerfleet.power.admission import parse_draw_history
+
+    return parse_draw_history(r.lrange(DRAW_KEY.format(group=group), 0, -1))
 
 
 @fleet_task("powerfleet.power.guard", GuardArgs, acks_late=False)
