@@ -165,3 +165,28 @@ def test_groups_take_watts_or_an_object_with_a_ratio_and_only_oversubscribed_one
     path.write_text("budget:\n  groups:\n    rack-b: {limit: 8000}\n")
     with pytest.raises(ConfigError, match="groups.rack-b.limit_w: Field required"):
         load_config(path, environ={})
+
+
+def test_each_period_sets_the_groups_metrics_and_counts_throttles_by_priority_and_excursions() -> None:
+    from prometheus_client import REGISTRY
+
+    from powerfleet.power import metrics
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before_low = value("powerfleet_power_throttle_events_total", group="rack-m", priority="low")
+    before_exc = value("powerfleet_power_excursion_periods_total", group="rack-m")
+    p = guard_period(S, "rack-m", 2000.0, VIEW, reports(490.0, 100.0), GuardMemory(), now=100.0)
+    metrics.observe("rack-m", 2000.0, p)
+    assert value("powerfleet_power_guard_mode", group="rack-m", mode="throttle_low") == 1
+    assert value("powerfleet_power_guard_mode", group="rack-m", mode="hold") == 0
+    assert value("powerfleet_power_throttle_events_total", group="rack-m", priority="low") == before_low + 2
+    assert value("powerfleet_power_group_measured_watts", group="rack-m") == 1960.0
+    assert value("powerfleet_power_excursion_periods_total", group="rack-m") == before_exc  # 1960 W <= 2000 W
+    over = guard_period(S, "rack-m", 2000.0, VIEW, reports(600.0, 101.0), p.memory, now=101.0)
+    metrics.observe("rack-m", 2000.0, over)
+    assert value("powerfleet_power_excursion_periods_total", group="rack-m") == before_exc + 1
+    assert value("powerfleet_power_throttle_events_total", group="rack-m", priority="high") >= 2
+    metrics.observe("rack-m", 700.0, guard_period(S, "rack-m", 700.0, VIEW, reports(1.0, 101.0), p.memory, 101.0))
+    assert value("powerfleet_power_group_refused", group="rack-m") == 1

@@ -49,9 +49,6 @@ class OverlayStore:
                                  ["group"], registry=r)
         self.in_fallback = Gauge("powerfleet_agent_power_fallback", "1 while a group's GPUs are at their safe caps",
                                  ["group"], registry=r)
-        self.throttled = Gauge("powerfleet_agent_power_throttled_gpus",
-                               "GPUs held below their annotation cap by the guard's overlay at the last pass",
-                               ["group"], registry=r)
 
     def receive(self, overlay: Overlay) -> bool:
         """Keep ``overlay`` unless an overlay of a newer revision is already held; True when kept."""
