@@ -42,14 +42,20 @@ def test_a_group_over_its_thresholds_gets_one_overlay_per_node_low_priority_thro
     assert set(p.overlays["node-a"].caps) == {"a0", "a1"} and p.overlays["node-b"].caps == {}
     assert p.overlays["node-a"].caps["a0"] == pytest.approx(700 * 0.85)
     assert p.overlays["node-b"].safe == {"b0": 500.0, "b1": 500.0}  # every GPU's safe cap, with every overlay
-    assert p.memory.revision == 1 and p.overlays["node-a"].revision == 1
+    assert p.memory.revision == 100_000 and p.overlays["node-a"].revision == 100_000  # ms of the guard's clock
     # the memory survives its JSON trip, and the next period continues from it (lower again)
     memory = GuardMemory.from_json(json.loads(json.dumps(p.memory.to_json())))
     assert memory == p.memory
     nxt = guard_period(S, "rack", 2000.0, VIEW, reports(590.0, 101.0), memory, now=101.0)
     assert nxt.decision is not None and nxt.decision.mode == "throttle_all"
     assert nxt.overlays["node-a"].caps["a0"] < p.overlays["node-a"].caps["a0"] and nxt.over_limit
-    assert nxt.memory.revision == 2
+    assert nxt.memory.revision == 101_000
+    # a memory lost (Redis restarted empty) still gives a newer revision than the agents hold
+    assert guard_period(S, "rack", 2000.0, VIEW, reports(490.0, 102.0), GuardMemory(), now=102.0).memory.revision > \
+        nxt.memory.revision
+    # two periods within one millisecond still count up
+    assert guard_period(S, "rack", 2000.0, VIEW, reports(490.0, 101.0), nxt.memory, now=101.0).memory.revision == \
+        101_001
 
 
 def test_a_silent_node_is_counted_at_its_safe_caps_and_stale_telemetry_too() -> None:
@@ -190,3 +196,16 @@ def test_each_period_sets_the_groups_metrics_and_counts_throttles_by_priority_an
     assert value("powerfleet_power_throttle_events_total", group="rack-m", priority="high") >= 2
     metrics.observe("rack-m", 700.0, guard_period(S, "rack-m", 700.0, VIEW, reports(1.0, 101.0), p.memory, 101.0))
     assert value("powerfleet_power_group_refused", group="rack-m") == 1
+
+
+def test_the_guard_task_refuses_a_group_that_is_not_oversubscribed_in_one_line() -> None:
+    from powerfleet.tasks.base import TaskInputError
+    from powerfleet.workers.app import create_app
+
+    cfg = FleetConfig.model_validate({"broker": {"url": "redis://127.0.0.1:1/0"},
+                                      "budget": {"groups": {"rack-a": 9000}}})
+    app = create_app(cfg)
+    with pytest.raises(TaskInputError, match=r"^powerfleet.power.guard: group: 'rack-a' is not an oversubscribed group"):
+        app.tasks["powerfleet.power.guard"](group="rack-a")
+    with pytest.raises(TaskInputError, match="group: String should have at least 1 character"):
+        app.check_send("powerfleet.power.guard", None, {"group": ""})

@@ -107,6 +107,8 @@ def guard_period(settings: GuardSettings, group: str, limit_w: float, view: Grou
         d = decide(settings, group, limit_w, readings, state, now)
     except GroupRefused as exc:
         return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus), refused=str(exc))
-    revision = memory.revision + 1
+    # Monotonic across a lost memory too (Redis restarted empty): an agent ignores an overlay older
+    # than the one it holds, so a revision that started again at 1 would keep it in fallback.
+    revision = max(memory.revision + 1, int(now * 1000))
     overlays = by_node(d, {g: k.node for g, k in gpus.items()}, group, settings.period_s, revision, now)
     return GuardPeriod(d, overlays, GuardMemory(revision, d.state, gpus), over_limit=d.measured_w > limit_w)
