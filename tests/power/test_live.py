@@ -88,6 +88,19 @@ def test_a_group_whose_minimums_exceed_its_limit_is_refused_in_one_line_and_sent
                          "above its limit of 700 W")
 
 
+def test_a_guard_back_after_its_agents_fell_back_resumes_from_the_safe_caps_and_releases_stepwise() -> None:
+    first = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 100.0), GuardMemory(), now=100.0)
+    assert first.overlays["node-b"].caps == {}  # 1,200 W: nothing throttled
+    # a period later: still its own overlays in force, it carries on from them (b unthrottled)
+    on_time = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 101.0), first.memory, now=101.0)
+    assert on_time.overlays["node-b"].caps == {}
+    # 1.6 periods later the agents are at their safe caps (500 W): +50 W each, not back to 700 W
+    late = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 101.6), first.memory, now=101.6)
+    assert late.decision is not None and late.decision.mode == "release"
+    assert late.overlays["node-b"].caps == {"b0": 550.0, "b1": 550.0}
+    assert late.overlays["node-a"].caps == {"a0": 550.0, "a1": 550.0}
+
+
 def test_unreadable_memory_starts_afresh() -> None:
     assert GuardMemory.from_json({"revision": "x"}) == GuardMemory()
     assert GuardMemory.from_json(None) == GuardMemory()

@@ -1,7 +1,8 @@
 """End to end with real parts: redis-server, a real `powerfleet agent` worker on simulated GPUs, the
 loopback Kubernetes API server. The guard's period (tasks/power.py's ``run_guard``, the task's body)
 reads the node's reports from Redis and sends its overlay through the broker; the agent lowers the
-low-priority GPU's cap; once the overlays stop, the agent moves both GPUs to their safe caps."""
+low-priority GPU's cap; once the overlays stop, the agent moves both GPUs to their safe caps; when the
+guard is back it resumes from them."""
 
 from __future__ import annotations
 
@@ -77,14 +78,19 @@ def node(tmp_path: Path, broker_url: str) -> Iterator[Node]:  # noqa: F811
             launcher.stop_child(agent)
 
 
+def publish(node: Node, draw_w: float, at: float) -> None:
+    """The agent's report as the agents publish it (docs/budget.md's hash; the publisher is in flight)."""
+    publish_telemetry(node.r, NODE, {
+        f"GPU-000{i}": {"pod_uid": uid, "requested_w": 700, "min_w": 200, "max_w": 700, "draw_w": draw_w, "at": at}
+        for i, uid in enumerate((LOW, HIGH))}, ttl_s=45)
+
+
 def test_the_guards_overlay_lowers_a_cap_and_stopped_overlays_move_the_node_to_its_safe_caps(node: Node) -> None:
     wait_for(lambda: node.limits() == [700, 700], "the agent's first pass (the annotation caps)")
     assert node.app.fleet_config.budget.oversubscribed() == {"rack-a": 1000}
-    # The agent's report as the agents publish it: 2 x 480 W = 960 W, above t1 (950 W), below t2.
+    # 2 x 480 W = 960 W: above t1 (950 W), below t2.
     now = node.r.time()[0]
-    publish_telemetry(node.r, NODE, {
-        f"GPU-000{i}": {"pod_uid": uid, "requested_w": 700, "min_w": 200, "max_w": 700, "draw_w": 480.0,
-                        "at": float(now)} for i, uid in enumerate((LOW, HIGH))}, ttl_s=45)
+    publish(node, draw_w=480.0, at=float(now))
     result = run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, float(now))
     assert result.ran and result.mode == "throttle_low" and result.overlays == [NODE]
     assert result.throttle == {"GPU-0000": pytest.approx(595.0)}  # low priority: 700 W x 0.85
@@ -94,5 +100,12 @@ def test_the_guards_overlay_lowers_a_cap_and_stopped_overlays_move_the_node_to_i
     # No further overlay: 1.5 periods after the last one the agent falls back, without a tick (60 s away),
     # to each GPU's share of the limit, 1000 W x 700 / 1400 = 500 W.
     wait_for(lambda: node.limits() == [500, 500], "the fallback to the safe caps", timeout_s=20)
+    # The guard is back (its last run lies more than 1.5 periods behind it): it resumes from the safe
+    # caps the agents hold and releases stepwise (800 W < 0.90 x 1000 W: +50 W each), high priority first.
+    now = node.r.time()[0] + 1
+    publish(node, draw_w=400.0, at=float(now))
+    back = run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, float(now))
+    assert back.mode == "release" and back.throttle == {"GPU-0000": 550.0, "GPU-0001": 550.0}
+    wait_for(lambda: node.limits() == [550, 550], "the caps to follow the guard again", timeout_s=20)
     log = node.agent.log.read_text()
     assert "group rack-a: no overlay from the power guard" in log and "Traceback" not in log, log

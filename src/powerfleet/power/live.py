@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerfleet.power.guard import GroupRefused, GuardDecision, GuardSettings, GuardState, GpuReading, Priority, decide
-from powerfleet.power.overlay import Overlay, by_node
+from powerfleet.power.overlay import GRACE, Overlay, by_node
+from powerfleet.power.safe import GpuRange, refusal, safe_caps
 from powerfleet.power.telemetry import GpuTelemetry
 
 
@@ -47,10 +48,11 @@ class GuardMemory:
     revision: int = 0
     state: GuardState = field(default_factory=GuardState)
     gpus: Mapping[str, KnownGpu] = field(default_factory=dict)
+    issued_at: float | None = None  # when the guard last sent overlays (its clock)
 
     def to_json(self) -> dict[str, Any]:
         return {"revision": self.revision, "mode": self.state.mode, "throttle": dict(self.state.throttle),
-                "gpus": {g: vars(k) for g, k in sorted(self.gpus.items())}}
+                "gpus": {g: vars(k) for g, k in sorted(self.gpus.items())}, "issued_at": self.issued_at}
 
     @classmethod
     def from_json(cls, data: Any) -> GuardMemory:
@@ -62,7 +64,9 @@ class GuardMemory:
                                      at=float(k["at"])) for g, k in data["gpus"].items()}
             throttle = {str(g): float(w) for g, w in data["throttle"].items() if math.isfinite(float(w))}
             mode = data["mode"] if data["mode"] in ("release", "hold", "throttle_low", "throttle_all") else "hold"
-            return cls(revision=int(data["revision"]), state=GuardState(throttle=throttle, mode=mode), gpus=gpus)
+            issued = data.get("issued_at")
+            return cls(revision=int(data["revision"]), state=GuardState(throttle=throttle, mode=mode), gpus=gpus,
+                       issued_at=None if issued is None else float(issued))
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
 
@@ -103,6 +107,13 @@ def guard_period(settings: GuardSettings, group: str, limit_w: float, view: Grou
                        mode=memory.state.mode)
     if not readings:
         return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus))
+    ranges = {g: GpuRange(k.cap_w, k.min_w, k.max_w) for g, k in gpus.items()}
+    lapsed = memory.issued_at is not None and now - memory.issued_at > settings.period_s * (1.0 + GRACE)
+    if lapsed and refusal(group, ranges, limit_w) is None:
+        # The guard was away long enough for every agent to fall back: resume from the safe caps
+        # in force and release stepwise from there, never straight back to what it sent last.
+        safe = safe_caps(ranges, limit_w)
+        state = GuardState(throttle={g: w for g, w in safe.items() if w < ranges[g].top_w}, mode="hold")
     try:
         d = decide(settings, group, limit_w, readings, state, now)
     except GroupRefused as exc:
@@ -111,4 +122,5 @@ def guard_period(settings: GuardSettings, group: str, limit_w: float, view: Grou
     # than the one it holds, so a revision that started again at 1 would keep it in fallback.
     revision = max(memory.revision + 1, int(now * 1000))
     overlays = by_node(d, {g: k.node for g, k in gpus.items()}, group, settings.period_s, revision, now)
-    return GuardPeriod(d, overlays, GuardMemory(revision, d.state, gpus), over_limit=d.measured_w > limit_w)
+    return GuardPeriod(d, overlays, GuardMemory(revision, d.state, gpus, issued_at=now),
+                       over_limit=d.measured_w > limit_w)
