@@ -18,7 +18,7 @@ from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.config import load_config
 from powerfleet.power.live import GroupView
 from powerfleet.power.telemetry import RedisTelemetry, publish_telemetry
-from powerfleet.tasks.power import draw_history, run_guard
+from powerfleet.tasks.power import LOCK_KEY, draw_history, run_guard
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Child, Launcher
@@ -95,6 +95,12 @@ def test_the_guards_overlay_lowers_a_cap_and_stopped_overlays_move_the_node_to_i
     assert result.ran and result.mode == "throttle_low" and result.overlays == [NODE]
     assert result.throttle == {"GPU-0000": pytest.approx(595.0)}  # low priority: 700 W x 0.85
     assert draw_history(node.r, "rack-a") == [(float(now), 960.0)]  # what admission reads
+    # the run released its lock (the next period's run, due one period later, finds it free); a run
+    # that finds another holding it does nothing
+    assert node.r.get(LOCK_KEY.format(group="rack-a")) is None
+    node.r.set(LOCK_KEY.format(group="rack-a"), "another run", px=60_000)
+    assert not run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, float(now)).ran
+    node.r.delete(LOCK_KEY.format(group="rack-a"))
 
     wait_for(lambda: node.limits() == [595, 700], "the overlay to lower the low-priority GPU's cap", timeout_s=20)
     # No further overlay: 1.5 periods after the last one the agent falls back, without a tick (60 s away),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from pydantic import Field
@@ -79,8 +80,21 @@ def run_guard(app: Any, group: str, limit_w: float, topology: Any, telemetry: Te
               now: float) -> GuardResult:
     """One period for one group, with its I/O: the task's body, callable with other ports."""
     settings = GuardSettings(period_s=app.fleet_config.power.guard_period_s)
-    if not r.set(LOCK_KEY.format(group=group), "1", nx=True, px=max(1, int(settings.period_s * 1000))):
+    # One run per group at a time. Released at the end: the next period's run, due one period
+    # later, must find it free; the expiry only covers a worker that died holding it.
+    lock, token = LOCK_KEY.format(group=group), uuid.uuid4().hex
+    if not r.set(lock, token, nx=True, px=max(1, int(settings.period_s * 1000))):
         return GuardResult(group=group, at=now, ran=False, limit_w=limit_w)
+    try:
+        return _period(app, settings, group, limit_w, topology, telemetry, r, now)
+    finally:
+        held = r.get(lock)
+        if held is not None and (held.decode() if isinstance(held, bytes) else held) == token:
+            r.delete(lock)
+
+
+def _period(app: Any, settings: GuardSettings, group: str, limit_w: float, topology: Any,
+            telemetry: TelemetryReader, r: Any, now: float) -> GuardResult:
     raw = r.get(MEMORY_KEY.format(group=group))
     try:
         memory = GuardMemory.from_json(json.loads(raw)) if raw else GuardMemory()
