@@ -30,6 +30,7 @@ from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.podcache import PodCache
+from powerfleet.agent.throttle import FallbackWatch, OverlayStore
 from powerfleet.broker.clients import redis_client
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
@@ -136,6 +137,8 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
                       safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
                       complete_view=not ac.namespaces, metrics=metrics)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
+    agent.overlays = OverlayStore(clock, metrics.registry)  # the power guard's overlays (agent/throttle.py)
+    rt.stoppers.append(FallbackWatch(agent.overlays, rt.request_pass).start().stop)
     if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
         client = redis_client(broker_url, config.broker, socket_timeout=5, socket_connect_timeout=5)
         rt.lock = take_lock(client, node, config.beat.reconcile_interval_s)  # LockHeld: refuse to start

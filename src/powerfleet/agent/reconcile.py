@@ -25,6 +25,7 @@ from powerfleet.agent.policy import Decision, Kind, decide
 from powerfleet.agent.recovery import recover_orphans, restore_all
 from powerfleet.agent.report import GpuOutcome, PassReport
 from powerfleet.agent.state import StateStore
+from powerfleet.agent.throttle import OverlayStore
 from powerfleet.clock import Clock
 from powerfleet.cluster.objects import PodInfo
 
@@ -36,6 +37,8 @@ __all__ = ["GpuOutcome", "NodeAgent", "PassReport", "PodLister"]
 
 
 class NodeAgent:
+    overlays: OverlayStore | None = None  # the power guard's overlays (agent/throttle.py); set by build
+
     def __init__(self, node: str, *, open_gpus: Callable[[], GpuBackend], list_pods: PodLister,
                  proc_root: str | os.PathLike[str], state: StateStore, clock: Clock, metrics: AgentMetrics,
                  safe_default_watts: int | None = None, safe_default_fraction: float = 0.7,
@@ -226,6 +229,9 @@ class NodeAgent:
             out.requested_w = watts(d.requested_mw)
             target = min(max(d.requested_mw, min_mw), max_mw)
             direction = "min" if d.requested_mw < min_mw else ("max" if d.requested_mw > max_mw else None)
+            if self.overlays is not None:  # power guard hook: min(annotation cap, overlay), or the safe cap
+                target, held = self.overlays.limit_mw(r.uuid, target, min_mw, max_mw)
+                out.overlay = held.why if held is not None else None
         out.cap_w, out.clamped = watts(target), direction
         if dry_run:
             out.action = "hold" if r.current_mw == target else "would-set"

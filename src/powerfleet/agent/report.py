@@ -34,6 +34,7 @@ class GpuOutcome(BaseModel):
     readback: str = "skipped"  # match | mismatch | failed | skipped
     revision: int | None = None  # cap-intent revision of the target in force
     unattributed: int = 0  # processes mapped to no pod the agent can see
+    overlay: str | None = None  # the power guard's part in cap_w: throttle | fallback | annotation; None: no overlay
 
 
 class PassReport(BaseModel):

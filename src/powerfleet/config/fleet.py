@@ -14,10 +14,10 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from powerfleet.config.broker_urls import check_broker_url, is_sentinel
 
@@ -278,6 +278,26 @@ class DeploymentBudgetConfig(_Strict):
     # True: powerfleet is the only writer of this DGD's replicas, even beside a Planner component or
     # after another writer changed them (otherwise such a deployment is reported, never scaled).
     sole_writer: bool = False
+    # Which of an oversubscribed group's GPUs the power guard throttles first (docs/power.md).
+    priority: Literal["high", "low"] = "high"
+
+
+class GroupBudgetConfig(_Strict):
+    """A group's budget in its object form: ``budget.groups.<g>: {limit_w, oversubscription}``."""
+
+    limit_w: int = Field(ge=1)
+    # Requested caps may sum to this many times the limit; the power guard keeps the measured draw
+    # under the limit (docs/power.md). 1.0: off (cap-sum budgeting).
+    oversubscription: float = Field(1.0, ge=1.0, le=4.0, allow_inf_nan=False)
+
+
+# budget.groups takes an int (watts) or the object form; the schema shows both (the chart's
+# values.schema.json is generated from it), while the model keeps the ints its readers expect.
+_GROUP_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [
+    {"type": "integer", "minimum": 1},
+    {"type": "object", "additionalProperties": False, "required": ["limit_w"],
+     "properties": {"limit_w": {"type": "integer", "minimum": 1},
+                    "oversubscription": {"type": "number", "minimum": 1.0, "maximum": 4.0, "default": 1.0}}}]}}
 
 
 class BudgetConfig(_Strict):
@@ -286,7 +306,12 @@ class BudgetConfig(_Strict):
 
     deployments: dict[str, DeploymentBudgetConfig] = Field(default_factory=dict)
     group_label: str = "powerfleet.io/rack"  # node label whose value names a node's group (rack, PDU)
-    groups: dict[str, int] = Field(default_factory=dict)  # group -> watts shared by the pods on its nodes
+    # group -> watts shared by the pods on its nodes, or {limit_w, oversubscription} (GroupBudgetConfig)
+    groups: Annotated[dict[str, int], WithJsonSchema(_GROUP_SCHEMA)] = Field(default_factory=dict)
+    # Filled from the object form of ``groups`` (group -> ratio, only ratios above 1.0); read it
+    # through ``oversubscription_of``.
+    group_oversubscription: Annotated[dict[str, float], WithJsonSchema({"type": "object", "additionalProperties": {
+        "type": "number", "minimum": 1.0, "maximum": 4.0}})] = Field(default_factory=dict)
     kubeconfig: str | None = None  # None: the in-cluster service account
     # Where the budget's status lives: one ConfigMap per deployment (kept by every API server), or
     # "dgd": status.budget on the DGD (only a server that keeps undeclared status fields keeps it).
@@ -294,6 +319,38 @@ class BudgetConfig(_Strict):
     # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
     # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
     max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_objects(cls, data: Any) -> Any:
+        groups = data.get("groups") if isinstance(data, dict) else None
+        if not isinstance(groups, dict) or not any(isinstance(v, dict) for v in groups.values()):
+            return data
+        flat: dict[Any, Any] = {}
+        ratios = dict(data.get("group_oversubscription") or {})
+        for group, value in groups.items():
+            if isinstance(value, dict):
+                try:
+                    obj = GroupBudgetConfig.model_validate(value)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    field = ".".join(str(p) for p in err["loc"]) or "(value)"
+                    msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+                    raise ValueError(f"groups.{group}.{field}: {msg}") from None
+                flat[group] = obj.limit_w
+                if obj.oversubscription > 1.0:
+                    ratios[group] = obj.oversubscription
+            else:
+                flat[group] = value
+        return {**data, "groups": flat, "group_oversubscription": ratios}
+
+    def oversubscription_of(self, group: str) -> float:
+        """The group's ratio (1.0: not oversubscribed)."""
+        return self.group_oversubscription.get(group, 1.0)
+
+    def oversubscribed(self) -> dict[str, int]:
+        """group -> limit (W) of every group with a ratio above 1.0: the groups the power guard keeps."""
+        return {g: w for g, w in sorted(self.groups.items()) if self.oversubscription_of(g) > 1.0}
 
     @field_validator("deployments")
     @classmethod
@@ -314,6 +371,30 @@ class BudgetConfig(_Strict):
                 raise ValueError(f"group {group!r}: budget must be at least 1 W")
         return v
 
+    @model_validator(mode="after")
+    def _ratios_of_groups(self) -> "BudgetConfig":
+        for group, ratio in self.group_oversubscription.items():
+            if group not in self.groups:
+                raise ValueError(f"group_oversubscription names {group!r}, which is not in budget.groups")
+            if not 1.0 <= ratio <= 4.0:
+                raise ValueError(f"group {group!r}: oversubscription must be between 1.0 and 4.0, got {ratio}")
+        return self
+
+
+class PowerConfig(_Strict):
+    """Measured-power oversubscription (docs/power.md): the live guard and admission."""
+
+    # The guard runs once per period per oversubscribed group; overlays expire after 1.5 periods
+    # and an agent whose overlays stop falls back to its safe caps within one period.
+    guard_period_s: float = Field(1.0, ge=0.2, le=60, allow_inf_nan=False)
+    # How long the guard keeps a group's nodes and the priority of their pods before it lists
+    # them again (the guard runs every period; a LIST per period would load the API server).
+    topology_refresh_s: float = Field(30.0, ge=1, le=3600, allow_inf_nan=False)
+    # Admission: the group's measured p99 draw over this window, plus reserve_fraction of its
+    # limit, must stay within the limit (power.admission).
+    admission_window_s: float = Field(300.0, ge=10, le=86400, allow_inf_nan=False)
+    admission_reserve_fraction: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
+
 
 class FleetConfig(_Strict):
     broker: BrokerConfig = BrokerConfig()
@@ -325,6 +406,7 @@ class FleetConfig(_Strict):
     retune: RetuneConfig = RetuneConfig()
     agent: AgentConfig = AgentConfig()
     budget: BudgetConfig = BudgetConfig()
+    power: PowerConfig = PowerConfig()
     # GPU nodes always sent a reconcile pass (optional: live agents are found by their heartbeat).
     nodes: list[str] = Field(default_factory=list)
     # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).

@@ -1,10 +1,10 @@
 """The guard's overlay to one node, and the rule an agent applies with it (pure).
 
-The live guard (not built yet: docs/power.md, "Not built yet") sends one overlay per node
+The live guard (tasks/power.py; docs/power.md, "Live") sends one overlay per node
 and period: the throttle caps of that node's GPUs in the group, and the safe cap of every
 one of them. The safe caps travel with every overlay so that the fallback needs no one to
-be reachable. ``Overlay`` is the message's model (the argument model a
-``powerfleet.agent.throttle`` task would declare); ``by_node`` cuts a ``GuardDecision``
+be reachable. ``Overlay`` is the message's model (the argument model of the
+``powerfleet.agent.throttle`` task); ``by_node`` cuts a ``GuardDecision``
 into overlays; ``agent_cap`` is what an agent enforces for one GPU:
 
 * while the last overlay is fresh (received less than ``period_s x (1 + grace)`` ago, by the

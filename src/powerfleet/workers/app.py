@@ -26,6 +26,7 @@ TASK_MODULES = (
     "powerfleet.tasks.agent",
     "powerfleet.tasks.budget",
     "powerfleet.tasks.retune",
+    "powerfleet.tasks.power",
 )
 
 
@@ -174,7 +175,7 @@ def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
         "budget": config.beat.budget_interval_s,
         "retune": config.beat.retune_interval_s,
     }
-    return {
+    schedule = {
         f"powerfleet-{family}-tick": {
             "task": task,
             "schedule": intervals[family],
@@ -183,6 +184,13 @@ def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
         }
         for family, task in TICK_FAMILIES.items()
     }
+    # The power guard: one entry per oversubscribed group (none unless a group opts in).
+    period = config.power.guard_period_s
+    for group in config.budget.oversubscribed():
+        schedule[f"powerfleet-power-guard-{group}"] = {
+            "task": "powerfleet.power.guard", "schedule": period, "kwargs": {"group": group},
+            "options": {"expires": period}}
+    return schedule
 
 
 def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "powerfleet",
