@@ -47,3 +47,25 @@ def test_the_revision_moves_only_when_the_target_changes(bench: Bench) -> None:
     assert agent.run_pass().gpus[0].revision == first
     bench.pods[0].annotations["dynamo.nvidia.com/gpu-power-limit"] = "250"
     assert agent.run_pass().gpus[0].revision == first + 1  # type: ignore[operator]
+
+
+def test_the_budget_ledger_and_the_power_guard_read_what_the_agent_publishes(bench: Bench, broker_url: str) -> None:  # noqa: F811
+    """One format, three parties: the agent writes the hash, the ledger (budget/evidence.py) and
+    the guard (power/telemetry.py) read the same key and find each GPU's figures."""
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.power.telemetry import RedisTelemetry
+
+    r = redis.Redis.from_url(broker_url)
+    bench.gpus = SimulatedGpus([device(0, draw_w=612.5), device(1)])
+    uid = bench.pod("decode-0", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    agent = bench.agent()
+    report = agent.run_pass()
+    EvidencePublisher(r, "node-a", 45).publish(report, agent.last_pods)
+
+    ledger = {g.gpu_uuid: g for g in RedisReports(r).reports(["node-a"])["node-a"]}
+    assert (ledger["GPU-0000"].pod_uid, ledger["GPU-0000"].enforced_w, ledger["GPU-0000"].draw_w) == (uid, 300, 612.5)
+    assert ledger["GPU-0000"].at == report.at
+    guard = {t.gpu: t for t in RedisTelemetry(r).read(["node-a"])["node-a"]}
+    assert (guard["GPU-0000"].pod_uid, guard["GPU-0000"].cap_w, guard["GPU-0000"].draw_w) == (uid, 300, 612.5)
+    assert (guard["GPU-0000"].min_w, guard["GPU-0000"].max_w) == (200, 700)

@@ -26,7 +26,9 @@ ROLE_METHODS: dict[str, set[str]] = {
 # Where each feature's code lives (under src/powerfleet).
 ROLE_CODE: dict[str, list[str]] = {
     "agent": ["agent", "tasks/agent.py"],
-    "budget": ["budget", "tasks/budget.py"],
+    # The power guard (oversubscribed groups) reads what a group budget reads: the group's nodes
+    # and the pods on them, under the worker's group-budget grant.
+    "budget": ["budget", "tasks/budget.py", "power", "tasks/power.py"],
     "retune": ["retune", "tasks/retune.py"],
     "leases": ["retune", "tasks/retune.py"],
 }

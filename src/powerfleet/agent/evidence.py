@@ -1,6 +1,6 @@
 """Enforcement evidence for the fleet: one Redis hash per node, one JSON field per GPU UUID.
 
-``powerfleet:agent:enforcement:<node>`` is replaced atomically after every pass (MULTI: DEL,
+``powerfleet:enforcement:<node>`` is replaced atomically after every pass (MULTI: DEL,
 HSET, EXPIRE) with a TTL of three reconcile intervals, so a reader sees one pass's view or
 nothing, and a node whose agent stopped publishing drops out by itself. The field format is
 in docs/agent.md ("Enforcement evidence"); ``enforcement_record`` builds it. A GPU whose write
@@ -24,7 +24,7 @@ from powerfleet.cluster.objects import PodInfo
 
 log = logging.getLogger("powerfleet.agent")
 
-EVIDENCE_PREFIX = "powerfleet:agent:enforcement:"
+EVIDENCE_PREFIX = "powerfleet:enforcement:"  # read by the budget ledger and the power guard
 EVIDENCE_VERSION = 1
 
 
@@ -43,6 +43,9 @@ def enforcement_record(node: str, g: GpuOutcome, at: float, pods: dict[str, PodI
         "current_w": g.current_w, "draw_w": g.draw_w, "min_w": g.min_w, "max_w": g.max_w,
         "write": g.write, "readback": g.readback, "revision": g.revision, "error": g.error_kind,
         "observed_at": at,
+        # The readers' short forms (budget/evidence.py, power/telemetry.py): the one pod holding the
+        # GPU ("" when none or several share it) and the time of the pass.
+        "pod_uid": g.pods[0] if len(g.pods) == 1 else "", "at": at,
     }
 
 

@@ -46,10 +46,12 @@ def parse_report(gpu_uuid: str, raw: str | bytes) -> GpuReport | None:
     """One hash field's value; anything malformed is no evidence (None), never an error."""
     try:
         data = json.loads(raw)
-        enforced, draw, at = data["enforced_w"], float(data.get("draw_w", 0.0)), float(data["at"])
+        enforced, draw, at = data["enforced_w"], float(data.get("draw_w") or 0.0), float(data["at"])
         pod = data["pod_uid"]
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
+    if isinstance(enforced, float) and enforced.is_integer():  # the agent writes NVML's mW / 1000
+        enforced = int(enforced)
     if not isinstance(enforced, int) or isinstance(enforced, bool) or enforced <= 0 or not isinstance(pod, str):
         return None
     if not (math.isfinite(draw) and math.isfinite(at)):

@@ -245,7 +245,8 @@ class KubeCluster:
             except ApiException as exc:
                 # Only a failed test op is a conflict (the DGD changed since it was read); any other
                 # 422 (schema, CEL rule, webhook) is Rejected with the server's message (patch_errors.py).
-                raise_for_patch(f"patch DGD replicas {namespace}/{name}", exc)
+                tested = tuple(op["path"] for op in body if op.get("op") == "test") if isinstance(body, list) else ()
+                raise_for_patch(f"patch DGD replicas {namespace}/{name}", exc, tested)
         return parse_dgd(stored)
 
     # -- nodes --

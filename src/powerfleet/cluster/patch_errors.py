@@ -34,11 +34,16 @@ def server_message(exc: ApiException) -> str:
     return " ".join(str(message or exc.reason or "").split())
 
 
-def raise_for_patch(what: str, exc: ApiException) -> None:
-    """Raise Conflict for a failed ``test``, Rejected for any other 422; re-raise anything else."""
+def raise_for_patch(what: str, exc: ApiException, tested_paths: tuple[str, ...] = ()) -> None:
+    """Raise Conflict for a failed ``test``, Rejected for any other 422; re-raise anything else.
+
+    ``tested_paths``: the paths the patch's ``test`` ops guard. A 422 that names one of them is a
+    conflict too: the JSON patch library behind kube-apiserver words a test on a path that no
+    longer exists (a list that got shorter) as an index or missing-path error, not as a failed test.
+    """
     if exc.status != 422:
         raise exc
     message = server_message(exc)
-    if _TEST_FAILED.search(message):
+    if _TEST_FAILED.search(message) or any(p in message for p in tested_paths):
         raise Conflict(f"{what}: the object changed since it was read ({message})", status=409) from exc
     raise Rejected(f"{what}: HTTP 422 rejected by the server: {message}", status=422) from exc

@@ -38,9 +38,14 @@ def args_model_of(task: Any) -> type[BaseModel] | None:
 def args_context(app: Any) -> dict[str, Any]:
     """What an argument model may check besides the JSON itself: the fleet config and the
     task clock's now (a window index must not lie after the newest closed window)."""
-    from powerfleet.tasks.ports import clock
+    # The app's own clock, not the process-wide port: a process may hold several apps (a test,
+    # the CLI), and an earlier one's clock file must not decide what this one's "now" is.
+    from powerfleet.clock import FileClock, SystemClock
 
-    return {"config": getattr(app, "fleet_config", None), "now": clock.now()}
+    config = getattr(app, "fleet_config", None)
+    clock_file = getattr(config, "clock_file", None)
+    now = FileClock(clock_file).now() if clock_file else SystemClock().now()
+    return {"config": config, "now": now}
 
 
 def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any],
