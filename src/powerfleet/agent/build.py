@@ -29,6 +29,7 @@ from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.podcache import PodCache
+from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
@@ -132,7 +133,8 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     agent = NodeAgent(node, open_gpus=open_backend(config, node), list_pods=list_pods,
                       proc_root=ac.proc_root, state=StateStore(node_state_dir(ac.state_dir, node)), clock=clock,
                       safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
-                      complete_view=not ac.namespaces, metrics=metrics)
+                      complete_view=not ac.namespaces, metrics=metrics,
+                      allocations=PodResourcesClient(ac.podresources_socket.replace("{node}", node)).list)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
     if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
         client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)

@@ -60,6 +60,9 @@ class AgentMetrics:
                                          "agent set (an external nvidia-smi -pl or a reset), re-applied", registry=r)
         self.enforced_below = Counter(p + "enforced_below_target_total", "Passes where the enforced limit was below "
                                       "the target (an out-of-band or BMC limit)", registry=r)
+        self.podresources_mismatch = Counter(p + "podresources_mismatch_total", "GPUs whose processes belong to "
+                                             "no pod the kubelet allocated them to (PodResources cross-check)",
+                                             registry=r)
         self._series: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # uuid -> (gpu labels, device labels)
 
     def gpu_labels(self, uuid: str, gl: tuple[str, ...], dl: tuple[str, ...]) -> None:
