@@ -193,6 +193,8 @@ def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fle
     wait_for(lambda: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
              ["skipped"] is None, "the agent to notice the undo")
     assert fleet.limits(node) == [300, 700]
+    # The other node meanwhile (same fleet, to spare a second start of two agents):
+    evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet)
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
@@ -262,7 +264,7 @@ def test_with_the_broker_down_the_agent_keeps_enforcing_and_exits_cleanly(tmp_pa
             assert "Traceback" not in log, log
 
 
-def test_evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet: Fleet) -> None:
+def evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet: Fleet) -> None:
     from powerfleet.agent.evidence import evidence_key
 
     node = "gpu-node-b"
