@@ -193,6 +193,8 @@ def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fle
     wait_for(lambda: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
              ["skipped"] is None, "the agent to notice the undo")
     assert fleet.limits(node) == [300, 700]
+    # The other node meanwhile (same fleet, to spare a second start of two agents):
+    evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet)
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
@@ -260,3 +262,29 @@ def test_with_the_broker_down_the_agent_keeps_enforcing_and_exits_cleanly(tmp_pa
             assert gpus.read_limit(0) == 275_000  # a stop is no drain: the cap stays for the next agent
             log = agent.log.read_text()
             assert "Traceback" not in log, log
+
+
+def evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet: Fleet) -> None:
+    from powerfleet.agent.evidence import evidence_key
+
+    node = "gpu-node-b"
+
+    def start(devs) -> None:
+        devs[1].pids = [PID]
+    fleet.gpus[node].update(start)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [700, 450]
+
+    def record() -> dict | None:
+        raw = fleet.r.hget(evidence_key(node), "GPU-0001")
+        return json.loads(raw) if raw else None
+    got = wait_for(lambda: (r := record()) and r["target_w"] == 450 and r, "the evidence of the capped GPU")
+    assert (got["enforced_w"], got["write"], got["readback"], got["pods"][0]["name"]) == (450, "ok", "match", f"decode-{node}")
+    assert 0 < fleet.r.ttl(evidence_key(node)) <= 180  # three 60 s intervals
+
+    def nvidia_smi_pl(devs) -> None:
+        devs[1].current_w = 650
+    fleet.gpus[node].update(nvidia_smi_pl)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [700, 450]  # corrected in that one pass
+    assert fleet.metric(node, "powerfleet_agent_readback_mismatch_total") == 1

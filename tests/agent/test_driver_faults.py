@@ -141,4 +141,5 @@ def test_per_gpu_series_carry_dcgm_labels_and_go_with_their_gpu(bench: Bench) ->
     bench.gpus.update(lambda devs: devs.pop())  # GPU 1 is gone from the node
     agent.run_pass()
     assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_enforced_watts", idle) is None
+    assert bench.metrics.registry.get_sample_value("powerfleet_agent_applied_limit_watts", {"gpu": "1"}) is None
     assert bench.metrics.value("powerfleet_agent_gpu_power_limit_enforced_watts", labels) == 300

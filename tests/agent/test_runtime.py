@@ -137,3 +137,12 @@ def test_a_new_process_on_a_gpu_gets_a_pass_from_the_poll_before_any_tick(bench:
         assert passes(bench, "process") == 1
     finally:
         rt.stop()
+
+
+def test_a_blind_proc_root_fails_readiness_at_once_with_its_reason(bench: Bench, tmp_path) -> None:
+    agent = bench.agent()
+    agent.proc_root = tmp_path / "nonexistent"
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock)
+    agent.start()  # the proc-root check runs at start
+    ok, text = rt.readiness()
+    assert not ok and text.startswith("not-ready: proc root") and "hostPID" in text

@@ -32,6 +32,7 @@ from powerfleet.agent.state import StateStore
 from powerfleet.agent.podcache import PodCache
 from powerfleet.agent.throttle import FallbackWatch, OverlayStore
 from powerfleet.broker.clients import redis_client
+from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
@@ -135,7 +136,8 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     agent = NodeAgent(node, open_gpus=open_backend(config, node), list_pods=list_pods,
                       proc_root=ac.proc_root, state=StateStore(node_state_dir(ac.state_dir, node)), clock=clock,
                       safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
-                      complete_view=not ac.namespaces, metrics=metrics)
+                      complete_view=not ac.namespaces, metrics=metrics,
+                      allocations=PodResourcesClient(ac.podresources_socket.replace("{node}", node)).list)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
     agent.overlays = OverlayStore(clock, metrics.registry)  # the power guard's overlays (agent/throttle.py)
     rt.stoppers.append(FallbackWatch(agent.overlays, rt.request_pass).start().stop)

@@ -60,6 +60,9 @@ class AgentMetrics:
                                          "agent set (an external nvidia-smi -pl or a reset), re-applied", registry=r)
         self.enforced_below = Counter(p + "enforced_below_target_total", "Passes where the enforced limit was below "
                                       "the target (an out-of-band or BMC limit)", registry=r)
+        self.podresources_mismatch = Counter(p + "podresources_mismatch_total", "GPUs whose processes belong to "
+                                             "no pod the kubelet allocated them to (PodResources cross-check)",
+                                             registry=r)
         self._series: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # uuid -> (gpu labels, device labels)
 
     def gpu_labels(self, uuid: str, gl: tuple[str, ...], dl: tuple[str, ...]) -> None:
@@ -75,8 +78,12 @@ class AgentMetrics:
 
     def retire_gpus(self, present: set[str]) -> None:
         """Remove the series of GPUs no longer on the node (after a complete scan)."""
+        indexes = {self._series[u][1][0] for u in present if u in self._series}
         for uuid in [u for u in self._series if u not in present]:
-            self._remove(self._series.pop(uuid))
+            gone = self._series.pop(uuid)
+            self._remove(gone)
+            if gone[1][0] not in indexes:
+                self.retire_index(gone[1][0])
 
     def _remove(self, labels: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
         gl, dl = labels
@@ -88,6 +95,14 @@ class AgentMetrics:
         for g in (self.unsupported, self.unattributed):
             try:
                 g.remove(*dl)
+            except KeyError:
+                pass
+
+    def retire_index(self, index: str) -> None:
+        """The index-only series of a GPU index no longer on the node."""
+        for g in (self.applied_limit, self.draw):
+            try:
+                g.remove(index)
             except KeyError:
                 pass
 

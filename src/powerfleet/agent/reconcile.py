@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from powerfleet.agent.apply import ApplyFailed, apply_limit
 from powerfleet.agent.catalog import card_range, safe_default_mw
@@ -22,7 +23,7 @@ from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.podmap import annotations_by_uid, map_pids, pods_of, proc_root_problem, visible
 from powerfleet.agent.policy import Decision, Kind, decide
-from powerfleet.agent.recovery import recover_orphans, restore_all
+from powerfleet.agent.lifecycle import NodeLifecycle, one_line as _one_line
 from powerfleet.agent.report import GpuOutcome, PassReport
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.throttle import OverlayStore
@@ -36,13 +37,14 @@ PodLister = Callable[[], list[PodInfo]]
 __all__ = ["GpuOutcome", "NodeAgent", "PassReport", "PodLister"]
 
 
-class NodeAgent:
+class NodeAgent(NodeLifecycle):
     overlays: OverlayStore | None = None  # the power guard's overlays (agent/throttle.py); set by build
 
     def __init__(self, node: str, *, open_gpus: Callable[[], GpuBackend], list_pods: PodLister,
                  proc_root: str | os.PathLike[str], state: StateStore, clock: Clock, metrics: AgentMetrics,
                  safe_default_watts: int | None = None, safe_default_fraction: float = 0.7,
-                 complete_view: bool = True, may_actuate: Callable[[], str | None] | None = None) -> None:
+                 complete_view: bool = True, may_actuate: Callable[[], str | None] | None = None,
+                 allocations: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.node = node
         self._open_gpus = open_gpus
         self._gpus: GpuBackend | None = None
@@ -54,6 +56,8 @@ class NodeAgent:
         self.safe_default_fraction = safe_default_fraction
         self.complete_view = complete_view  # the pod view covers every namespace (agent.namespaces empty)
         self.may_actuate = may_actuate or (lambda: None)
+        self._allocations = allocations  # GPU UUID -> podresources.Allocation (the kubelet's PodResources)
+        self._allocation_problem: str | None = None
         self.stopping = threading.Event()  # set by the runtime at shutdown: the pass stops before its next GPU
         self.metrics = metrics
         loaded = state.load()
@@ -135,6 +139,7 @@ class NodeAgent:
         annotations = annotations_by_uid(pods)
         by_uid = {p.uid.lower(): p for p in pods if p.uid}
         self.last_pods = by_uid
+        allocated = self._allocated_pods(by_uid)
         outcomes = []
         for r in readings:
             if isinstance(r, GpuOutcome):
@@ -150,7 +155,13 @@ class NodeAgent:
             if rng.note:
                 self._note(r.uuid, "range", logging.WARNING, f"GPU {r.index} ({r.uuid}): {rng.note}")
             safe = safe_default_mw(rng, fraction=self.safe_default_fraction, override_w=self.safe_default_watts)
-            decision = decide(pods_of(mapped, pid_to_pod), annotations, busy=not r.idle, safe_default_mw=safe,
+            on_gpu = pods_of(mapped, pid_to_pod)
+            owner = allocated.get(r.uuid)
+            if owner is not None and owner not in on_gpu:
+                if r.pids and not dry_run:  # processes, but none of the pod the kubelet gave the GPU to
+                    self.metrics.podresources_mismatch.inc()
+                on_gpu = sorted(set(on_gpu) | {owner})  # idle, MPS or graphics: capped from its allocation
+            decision = decide(on_gpu, annotations, busy=not r.idle or owner is not None, safe_default_mw=safe,
                               unmapped=len(r.pids) - len(mapped), listed=by_uid, complete=self.complete_view)
             outcome = self._enforce(gpus, r, decision, rng.min_mw, rng.max_mw, by_uid, dry_run)
             if not dry_run:
@@ -167,6 +178,25 @@ class NodeAgent:
             self._persist(report.good)
         report.managed = sorted(self.managed)
         return report
+
+    def _allocated_pods(self, pods: dict[str, PodInfo]) -> dict[str, str]:
+        """GPU UUID -> UID of the pod the kubelet allocated it to; {} without PodResources."""
+        if self._allocations is None:
+            return {}
+        try:
+            got = self._allocations()
+            problem = None
+        except Exception as exc:  # PodResourcesUnavailable, or anything from grpc: process mapping only
+            got, problem = {}, _one_line(exc)
+        if problem != self._allocation_problem:
+            if problem:
+                log.warning("node %s: no GPU allocations from the kubelet (%s); mapping by process only",
+                            self.node, problem)
+            else:
+                log.info("node %s: GPU allocations from the kubelet's PodResources", self.node)
+            self._allocation_problem = problem
+        by_name = {(p.namespace, p.name): uid for uid, p in pods.items()}
+        return {uuid: by_name[(a.namespace, a.pod)] for uuid, a in got.items() if (a.namespace, a.pod) in by_name}
 
     def _read(self, gpus: GpuBackend, i: int, dry_run: bool) -> GpuReading | GpuOutcome:
         try:
@@ -351,101 +381,3 @@ class NodeAgent:
                 continue  # a failing GPU is the pass's to report, never the poll's
             seen[r.uuid] = r.pids
         return seen != self._pids_seen
-
-    # -- state --
-
-    def _persist(self, good_pass: bool) -> None:
-        if not self.state_conclusive:
-            if not good_pass:
-                return  # keep the unreadable file for a human until a pass has succeeded
-            self.state_conclusive = True
-            self._unsaved = True
-        if not self._unsaved:
-            return
-        try:
-            self.state.save(frozenset(self.managed))
-            self._unsaved = False
-        except OSError as exc:  # retried at the next pass; the in-memory set stays right
-            log.warning("cannot write %s: %s (retrying at the next pass)", self.state.path, exc.strerror or exc)
-
-    def _recover(self, gpus: GpuBackend) -> None:
-        result = recover_orphans(gpus, frozenset(self.managed))
-        self._recovered = True
-        if result.managed != frozenset(self.managed):
-            self.managed = set(result.managed)
-            self._unsaved = True
-            self._persist(good_pass=True)
-
-    def start(self) -> None:
-        """Startup: check the proc root, then orphan recovery now if the GPUs can be opened, else
-        at the first pass. Recovery is a write: it needs ``may_actuate``."""
-        self._blind_spot([])
-        if self._recovered or self.may_actuate() is not None:
-            return
-        try:
-            self._recover(self.gpus())
-        except GpuError as exc:
-            log.warning("node %s: GPUs not available at startup (%s); recovery waits for the first pass",
-                        self.node, _one_line(exc))
-
-    # -- shutdown and drain --
-
-    def restore(self, why: str) -> frozenset[str]:
-        """Every managed GPU back to its default (drain), persisted; returns what is still managed."""
-        if not self.managed:
-            return frozenset()
-        if self._gpus is None:
-            self._gpus = self._try_open()
-        if self._gpus is None:
-            return frozenset(self.managed)
-        left = restore_all(self._gpus, frozenset(self.managed))
-        if left != frozenset(self.managed):
-            self.managed = set(left)
-            self._targets = {u: t for u, t in self._targets.items() if u in left}
-            self._unsaved = True
-            self._persist(good_pass=self.state_conclusive)
-        log.info("node %s: %s: restored the default on every managed GPU%s", self.node, why,
-                 f" except {sorted(left)}" if left else "")
-        return left
-
-    def shutdown(self, *, restore: bool = False) -> None:
-        """Leave the caps in force for the next agent (it adopts them from the state file), or with
-        ``restore`` (a drain) put the defaults back first; persist, then close. Never raises."""
-        try:
-            if restore and self.may_actuate() is None:
-                self.restore("shutdown after a drain")
-            elif self.managed:
-                log.info("shutdown: %d managed GPU(s) keep their caps for the next agent", len(self.managed))
-            self._persist(good_pass=self.state_conclusive)
-        except Exception:
-            log.exception("shutdown failed")
-        finally:
-            self.close_quietly()
-
-    def close_quietly(self) -> None:
-        if self._gpus is not None:
-            try:
-                self._gpus.close()  # after any restore, never before
-            except Exception:
-                log.exception("shutdown: closing the GPU backend failed")
-            self._gpus = None
-
-    def close(self) -> None:
-        """Close the backend without restoring anything (``agent once``: the caps stay)."""
-        if self._gpus is not None:
-            try:
-                self._gpus.close()
-            finally:
-                self._gpus = None
-
-    def _try_open(self) -> GpuBackend | None:
-        try:
-            return self.gpus()
-        except Exception:
-            log.exception("cannot open the GPU backend; managed caps stay")
-            return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -162,6 +162,8 @@ class AgentRuntime:
     # -- readiness --
 
     def readiness(self) -> tuple[bool, str]:
+        if self.agent.blind:  # at once, with the reason: a blind agent enforces nothing new
+            return False, f"not-ready: {self.agent.blind}"
         last = self.agent.last_good_mono
         if last is None:
             self.metrics.last_good_pass_age.set(-1)

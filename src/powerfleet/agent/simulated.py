@@ -110,6 +110,7 @@ class SimulatedGpus:
         """In memory from ``devices``; with ``path`` (see ``shared``) the file is the truth."""
         self._path = path
         self._mutex = threading.RLock()
+        self._pin = threading.local()  # a snapshot pinned for the duration of one read (this thread)
         self._devices = [] if path is not None else parse_devices(_as_dicts(devices))
         self.sets: list[tuple[int, int]] = []  # (index, mW) of every set this object made, for tests
         self._nvml_port: Any = None
@@ -146,8 +147,23 @@ class SimulatedGpus:
                 with _flock(self._path):
                     yield
 
+    @contextlib.contextmanager
+    def _pinned(self) -> Iterator[None]:
+        """One snapshot for the dozen driver calls of one GPU read (one file read, not twelve)."""
+        if getattr(self._pin, "devices", None) is not None:
+            yield
+            return
+        self._pin.devices = self.devices()
+        try:
+            yield
+        finally:
+            self._pin.devices = None
+
     def devices(self) -> list[SimDevice]:
         """A snapshot of the devices."""
+        pinned = getattr(self._pin, "devices", None)
+        if pinned is not None:
+            return pinned
         with self._locked():
             if self._path is not None:
                 self._devices = self._read(self._path)
@@ -162,6 +178,8 @@ class SimulatedGpus:
             self._devices = parse_devices([d.model_dump() for d in self._devices])
             if self._path is not None:
                 write_devices(self._path, self._devices)
+            if getattr(self._pin, "devices", None) is not None:  # a read in progress sees the change
+                self._pin.devices = [d.model_copy(deep=True) for d in self._devices]
 
     # -- the store SimulatedNvml reads and writes --
 
@@ -204,7 +222,8 @@ class SimulatedGpus:
         return int(self._port().device_count())
 
     def read(self, index: int) -> GpuReading:
-        return self._port().read(index)  # type: ignore[no-any-return]
+        with self._pinned():
+            return self._port().read(index)  # type: ignore[no-any-return]
 
     def set_limit(self, index: int, milliwatts: int) -> None:
         self._port().set_limit(index, milliwatts)

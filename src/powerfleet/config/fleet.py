@@ -246,6 +246,8 @@ class AgentConfig(_Strict):
     simulated_dir: str | None = None  # simulated backend: <dir>/<node>.json, shared with the twin
     kubeconfig: str | None = None  # None: the in-cluster service account
     watch: bool = True  # run a pass as soon as an annotated pod on the node changes
+    # The kubelet's PodResources socket ({node}: the node's name); absent: map GPUs by process only.
+    podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Write Dynamo's enforcement report annotation on annotated pods (needs pods get + patch).
     enforcement_annotation: bool = False
     # Between passes, read the GPUs' process lists this often; a change runs a pass (0: off).

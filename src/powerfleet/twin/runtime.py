@@ -33,10 +33,12 @@ from powerfleet.twin.frontends import TwinFrontend, WindowTtft
 from powerfleet.twin.kubelet import serving, terminating
 from powerfleet.twin.manifests import dgd_manifests
 from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
+from powerfleet.twin.operator import pod_gpus
 from powerfleet.twin.planner import StandInPlanner
+from powerfleet.twin.podresources import PodResourcesServers
 from powerfleet.twin.power import gpu_power, load_of
 from powerfleet.twin.tenants import tenant_loads, tenant_pods
-from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, node_objects
+from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
 from powerfleet.twin.writer import OperatorLoop
 
@@ -97,6 +99,7 @@ class Twin:
         self.api = ApiServer(clock=self.clock)
         self.nodes: dict[str, NodeSim] = {}
         self.operator: OperatorLoop | None = None
+        self.podresources: PodResourcesServers | None = None  # the kubelet's PodResources API per node
         self.sources: dict[str, TrafficSource] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -120,6 +123,8 @@ class Twin:
         self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
         self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed, first_pid=pid_base(i))
                       for i, n in enumerate(self.spec.node_names)}
+        self.podresources = PodResourcesServers(list(self.nodes), lambda: self.api.list("v1", "Pod", self.spec.namespace),
+                                                pod_gpus, lambda n, g: gpu_uuid(n, g, self.spec.seed)).start()
         self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
                                                          speedup=self.options.speedup, seed=self.spec.seed)
         planner = StandInPlanner(self.options.planner_period_s) if self.options.planner_period_s else None
@@ -141,6 +146,8 @@ class Twin:
         for fe in self.frontends.values():
             fe.stop()
         self._pool.shutdown(wait=True)
+        if self.podresources is not None:
+            self.podresources.stop()
         self.api.stop()
 
     def __enter__(self) -> Twin:
@@ -177,6 +184,7 @@ class Twin:
             "nodes": {n: {"rack": self.spec.rack_of(n), "gpu_file": str(s.gpu_file), "proc_root": str(s.proc_root)}
                       for n, s in self.nodes.items()},
             "shared_proc_root": str(self.root / "proc" / "all"),
+            "podresources_socket": self.podresources.pattern if self.podresources else None,
             "racks": self.spec.racks, "rack_budget_w": self.budgets, "trace_dir": str(self.trace_dir),
             "frontends": {k: {"router_url": f.url, "metrics_url": f.metrics_url, "dgd": f.dgd}
                           for k, f in list(self.frontends.items())},  # a copy: the tick thread adds to it
