@@ -161,3 +161,18 @@ def test_noreplicas_is_recognised_as_kombu_wraps_it() -> None:
     except OperationalError as wrapped:
         assert is_noreplicas(wrapped)
     assert not is_noreplicas(OperationalError("Connection refused"))
+
+
+def test_status_puts_the_broker_in_one_line() -> None:
+    from powerfleet.cli.status_cmd import broker_line
+
+    line = broker_line({"mode": "sentinel", "master_name": "fleet", "master": "10.0.0.5:6379", "master_flags": "master",
+                        "replicas": [{"address": "10.0.0.6:6379", "flags": "slave", "link": "ok"},
+                                     {"address": "10.0.0.7:6379", "flags": "s_down,slave,disconnected", "link": "err"}],
+                        "sentinels": 3, "quorum": 2, "last_failover": {"epoch": 4, "age_s": 61.2}})
+    assert line == ("broker: Sentinel master 'fleet' at 10.0.0.5:6379 (master; 3 Sentinels, quorum 2); replicas: "
+                    "10.0.0.6:6379 (link ok), 10.0.0.7:6379 (DOWN); last failover: 61 s ago (failover epoch 4)")
+    assert "never" in broker_line({"mode": "sentinel", "master_name": "m", "master": "h:1", "master_flags": "master",
+                                   "replicas": [], "sentinels": 1, "quorum": 1, "last_failover": None})
+    assert broker_line({"mode": "sentinel", "error": "no Sentinel answered: h:1 (refused)"}) == \
+        "broker (sentinel): no Sentinel answered: h:1 (refused)"
