@@ -110,6 +110,9 @@ def test_a_graceful_sentinel_failover_is_carried_through(fleet: Fleet) -> None:
     assert fleet.cluster.master_port() == new  # it was carried by the promoted master, not a new one
     for node in NODES:  # the agents followed the promoted master, and say so
         assert reconnects(fleet.probe_ports[node], "master_changed") >= 1, node
+    # Every process heard Sentinel's +switch-master and left the old master for its writes.
+    heard = {c.name for c in fleet.launcher.children if f"switched master fleet to 127.0.0.1:{new}" in c.log.read_text()}
+    assert heard == {c.name for c in fleet.launcher.children}, heard
 
 
 def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:
