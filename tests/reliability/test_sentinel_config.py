@@ -176,3 +176,29 @@ def test_status_puts_the_broker_in_one_line() -> None:
                                    "replicas": [], "sentinels": 1, "quorum": 1, "last_failover": None})
     assert broker_line({"mode": "sentinel", "error": "no Sentinel answered: h:1 (refused)"}) == \
         "broker (sentinel): no Sentinel answered: h:1 (refused)"
+
+
+def test_a_sentinel_address_that_is_not_redis_is_one_line() -> None:
+    import socket
+    import threading
+
+    from powerfleet.broker.clients import BrokerConfigError
+    from powerfleet.broker.topology import describe, find_master
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_garbage() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.recv(1024)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    config = load_config(environ={"POWERFLEET_BROKER__URL": f"sentinel://127.0.0.1:{port}",
+                                  "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": "fleet"})
+    with pytest.raises(BrokerConfigError) as err:
+        find_master(config.broker.url, config.broker, 2.0)
+    assert str(err.value).startswith(f"no Sentinel answered: 127.0.0.1:{port} (") and "\n" not in str(err.value)
+    assert describe(config.broker.url, config.broker, 2.0)["error"].startswith("no Sentinel answered")
+    server.close()
