@@ -126,7 +126,11 @@ def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:
     carries_on(fleet, time.time())
     status = run_cli("status", "--json", env=fleet.env, timeout=60)
     assert status.returncode == 0, status.stderr
-    broker = json.loads(status.stdout)["broker"]
+    data = json.loads(status.stdout)
+    # Every worker announced itself, so status waited for exactly them (and none is missing).
+    assert set(data["workers"]) == {"ctl@sentinel", *(f"agent@{n}" for n in NODES)}
+    assert data["workers_not_answering"] == []
+    broker = data["broker"]
     assert broker["master"] == f"127.0.0.1:{fleet.cluster.master_port()}"
     assert len(broker["replicas"]) == 2  # the survivor and the killed one (Sentinel remembers it, down)
     assert broker["last_failover"]["epoch"] >= 2  # the config epoch rises with each failover
@@ -135,6 +139,10 @@ def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:
     assert SECRET not in status.stdout + status.stderr
     for child in fleet.launcher.children:
         assert SECRET not in child.log.read_text(errors="replace"), child.name
+    # A worker that announced itself and does not answer is named (status waits --timeout for it).
+    redis_client(fleet.cluster.url, fleet.app.fleet_config.broker).set("powerfleet:worker:ghost@nowhere", "1", ex=30)
+    again = run_cli("status", "--json", "--timeout", "0.5", env=fleet.env, timeout=60)
+    assert json.loads(again.stdout)["workers_not_answering"] == ["ghost@nowhere"]
 
 
 def test_a_master_name_no_sentinel_knows_fails_in_one_line(fleet: Fleet) -> None:
