@@ -11,9 +11,11 @@ replicas, three Sentinels, the fleet (beat + a control worker) on ``sentinel://`
     promoted master's queue (lost), per 1,000 acknowledged, with min-replicas-to-write 0 and 1.
 (c) Unsynced replica: the only replica restarted (empty, full resync under way) just before the
     master is killed, with min-replicas-to-write 0 and 1.
+(d) As (b), but a graceful ``SENTINEL FAILOVER`` instead of the kill, the publisher following
+    Sentinel's +switch-master (as every fleet process does, powerfleet.broker.follow) or not.
 
     .venv/bin/python bench/failover.py [--tasks 1000] [--rate 400] [--down-after-ms 800]
-                                       [--only a|b|c] [--repeat 1] [--json]
+                                       [--only a|b|c|d] [--repeat 1] [--json]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import redis  # noqa: E402
 
 from powerfleet.beat.ticklog import TickLog  # noqa: E402
 from powerfleet.broker.clients import redis_client  # noqa: E402
+from powerfleet.broker.follow import follow_switches  # noqa: E402
 from powerfleet.config import load_config  # noqa: E402
 from powerfleet.workers.app import TICK_FAMILIES, create_app  # noqa: E402
 from powerfleet.workers.launcher import Launcher  # noqa: E402
@@ -81,12 +84,15 @@ def resume(base: Path, graceful: bool, down_after_ms: int) -> dict[str, Any]:
     return out
 
 
-def loss(base: Path, tasks: int, rate: float, min_replicas: int, unsynced: bool, down_after_ms: int) -> dict[str, Any]:
+def loss(base: Path, tasks: int, rate: float, min_replicas: int, unsynced: bool, down_after_ms: int,
+         graceful: bool = False, follow: bool = False) -> dict[str, Any]:
     replicas = 1 if unsynced else 2
     with SentinelCluster(base, replicas=replicas, down_after_ms=down_after_ms, min_replicas_to_write=min_replicas,
                          min_replicas_max_lag=10, sync_delay_s=5 if unsynced else 0) as cluster:
         env = {**cluster.env(), "POWERFLEET_BROKER__NOREPLICAS_RETRY_S": "2"}
         app = create_app(load_config(environ=env))
+        if follow:  # as every fleet process does: leave the old master at Sentinel's switch
+            follow_switches(cluster.url, app.fleet_config.broker)
         acked: list[str] = []
         refused = 0
         old = cluster.master_port()
@@ -121,9 +127,14 @@ def loss(base: Path, tasks: int, rate: float, min_replicas: int, unsynced: bool,
             cluster.start_redis(replica, old)  # Redis's default 5 s delay before the full sync
             wait_for(lambda: len(acked) + refused >= tasks * 0.4, "publishes", 120, 0.005)
         killed_after = len(acked)
-        cluster.kill(old)
+        if graceful:
+            cluster.graceful_failover()
+        else:
+            cluster.kill(old)
         cluster.wait_new_master(old, timeout_s=60)
         sender.join()
+        if graceful:
+            cluster.wait_demoted(old, timeout_s=60)
         r = redis_client(cluster.url, app.fleet_config.broker, socket_timeout=5)
         present = set()
         for raw in r.lrange(f"node.{QUEUE_NODE}", 0, -1):
@@ -134,7 +145,8 @@ def loss(base: Path, tasks: int, rate: float, min_replicas: int, unsynced: bool,
         switches = max(sum("+switch-master" in line for line in log.read_text(errors="replace").splitlines())
                        for log in base.glob("sentinel-*/sentinel.log"))
     n = max(1, len(acked))
-    return {"scenario": ("unsynced replica, " if unsynced else "") + f"min-replicas-to-write {min_replicas}",
+    kind = ("SENTINEL FAILOVER, " + ("following +switch-master, " if follow else "not following, ")) if graceful else ""
+    return {"scenario": kind + ("unsynced replica, " if unsynced else "") + f"min-replicas-to-write {min_replicas}",
             "attempted": len(acked) + refused, "acknowledged": len(acked), "refused": refused, "lost": len(lost),
             "lost_per_1000_acknowledged": round(1000 * len(lost) / n, 1),
             "acknowledged_before_kill": killed_after, "failovers": switches,
@@ -147,7 +159,7 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=400.0)
     ap.add_argument("--down-after-ms", type=int, default=800)
-    ap.add_argument("--only", choices=["a", "b", "c"])
+    ap.add_argument("--only", choices=["a", "b", "c", "d"])
     ap.add_argument("--repeat", type=int, default=1, help="runs of (b) per setting")
     ap.add_argument("--min-replicas", type=int, choices=[0, 1], help="only this min-replicas-to-write in (b), (c)")
     ap.add_argument("--json", action="store_true")
@@ -164,6 +176,10 @@ def main() -> int:
                     for rep in range(args.repeat if section == "b" else 1):
                         results.append(loss(base / f"{section}-{mr}-{rep}", args.tasks, args.rate, mr, unsynced,
                                             args.down_after_ms))
+        if args.only in (None, "d"):
+            for follow in (False, True):
+                results.append(loss(base / f"d-{follow}", args.tasks, args.rate, args.min_replicas or 0, False,
+                                    args.down_after_ms, graceful=True, follow=follow))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

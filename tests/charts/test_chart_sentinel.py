@@ -58,7 +58,7 @@ def test_sentinel_mode_passwords_come_from_the_secret_and_the_fleet_gets_the_mas
     for w in workloads(objs):
         if component_of(w) != "redis":
             env = env_of(pod_spec(w)["containers"][0])
-            assert env["POWERFLEET_BROKER__SENTINEL__MASTER_NAME"]["value"] == "fleet"
+            assert env["POWERFLEET_BROKER__SENTINEL__MASTER_NAME"]["value"] == "'fleet'"  # a YAML string
             assert env["POWERFLEET_BROKER__URL"]["value"].startswith("sentinel://:$(REDIS_PASSWORD)@pf-powerfleet-redis-0.")
 
 

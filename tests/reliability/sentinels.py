@@ -26,8 +26,8 @@ def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
                             start_new_session=True)
 
 
-def _client(port: int) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
+def _client(port: int, password: str | None = None) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=2, socket_connect_timeout=2)
 
 
 class SentinelCluster:
@@ -40,7 +40,8 @@ class SentinelCluster:
     """
 
     def __init__(self, base: Path, replicas: int = 2, sentinels: int = 3, down_after_ms: int = 800,
-                 min_replicas_to_write: int = 0, min_replicas_max_lag: int = 10, sync_delay_s: int = 0) -> None:
+                 min_replicas_to_write: int = 0, min_replicas_max_lag: int = 10, sync_delay_s: int = 0,
+                 password: str | None = None) -> None:
         self.dir = base
         self.dir.mkdir(parents=True, exist_ok=True)
         self.redis_ports = [free_loopback_port() for _ in range(1 + replicas)]
@@ -49,13 +50,22 @@ class SentinelCluster:
         self.min_replicas = (min_replicas_to_write, min_replicas_max_lag)
         self.sync_delay_s = sync_delay_s  # Redis waits this long before a full sync (its default: 5)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        # One password for the Redis nodes and the Sentinels (the chart's choice too).
+        self.password = password
 
     @property
     def url(self) -> str:
-        return ";".join(f"sentinel://127.0.0.1:{p}/0" for p in self.sentinel_ports)
+        auth = f":{self.password}@" if self.password else ""
+        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{p}/0" for i, p in enumerate(self.sentinel_ports))
 
     def env(self) -> dict[str, str]:
-        return {"POWERFLEET_BROKER__URL": self.url, "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": MASTER_NAME}
+        env = {"POWERFLEET_BROKER__URL": self.url, "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": MASTER_NAME}
+        if self.password:
+            env["POWERFLEET_BROKER__SENTINEL__PASSWORD"] = self.password
+        return env
+
+    def client(self, port: int) -> redis.Redis:
+        return _client(port, self.password)
 
     # -- Redis nodes -------------------------------------------------------------------
     def start_redis(self, port: int, replica_of: int | None) -> None:
@@ -69,8 +79,10 @@ class SentinelCluster:
                 "--min-replicas-max-lag", str(self.min_replicas[1])]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        if self.password:  # on the command line: test processes only (the chart writes a file)
+            argv += ["--requirepass", self.password, "--masterauth", self.password]
         self.procs[port] = _spawn(argv)
-        client = _client(port)
+        client = self.client(port)
         try:
             wait_for(client.ping, f"redis-server on port {port} to answer PING", 20)
         finally:
@@ -89,7 +101,7 @@ class SentinelCluster:
         return self
 
     def wait_synced(self, port: int, timeout_s: float = 30) -> None:
-        client = _client(port)
+        client = self.client(port)
         try:
             wait_for(lambda: client.info("replication").get("master_link_status") == "up",
                      f"replica {port} to finish its sync", timeout_s)
@@ -105,9 +117,11 @@ class SentinelCluster:
                         f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n"
                         f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}\n"
                         f"sentinel failover-timeout {MASTER_NAME} 10000\n"
-                        f"sentinel parallel-syncs {MASTER_NAME} 2\n")
+                        f"sentinel parallel-syncs {MASTER_NAME} 2\n" +
+                        (f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n"
+                         f"sentinel auth-pass {MASTER_NAME} {self.password}\n" if self.password else ""))
         self.procs[port] = _spawn([find_redis_server(), str(conf), "--sentinel"])
-        client = _client(port)
+        client = self.client(port)
         try:
             wait_for(client.ping, f"Sentinel on port {port} to answer PING", 20)
         finally:
@@ -115,7 +129,7 @@ class SentinelCluster:
 
     def sentinel_view(self, port: int) -> tuple[tuple[str, int], int, int]:
         """(master address, replicas known, other Sentinels known) as one Sentinel sees them."""
-        client = _client(port)
+        client = self.client(port)
         try:
             m = client.sentinel_master(MASTER_NAME)
             replicas = [r for r in client.sentinel_slaves(MASTER_NAME) if not r.get("is_sdown")]
@@ -141,7 +155,7 @@ class SentinelCluster:
             ports = {self.sentinel_view(p)[0][1] for p in self.sentinel_ports}
             return ports.pop() if len(ports) == 1 and old not in ports else None
         new = wait_for(moved, f"the Sentinels to promote a replica of {old}", timeout_s, every_s=0.05)
-        client = _client(new)
+        client = self.client(new)
         try:
             wait_for(lambda: client.info("replication").get("role") == "master", f"{new} to act as master", timeout_s)
         finally:
@@ -154,7 +168,7 @@ class SentinelCluster:
         Until then it still accepts writes: a client that has not yet noticed the failover
         writes there, and those writes are dropped when it resyncs from the new master.
         """
-        client = _client(port)
+        client = self.client(port)
         try:
             wait_for(lambda: client.info("replication").get("role") == "slave", f"{port} to be demoted", timeout_s)
         finally:
@@ -172,7 +186,7 @@ class SentinelCluster:
         proc.wait(timeout=10)
 
     def graceful_failover(self) -> None:
-        client = _client(self.sentinel_ports[0])
+        client = self.client(self.sentinel_ports[0])
         try:
             client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
         finally:

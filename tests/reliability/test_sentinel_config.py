@@ -161,3 +161,44 @@ def test_noreplicas_is_recognised_as_kombu_wraps_it() -> None:
     except OperationalError as wrapped:
         assert is_noreplicas(wrapped)
     assert not is_noreplicas(OperationalError("Connection refused"))
+
+
+def test_status_puts_the_broker_in_one_line() -> None:
+    from powerfleet.cli.status_cmd import broker_line
+
+    line = broker_line({"mode": "sentinel", "master_name": "fleet", "master": "10.0.0.5:6379", "master_flags": "master",
+                        "replicas": [{"address": "10.0.0.6:6379", "flags": "slave", "link": "ok"},
+                                     {"address": "10.0.0.7:6379", "flags": "s_down,slave,disconnected", "link": "err"}],
+                        "sentinels": 3, "quorum": 2, "last_failover": {"epoch": 4, "age_s": 61.2}})
+    assert line == ("broker: Sentinel master 'fleet' at 10.0.0.5:6379 (master; 3 Sentinels, quorum 2); replicas: "
+                    "10.0.0.6:6379 (link ok), 10.0.0.7:6379 (DOWN); last failover: 61 s ago (failover epoch 4)")
+    assert "never" in broker_line({"mode": "sentinel", "master_name": "m", "master": "h:1", "master_flags": "master",
+                                   "replicas": [], "sentinels": 1, "quorum": 1, "last_failover": None})
+    assert broker_line({"mode": "sentinel", "error": "no Sentinel answered: h:1 (refused)"}) == \
+        "broker (sentinel): no Sentinel answered: h:1 (refused)"
+
+
+def test_a_sentinel_address_that_is_not_redis_is_one_line() -> None:
+    import socket
+    import threading
+
+    from powerfleet.broker.clients import BrokerConfigError
+    from powerfleet.broker.topology import describe, find_master
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_garbage() -> None:
+        for _ in range(2):
+            conn, _ = server.accept()
+            conn.recv(1024)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    config = load_config(environ={"POWERFLEET_BROKER__URL": f"sentinel://127.0.0.1:{port}",
+                                  "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": "fleet"})
+    with pytest.raises(BrokerConfigError) as err:
+        find_master(config.broker.url, config.broker, 2.0)
+    assert str(err.value).startswith(f"no Sentinel answered: 127.0.0.1:{port} (") and "\n" not in str(err.value)
+    assert describe(config.broker.url, config.broker, 2.0)["error"].startswith("no Sentinel answered")
+    server.close()

@@ -40,6 +40,7 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 NODES = ("gpu-node-h", "gpu-node-i")
+SECRET = "sentinel-test-Secret-42"  # the Redis nodes' and the Sentinels' password
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("sentinel-fleet")
-    with SentinelCluster(tmp / "redis", replicas=2) as cluster, ApiServer() as api:
+    with SentinelCluster(tmp / "redis", replicas=2, password=SECRET) as cluster, ApiServer() as api:
         env = {**cluster.env(), "POWERFLEET_NODES": f"[{', '.join(NODES)}]",
                "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
                "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5",
@@ -110,6 +111,9 @@ def test_a_graceful_sentinel_failover_is_carried_through(fleet: Fleet) -> None:
     assert fleet.cluster.master_port() == new  # it was carried by the promoted master, not a new one
     for node in NODES:  # the agents followed the promoted master, and say so
         assert reconnects(fleet.probe_ports[node], "master_changed") >= 1, node
+    # Every process heard Sentinel's +switch-master and left the old master for its writes.
+    heard = {c.name for c in fleet.launcher.children if f"switched master fleet to 127.0.0.1:{new}" in c.log.read_text()}
+    assert heard == {c.name for c in fleet.launcher.children}, heard
 
 
 def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:
@@ -122,11 +126,23 @@ def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet) -> None:
     carries_on(fleet, time.time())
     status = run_cli("status", "--json", env=fleet.env, timeout=60)
     assert status.returncode == 0, status.stderr
-    broker = json.loads(status.stdout)["broker"]
+    data = json.loads(status.stdout)
+    # Every worker announced itself, so status waited for exactly them (and none is missing).
+    assert set(data["workers"]) == {"ctl@sentinel", *(f"agent@{n}" for n in NODES)}
+    assert data["workers_not_answering"] == []
+    broker = data["broker"]
     assert broker["master"] == f"127.0.0.1:{fleet.cluster.master_port()}"
     assert len(broker["replicas"]) == 2  # the survivor and the killed one (Sentinel remembers it, down)
     assert broker["last_failover"]["epoch"] >= 2  # the config epoch rises with each failover
     assert broker["last_failover"]["age_s"] <= time.monotonic() - killed_at + 1  # this failover, not the first
+    # The password reached every process (it authenticated) and no log line or output.
+    assert SECRET not in status.stdout + status.stderr
+    for child in fleet.launcher.children:
+        assert SECRET not in child.log.read_text(errors="replace"), child.name
+    # A worker that announced itself and does not answer is named (status waits --timeout for it).
+    redis_client(fleet.cluster.url, fleet.app.fleet_config.broker).set("powerfleet:worker:ghost@nowhere", "1", ex=30)
+    again = run_cli("status", "--json", "--timeout", "0.5", env=fleet.env, timeout=60)
+    assert json.loads(again.stdout)["workers_not_answering"] == ["ghost@nowhere"]
 
 
 def test_a_master_name_no_sentinel_knows_fails_in_one_line(fleet: Fleet) -> None:
@@ -134,6 +150,7 @@ def test_a_master_name_no_sentinel_knows_fails_in_one_line(fleet: Fleet) -> None
     out = run_cli("status", env=bad, timeout=60)
     assert out.returncode == 2, out
     assert out.stderr.strip().count("\n") == 0 and "no Sentinel knows a master named 'nosuch'" in out.stderr
+    assert SECRET not in out.stderr and ":***@127.0.0.1" in out.stderr  # the URL is shown redacted
     missing = {k: v for k, v in fleet.env.items() if k != "POWERFLEET_BROKER__SENTINEL__MASTER_NAME"}
     out = run_cli("status", env=missing, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "broker.sentinel.master_name" in out.stderr

@@ -357,10 +357,11 @@ checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
 # the first entry is the Redis nodes'; the Sentinels' own (the same one here) is a variable.
 - name: POWERFLEET_BROKER__URL
   value: {{ include "powerfleet.sentinelUrls" . | quote }}
+# Single-quoted: POWERFLEET_* values are read as YAML, where 0123 or true would not be strings.
 - name: POWERFLEET_BROKER__SENTINEL__MASTER_NAME
-  value: {{ .Values.redis.sentinel.masterName | quote }}
+  value: {{ printf "'%s'" .Values.redis.sentinel.masterName | quote }}
 - name: POWERFLEET_BROKER__SENTINEL__PASSWORD
-  value: "$(REDIS_PASSWORD)"
+  value: "'$(REDIS_PASSWORD)'"
 {{- else }}
 # Kubernetes expands $(REDIS_PASSWORD) when it starts the container; the pod spec holds no password.
 - name: POWERFLEET_BROKER__URL

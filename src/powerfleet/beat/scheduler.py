@@ -18,6 +18,7 @@ from redis.exceptions import LockError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redbeat import RedBeatScheduler
 
+from powerfleet.broker.follow import follow_switches
 from powerfleet.broker.metrics import reconnects
 from powerfleet.workers.logging import one_line
 
@@ -32,6 +33,7 @@ class FleetScheduler(RedBeatScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         reconnects()  # the series exists, at 0, from the start
         super().__init__(*args, **kwargs)
+        follow_switches(self.app.conf.broker_url, self.app.fleet_config.broker)
 
     def tick(self, min: Any = min, **kwargs: Any) -> float:
         retry_s = float(self.max_interval)

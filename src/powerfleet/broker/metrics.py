@@ -19,6 +19,8 @@ from typing import Any
 
 from redis.sentinel import SentinelConnectionPoolProxy
 
+from powerfleet.broker.follow import track
+
 _counter: Any = None
 _lock = threading.Lock()
 _masters: dict[str, Any] = {}  # service name -> the master address this process last used
@@ -35,7 +37,7 @@ def reconnects() -> Any:
                                "again), master_changed (followed a Sentinel failover)", ["kind"])
             for kind in ("consumer", "master_changed"):
                 _counter.labels(kind=kind)
-            _watch_sentinel_pools()
+    watch_sentinel_pools()
     return _counter
 
 
@@ -47,13 +49,16 @@ def master_seen(service: str, address: Any) -> bool:
     return before is not None and before != address
 
 
-def _watch_sentinel_pools() -> None:
+def watch_sentinel_pools() -> None:
+    """Hook redis-py's Sentinel pools (once per process): count master changes, and track the
+    pools so powerfleet.broker.follow can move them when Sentinel announces a switch."""
     # Connections ask their pool's proxy (redis-py 8), not the pool itself.
     original = SentinelConnectionPoolProxy.get_master_address
     if getattr(original, "_powerfleet", False):
         return
 
     def get_master_address(self: SentinelConnectionPoolProxy) -> Any:
+        track(self)
         address = original(self)
         if master_seen(self.service_name, address) and _counter is not None:
             _counter.labels(kind="master_changed").inc()

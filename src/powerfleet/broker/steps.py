@@ -17,6 +17,7 @@ import redis
 from celery import bootsteps
 
 from powerfleet.broker.clients import redis_client
+from powerfleet.broker.follow import follow_switches
 from powerfleet.broker.metrics import reconnects
 
 logger = logging.getLogger("powerfleet.broker")
@@ -46,6 +47,7 @@ class BrokerWatch(bootsteps.StartStopStep):
         self._client: redis.Redis | None = None
         self._warned = False
         reconnects()  # the series exists, at 0, from the start
+        follow_switches(c.app.conf.broker_url, c.app.fleet_config.broker)
 
     def start(self, c: Any) -> None:
         self._starts += 1
@@ -81,3 +83,18 @@ class BrokerWatch(bootsteps.StartStopStep):
             except (redis.RedisError, OSError):
                 pass  # the key expires on its own
             self._client.close()
+
+
+def follow_in_pool_children(app: Any) -> None:
+    """Prefork children run most tasks (and their writes): each follows switches too."""
+    from celery import signals
+
+    from powerfleet.broker.metrics import watch_sentinel_pools
+
+    watch_sentinel_pools()
+
+    def start(**_: Any) -> None:
+        follow_switches(app.conf.broker_url, app.fleet_config.broker)
+
+    signals.worker_process_init.connect(start, weak=False)
+

@@ -14,7 +14,8 @@ from powerfleet.broker.clients import BrokerConfigError, UnknownMaster, master_n
 from powerfleet.config.broker_urls import is_sentinel, parse_sentinel_url
 from powerfleet.config.fleet import BrokerConfig
 
-_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Anything but an answer (refused, timed out, not Redis at all: InvalidResponse): ask the next.
+_ERRORS = (redis.RedisError, OSError)
 
 
 @dataclass(frozen=True)

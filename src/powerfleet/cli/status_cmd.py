@@ -97,7 +97,8 @@ def broker_line(b: dict[str, Any]) -> str:
     """The broker in one line: mode, master, replicas and their links, last failover."""
     if "error" in b:
         return f"broker ({b['mode']}): {b['error']}"
-    replicas = ", ".join(f"{x['address']} ({x['link'] or x['flags']})" for x in b["replicas"]) or "none"
+    replicas = ", ".join(f"{x['address']} ({'DOWN' if 'down' in x['flags'] else 'link ' + (x['link'] or '?')})"
+                         for x in b["replicas"]) or "none"
     if b["mode"] == "standalone":
         return f"broker: one Redis ({b.get('role')}); replicas: {replicas}"
     lf = b["last_failover"]

@@ -206,9 +206,10 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
-    from powerfleet.broker.steps import BrokerWatch  # here: it loads prometheus_client (see metrics)
+    from powerfleet.broker.steps import BrokerWatch, follow_in_pool_children  # here: see broker.metrics
 
     app.steps["consumer"].add(BrokerWatch)
+    follow_in_pool_children(app)
     if config.clock_file:
         from powerfleet.clock import FileClock
         from powerfleet.tasks import ports
