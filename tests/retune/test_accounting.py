@@ -17,7 +17,7 @@ from powerfleet.retune.status import deployment_status
 from tests.retune.conftest import make_ports, retune_config
 from tests.retune.world import start_of, traffic_lines, write_segments
 
-K = 30_000_300
+K = 29_000_300
 
 
 def _setup(world: Any, kube: Any, redis_url: str, **over: Any) -> tuple[Any, Any, Any, FakeClock]:

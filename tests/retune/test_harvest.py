@@ -15,7 +15,7 @@ from powerfleet.retune.fanin import ShardSpec
 from tests.retune.conftest import make_ports, retune_config
 from tests.retune.world import start_of, traffic_lines, write_segments
 
-K = 30_000_100
+K = 29_000_100
 
 
 def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]

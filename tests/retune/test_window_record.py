@@ -16,7 +16,7 @@ from powerfleet.workers.app import create_app
 from tests.retune.conftest import make_ports, retune_config
 from tests.retune.world import start_of
 
-K = 30_000_200
+K = 29_000_200
 
 
 def test_the_send_time_check_refuses_a_window_that_has_not_closed() -> None:
