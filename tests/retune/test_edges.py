@@ -82,7 +82,8 @@ def test_promote_refuses_a_superseded_or_old_recommendation(world, kube, redis_u
                                                        "history": [rec(k - 1, "advisory"), rec(k, "keep")]}))
     out = control.promote(cfg, ports, "llama")
     assert out["status"] == "refused" and f"window {k} decided to keep" in out["reason"]
-    dep.store.update(t, lambda s: s.model_copy(update={"advisory": rec(k - 10, "advisory"), "history": []}))
+    dep.store.update(t, lambda s: s.model_copy(update={"advisory": rec(k - 10, "advisory"), "history": [],
+                                                       "last_launched": k}))
     out = control.promote(cfg, ports, "llama")
     assert out["status"] == "refused" and "10 windows old" in out["reason"]
     dep.store.update(t, lambda s: s.model_copy(update={"advisory": rec(k - 1, "advisory")}))
@@ -132,3 +133,12 @@ def test_an_unreadable_initial_backup_is_ignored(world, kube, redis_url, text: s
     lease = lease.model_copy(update={"annotations": {**lease.annotations, INITIAL_ANNOTATION: text}})
     assert StateStore._saved_initial(lease) == {}
     assert json.loads(kube.get_lease("default", state_lease_name("llama")).annotations[INITIAL_ANNOTATION])
+
+
+def test_the_applied_values_are_a_metric(world, kube, redis_url) -> None:
+    from prometheus_client import REGISTRY
+
+    _applied(world, kube, redis_url)
+    got = {p: REGISTRY.get_sample_value("powerfleet_retune_applied_value", {"deployment": "llama", "parameter": p})
+           for p in ("temperature", "prefill_load_scale")}
+    assert got == {"temperature": DECIDED["temperature"], "prefill_load_scale": DECIDED["prefill_load_scale"]}

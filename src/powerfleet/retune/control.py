@@ -216,7 +216,9 @@ def promote(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[
     if later:
         return {"deployment": dep.name, "status": "refused", "window": adv.window,
                 "reason": f"superseded: window {max(later)} decided to keep the settings after window {adv.window}"}
-    age = last_closed_window(now, s.interval_s, s.phase_s).index - adv.window
+    # Age in windows launched since (the state's own clock of windows, not the wall clock).
+    newest = max(w for w in (state.last_launched, state.last_window, adv.window) if w is not None)
+    age = newest - adv.window
     if age > s.promote_max_age_windows:
         return {"deployment": dep.name, "status": "refused", "window": adv.window,
                 "reason": f"the recommendation of window {adv.window} is {age} windows old "

@@ -23,7 +23,7 @@ from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
+from powerfleet.retune.metrics import APPLIED, CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
 from powerfleet.retune.premises import check, worker_replicas
 from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
@@ -194,6 +194,8 @@ def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,
     act = Actuator(ports.router, dep.store, dep.leadership, t, Barriers(ports.r, dep.name))
     present = {f.pod for f in snap.frontends} | set(snap.frontends_without_url)
     _, reports = act.reconcile(snap.frontends, state, promote, present if snap.dgd is not None else None)
+    for param, value in sorted((state.desired or {}).items()) if state.mode == "active" else ():
+        APPLIED.labels(dep.name, param).set(value)
     CONVERGED.labels(dep.name).set(sum(1 for r in reports if r.converged))
     ROUTERS.labels(dep.name).set(len(reports))
     return [{"pod": r.pod, "converged": r.converged, "wrote": r.wrote, "revision": r.revision, "error": r.error}
