@@ -42,6 +42,7 @@ def test_a_corrupt_states_rollback_still_restores_every_router(world, kube, redi
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())  # back on their initial settings
     ports.clock.advance(PATCH_TIMEOUT_S)
     assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
+    assert "RetuneRolledBack" in {e.reason for e in kube.list_events("default", involved_name="llama")}
 
 
 def test_a_deleted_dgd_ends_its_retune_and_does_not_loop(world, kube, redis_url) -> None:

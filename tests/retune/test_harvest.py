@@ -91,6 +91,8 @@ def test_a_window_kept_in_redis_needs_no_shared_volume(world, kube, redis_url) -
     rec = Deployment.open(cfg, ports, "llama").store.read()[0].history[-1]
     assert rec.requests == 60 and rec.confidence is not None and rec.runner_up_margin_pct is not None
     assert rec.ranking and rec.ranking[0]["params"] == rec.params and len(rec.ranking) <= 5
+    applied = [e for e in kube.list_events("default", involved_name="llama") if e.reason == "RetuneApplied"]
+    assert len(applied) == 1 and "temperature=0" in applied[0].message
 
 
 def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) -> None:

@@ -97,8 +97,11 @@ def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list
         return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": now + PATCH_TIMEOUT_S}))
     if now < state.rollback_verify_at:
         return state
-    return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
+    done = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
                                                               "desired_window": None, "rollback_verify_at": None}))
+    dep.event("RetuneRolledBack", f"every router ({len(routers)}) is back on its initial settings, verified "
+              f"after the PATCH timeout")
+    return done
 
 
 def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
