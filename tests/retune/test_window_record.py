@@ -68,3 +68,11 @@ def test_the_task_refuses_a_future_window_and_reset_repairs_a_poisoned_record(wo
     assert control.reset_window(cfg, ports, "llama")["status"] == "unchanged"
     standby = make_ports(redis_url, kube, "ctl-b", FakeClock(start_of(K) + 1, 1.0))
     assert control.reset_window(cfg, standby, "llama")["status"] == "not-leader"
+
+
+def test_a_tick_now_far_ahead_of_the_clock_is_refused_at_send_time() -> None:
+    app = create_app(FleetConfig.model_validate({}), "redis://127.0.0.1:1/0")
+    now = __import__("time").time()
+    app.check_send("powerfleet.retune.tick", None, {"now": now - 3600}, task_api=True)  # a replay of the past
+    with pytest.raises(TaskInputError, match="ahead of the clock"):
+        app.check_send("powerfleet.retune.tick", None, {"now": now + 86400 * 365}, task_api=True)
