@@ -55,7 +55,9 @@ def live_settings(window_s: float) -> dict:
     return {"grid": s.grid, "objective": s.objective, **sweep_options(s)}
 
 
-def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int, processes: int) -> None:
+def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int,
+        processes: int) -> dict[int, float]:
+    """Print the table; returns each judged window's gain of retune over the best fixed setting."""
     n = int(-(-span_s // window_s))  # the last window may be partial
     live = live_settings(window_s)
     wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
@@ -100,6 +102,7 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
           f"({gains_a[wa]:+.1f}%), vs best fixed: {wb + 1} ({gains_b[wb]:+.1f}%)")
     print(f"sweep wall time per window: mean {statistics.fmean(walls):.1f} s, max {max(walls):.1f} s "
           f"({processes} processes, {points} candidates + probe)")
+    return {i + 1: g for i, g in enumerate(gains_b)}
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ ROLE_METHODS: dict[str, set[str]] = {
     "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
                "record_event", "list_nodes", "read_status", "write_status", "set_condition", "list_gpu_pods",
                "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates"},
-    "retune": {"list_pods", "get_dgd_object"},
+    "retune": {"list_pods", "get_dgd_object", "record_event"},
     "leases": {"get_lease", "create_lease", "update_lease", "delete_lease"},
 }
 # Where each feature's code lives (under src/powerfleet).

@@ -17,7 +17,7 @@ from powerfleet.retune.status import deployment_status
 from tests.retune.conftest import make_ports, retune_config
 from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
 
-K = 30_000_300
+K = 29_000_300
 
 
 def _setup(world: Any, kube: Any, redis_url: str, **over: Any) -> tuple[Any, Any, Any, FakeClock]:
@@ -125,6 +125,8 @@ def test_a_failed_send_after_the_claim_is_a_dropped_window(world, kube, redis_ur
     (rec,) = [h for h in st.history if h.window == K + 1]
     assert (rec.outcome, rec.failure_reason) == ("dropped", "send-failed") and "broker went away" in rec.reason
     assert not st.pending and st.counts == {"dropped": 1}
+    (ev,) = [e for e in kube.list_events("default", involved_name="llama") if e.reason == "RetuneWindowDropped"]
+    assert "send-failed" in ev.message and ev.type == "Warning"
     shown = deployment_status(cfg, kube, a.router, "llama", a.clock)["state"]
     assert shown["outcomes"] == {"decided": 0, "abandoned": 0, "dropped": 1, "by_outcome": {"dropped": 1}}
     assert shown["last_launched"] == K + 1 and shown["pending"] == []

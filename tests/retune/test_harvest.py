@@ -13,9 +13,10 @@ from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
+from powerfleet.retune.state import Moved
 from tests.retune.conftest import make_ports, retune_config
 
-K = 30_000_100
+K = 29_000_100
 
 
 def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]
@@ -91,6 +92,10 @@ def test_a_window_kept_in_redis_needs_no_shared_volume(world, kube, redis_url) -
     rec = Deployment.open(cfg, ports, "llama").store.read()[0].history[-1]
     assert rec.requests == 60 and rec.confidence is not None and rec.runner_up_margin_pct is not None
     assert rec.ranking and rec.ranking[0]["params"] == rec.params and len(rec.ranking) <= 5
+    applied = [e for e in kube.list_events("default", involved_name="llama") if e.reason == "RetuneApplied"]
+    assert len(applied) == 1 and "temperature=0" in applied[0].message
+    moved = Deployment.open(cfg, ports, "llama").store.read()[0].moves["temperature"]
+    assert (moved.window, moved.previous) == (K + 1, 1.0)  # the dwell's memory of this move
 
 
 def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) -> None:
@@ -99,4 +104,17 @@ def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) 
         _run(ports, sid, kw["spec"])
     out = harvest.harvest(cfg, ports, sid)
     assert out["outcome"] == "keep" and "only 60 requests" in out["reason"]
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+
+
+def test_the_dwell_keeps_a_parameter_that_would_move_back_too_soon(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_windows=3)
+    dep = Deployment.open(cfg, ports, "llama")
+    term = dep.leadership.claim()[0]
+    # temperature moved 0 -> 1 at window K: the sweep's wish to go back to 0 must wait.
+    dep.store.update(term, lambda s: s.model_copy(update={"moves": {"temperature": Moved(window=K, previous=0.0)}}))
+    for kw in shards:
+        _run(ports, sid, kw["spec"])
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["outcome"] == "keep" and "moving it back" in out["reason"], out
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())

@@ -17,7 +17,7 @@ from powerfleet.sim.trace import read_trace
 from tests.retune.conftest import make_ports, retune_config
 from powerfleet.testing.retune_world import INTERVAL, START_POLICY, start_of, traffic_lines, write_segments
 
-K = 30_000_400
+K = 29_000_400
 
 
 def test_the_live_window_decides_what_run_sweep_decides(world, kube, redis_url, tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ def test_status_shows_leader_mode_decisions_and_convergence(world, kube, redis_u
     assert [r["converged"] for r in d["routers"]] == [None, None]  # nothing decided yet: no target
     text = run_cli("--config", str(path), "retune", "status")
     assert text.returncode == 0 and "leader ctl-a (term 1)" in text.stdout
+    assert "desired none" in text.stdout and "windows ended: 0 decided, 0 abandoned, 0 dropped" in text.stdout
+    assert "None" not in text.stdout and "{" not in text.stdout
 
 
 def test_status_without_a_cluster_is_one_line_exit_1(tmp_path) -> None:

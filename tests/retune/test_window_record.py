@@ -16,7 +16,7 @@ from powerfleet.workers.app import create_app
 from tests.retune.conftest import make_ports, retune_config
 from powerfleet.testing.retune_world import start_of
 
-K = 30_000_200
+K = 29_000_200
 
 
 def test_the_send_time_check_refuses_a_window_that_has_not_closed() -> None:
@@ -68,3 +68,11 @@ def test_the_task_refuses_a_future_window_and_reset_repairs_a_poisoned_record(wo
     assert control.reset_window(cfg, ports, "llama")["status"] == "unchanged"
     standby = make_ports(redis_url, kube, "ctl-b", FakeClock(start_of(K) + 1, 1.0))
     assert control.reset_window(cfg, standby, "llama")["status"] == "not-leader"
+
+
+def test_a_tick_now_far_ahead_of_the_clock_is_refused_at_send_time() -> None:
+    app = create_app(FleetConfig.model_validate({}), "redis://127.0.0.1:1/0")
+    now = __import__("time").time()
+    app.check_send("powerfleet.retune.tick", None, {"now": now - 3600}, task_api=True)  # a replay of the past
+    with pytest.raises(TaskInputError, match="ahead of the clock"):
+        app.check_send("powerfleet.retune.tick", None, {"now": now + 86400 * 365}, task_api=True)

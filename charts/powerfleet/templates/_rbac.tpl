@@ -49,6 +49,9 @@ A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.gro
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}
 {{- define "powerfleet.rules.leases" -}}
 - apiGroups: ["coordination.k8s.io"]

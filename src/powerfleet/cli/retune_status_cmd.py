@@ -54,7 +54,9 @@ def _text(d: dict[str, Any]) -> str:
         lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
     st = d["state"]
     if st:
-        lines.append(f"  last window {st['last_window']}, rollback {st['rollback']}, desired {st['desired']}")
+        desired = ", ".join(f"{k}={v:g}" for k, v in sorted(st["desired"].items())) if st["desired"] else "none"
+        last = st["last_window"] if st["last_window"] is not None else "none"
+        lines.append(f"  last window {last}, rollback {st['rollback']}, desired {desired}")
         o = st["outcomes"]
         lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
                      f"in flight: {', '.join(str(p['window']) for p in st['pending']) or 'none'}")

@@ -208,6 +208,12 @@ class RetuneConfig(_Strict):
     lease_duration_s: int = Field(60, ge=5, le=3600)
     lease_renew_s: int = Field(15, ge=1, le=3600)
     history: int = Field(20, ge=1, le=200)  # decisions kept in the state Lease
+    # `promote` refuses an advisory recommendation older than this many windows (or one a
+    # later window's keep superseded).
+    promote_max_age_windows: int = Field(3, ge=0, le=10_000)
+    # Frontend trace segments last written longer ago than this are deleted by the window cut
+    # (it needs the window and the one before it).
+    segment_retention_s: int = Field(86_400, ge=60, le=365 * 86_400)
     # Where shards read the window: "file" (a volume shared with the sweep workers) or "redis"
     # (the cut window kept in Redis until the sweep is final; no shared volume needed).
     window_store: Literal["file", "redis"] = "file"

@@ -57,7 +57,10 @@ def record(dep: Deployment, term: Term, rec: DecisionRecord, change: Any = None)
 
 
 def drop(dep: Deployment, term: Term, k: int, code: str, reason: str, now: float) -> RetuneState | None:
-    return record(dep, term, outcome(dep, term, k, "dropped", reason, code, now))
+    saved = record(dep, term, outcome(dep, term, k, "dropped", reason, code, now))
+    if saved is not None:
+        dep.event("RetuneWindowDropped", f"window {k} dropped ({code}): {reason}", warning=True)
+    return saved
 
 
 def launch_due(ports: Ports, dep: Deployment, t: Term, state: RetuneState, now: float) -> tuple[RetuneState, list[int]]:

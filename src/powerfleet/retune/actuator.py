@@ -91,7 +91,8 @@ class Actuator:
         b.mark(self.term.term, fe.pod)
         return cur
 
-    def save_initials(self, state: RetuneState, current: dict[str, RouterPolicyState]) -> RetuneState:
+    def save_initials(self, state: RetuneState, current: dict[str, RouterPolicyState],
+                      present: set[str] | None = None) -> RetuneState:
         """Save unseen frontends' settings as their initial ones, before anything is written.
 
         Not during a rollback, and not for a frontend already on the decided values: those
@@ -102,12 +103,18 @@ class Actuator:
             return state
         new = {pod: st.policy for pod, st in current.items()
                if pod not in state.initial and not same(st.policy, state.desired)}
-        if not new:
+        # Pods that no longer exist leave the state (it must stay far below the 256 KiB
+        # annotation limit through any number of rollouts); not during a rollback, which needs them.
+        gone = set(state.initial) - present if present else set()  # never on an empty pod list
+        if not new and not gone:
             return state
-        return self.store.update(self.term, lambda s: s.model_copy(update={"initial": {**new, **s.initial}}))
+        return self.store.update(self.term, lambda s: s.model_copy(update={
+            "initial": {p: v for p, v in {**new, **s.initial}.items() if p not in gone}}))
 
-    def reconcile(self, frontends: list[Frontend], state: RetuneState,
-                  promote: Policy | None = None) -> tuple[RetuneState, list[FrontendReport]]:
+    def reconcile(self, frontends: list[Frontend], state: RetuneState, promote: Policy | None = None,
+                  present: set[str] | None = None) -> tuple[RetuneState, list[FrontendReport]]:
+        """One round over ``frontends``; ``present``: every frontend pod that exists (with or
+        without a router URL), whose initial settings are kept."""
         current, errors = read_all(self.router, frontends)
         for fe in frontends:  # the barrier comes first: what is read after it is final
             if fe.pod in current:
@@ -115,7 +122,7 @@ class Actuator:
                     current[fe.pod] = self.barrier(fe, current.pop(fe.pod))
                 except RouterError as exc:
                     errors[fe.pod] = f"barrier not written: {exc}"
-        state = self.save_initials(state, current)  # before any PATCH (fenced)
+        state = self.save_initials(state, current, present)  # before any PATCH (fenced)
         reports = []
         for fe in frontends:
             if fe.pod in errors:

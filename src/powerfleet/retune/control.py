@@ -53,10 +53,20 @@ def _lead(dep: Deployment) -> tuple[Term, RetuneState, str | None]:
         # above it, or every fenced write would refuse this leader forever.
         t = dep.leadership.raise_term(t, state.term + 1)
         TERM.labels(dep.name).set(t.term)
-    if acquired or corrupt or state is None or state.term != t.term:
-        state = dep.store.update(t, lambda s: s, replace_corrupt=True)
+    uid = _uid(dep)
+    if state is not None and uid and state.dgd_uid and state.dgd_uid != uid:
+        # The DGD was deleted and recreated under the same name: nothing decided for the old
+        # one (desired settings, windows, initial settings) belongs to the new one.
+        state = dep.store.update(t, lambda s: RetuneState(term=t.term, dgd_uid=uid), replace_corrupt=True)
+    elif acquired or corrupt or state is None or state.term != t.term or (uid and state.dgd_uid != uid):
+        state = dep.store.update(t, lambda s: s.model_copy(update={"dgd_uid": uid or s.dgd_uid}),
+                                 replace_corrupt=True)
     assert state is not None
     return t, state, corrupt
+
+
+def _uid(dep: Deployment) -> str:
+    return str(((dep.dgd_obj or {}).get("metadata") or {}).get("uid") or "")
 
 
 def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:
@@ -87,8 +97,11 @@ def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list
         return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": now + PATCH_TIMEOUT_S}))
     if now < state.rollback_verify_at:
         return state
-    return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
+    done = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
                                                               "desired_window": None, "rollback_verify_at": None}))
+    dep.event("RetuneRolledBack", f"every router ({len(routers)}) is back on its initial settings, verified "
+              f"after the PATCH timeout")
+    return done
 
 
 def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
@@ -98,6 +111,8 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
         return {"deployment": name, "status": "invalid-settings", "error": str(exc)}
     if not dep.settings.enabled:
         return cleanup(cfg, ports, dep)
+    if dep.dgd_obj is None:  # deleted: its retune ends (state, Leases, leftovers), no loop
+        return {**cleanup(cfg, ports, dep), "reason": "the DGD does not exist", "status": "dgd-missing"}
     try:
         t, state, corrupt = _lead(dep)
     except NotLeader as exc:
@@ -152,7 +167,7 @@ def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
     except NotLeader as exc:
         return {"deployment": dep.name, "status": "standby", "reason": str(exc)}
     try:
-        if state.rollback != "done" and state.initial:
+        if state.rollback != "done" and state.initial and dep.dgd_obj is not None:  # a deleted DGD has no routers
             if state.rollback != "intent":
                 state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
             routers = actuate(dep, ports, t, state)
@@ -199,6 +214,18 @@ def promote(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[
     if adv is None or adv.params is None:
         return {"deployment": dep.name, "status": "nothing-to-promote"}
     now = ports.clock.now()
+    s = dep.settings
+    later = [h.window for h in state.history if h.window > adv.window and h.outcome == "keep"]
+    if later:
+        return {"deployment": dep.name, "status": "refused", "window": adv.window,
+                "reason": f"superseded: window {max(later)} decided to keep the settings after window {adv.window}"}
+    # Age in windows launched since (the state's own clock of windows, not the wall clock).
+    newest = max(w for w in (state.last_launched, state.last_window, adv.window) if w is not None)
+    age = newest - adv.window
+    if age > s.promote_max_age_windows:
+        return {"deployment": dep.name, "status": "refused", "window": adv.window,
+                "reason": f"the recommendation of window {adv.window} is {age} windows old "
+                          f"(retune.promote_max_age_windows {s.promote_max_age_windows})"}
     rec = DecisionRecord(window=-1, outcome="promoted", mode=state.mode, params=dict(adv.params),
                          improvement_pct=adv.improvement_pct, reason=f"promoted the advisory decision of window {adv.window}",
                          term=t.term, generation=dep.settings.generation, at=now)
@@ -253,9 +280,15 @@ def reset_window(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> 
 
 
 def release_all(cfg: RetuneConfig, ports: Ports) -> list[str]:
-    """Graceful shutdown: give up every Lease this process holds."""
+    """Graceful shutdown: give up every Lease this process holds -- of configured deployments
+    and of those removed from the config whose clean-up has not finished (``KNOWN``)."""
+    names = set(configured(cfg))
+    try:
+        names |= {m.decode() if isinstance(m, bytes) else m for m in ports.r.smembers(KNOWN)}
+    except Exception:  # Redis gone at shutdown: the configured ones are still released
+        pass
     out = []
-    for name in configured(cfg):
+    for name in sorted(names):
         try:
             dep = Deployment.open(cfg, ports, name)
         except SettingsError:

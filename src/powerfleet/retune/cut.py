@@ -43,6 +43,8 @@ class CutResult:
     segments: int = 0
     corrupt_members: int = 0
     malformed_lines: int = 0
+    segments_skipped: int = 0  # last written before the warm-up span began: nothing to read
+    segments_pruned: int = 0  # older than the retention: deleted
     bytes_read: int = 0
     issues: list[str] = field(default_factory=list)
 
@@ -231,9 +233,13 @@ def _segment_files(root: Path, seg_dir: Path) -> list[Path]:
 
 
 def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: float, *,
-               warmup_s: float = 0.0) -> CutResult:
+               warmup_s: float = 0.0, retention_s: float | None = None, now_s: float | None = None) -> CutResult:
     """Cut window ``k`` = [start_s, end_s) of ``dgd``, with the ``warmup_s`` seconds before it
-    in front (replayed unscored: the warm start); a window with no traffic writes no file."""
+    in front (replayed unscored: the warm start); a window with no traffic writes no file.
+
+    Only segments written to since the warm-up span began are read (a record is written
+    after its timestamp, so an older file holds nothing of the window); with ``retention_s``
+    segments last written more than that before ``now_s`` are deleted."""
     root = Path(trace_dir)
     if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
         raise CutError(f"trace directory {str(root)!r} is not a readable directory")
@@ -248,6 +254,14 @@ def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: f
             out = _Out(fh_out)
             flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out, warmup_s * 1000.0)
             for f in _segment_files(root, seg_dir):
+                mtime = f.stat().st_mtime
+                if retention_s is not None and now_s is not None and mtime < now_s - retention_s:
+                    f.unlink(missing_ok=True)
+                    res.segments_pruned += 1
+                    continue
+                if mtime < start_s - warmup_s:
+                    res.segments_skipped += 1
+                    continue
                 res.segments += 1
                 with f.open("rb") as fh:
                     size = os.fstat(fh.fileno()).st_size

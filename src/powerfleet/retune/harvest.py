@@ -127,6 +127,9 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
         out: dict[str, Any] = {"status": status, "outcome": dr.outcome, "reason": dr.reason, "window": rec.window,
                                "saved": saved is not None, "adopted_results": adopted, "params": dr.params}
         if saved is not None and saved.mode == "active" and dr.outcome == "apply":
+            dep.event("RetuneApplied", f"window {rec.window}: applied {_knobs(dr.params)} "
+                      f"({dr.improvement_pct:+.2f} % {dep.settings.objective.value}; {dr.reason})"
+                      if dr.improvement_pct is not None else f"window {rec.window}: applied {_knobs(dr.params)}")
             out["routers"] = actuate(dep, ports, t, saved)
         return out
     finally:
@@ -176,3 +179,7 @@ def _search(dep: Deployment, ports: Ports, fan: FanIn, rec: SweepRecord, results
     ports.send(SHARD_TASK, {"sid": rec.sid, "spec": spec.model_dump(mode="json")},
                {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10})
     return {"status": "searching", "round": rec.search_rounds, "points": len(new), "sid": rec.sid}
+
+
+def _knobs(params: dict[str, float] | None) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted((params or {}).items()))

@@ -23,7 +23,7 @@ from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
+from powerfleet.retune.metrics import APPLIED, CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
 from powerfleet.retune.premises import check, worker_replicas
 from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
@@ -98,12 +98,14 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         return {"status": "blocked", "premises": [p.code for p in failed], "reason": reason}
     t0 = time.monotonic()
     try:
-        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end, warmup_s=s.interval_s)  # warm start: the window before
+        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end, warmup_s=s.interval_s,  # warm start: the window before
+                         retention_s=cfg.segment_retention_s, now_s=now)
     except (CutError, OSError) as exc:
         record(dep, t, outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
         WINDOWS.labels(dgd, "abandoned", "cut-failed").inc()
         return {"status": "abandoned", "reason": str(exc)}
-    cut_info = {"requests": cut.requests, "warmup_requests": cut.warmup_requests, "segments": cut.segments, "corrupt_members": cut.corrupt_members,
+    cut_info = {"requests": cut.requests, "warmup_requests": cut.warmup_requests, "segments": cut.segments,
+                "segments_skipped": cut.segments_skipped, "segments_pruned": cut.segments_pruned, "corrupt_members": cut.corrupt_members,
                 "malformed_lines": cut.malformed_lines, "cut_seconds": round(time.monotonic() - t0, 3)}
     if cut.path is None:
         record(dep, t, outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
@@ -190,7 +192,10 @@ def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,
     snap = dep.snapshot(ports, with_consumers=False)
     reports: list[FrontendReport]
     act = Actuator(ports.router, dep.store, dep.leadership, t, Barriers(ports.r, dep.name))
-    _, reports = act.reconcile(snap.frontends, state, promote)
+    present = {f.pod for f in snap.frontends} | set(snap.frontends_without_url)
+    _, reports = act.reconcile(snap.frontends, state, promote, present if snap.dgd is not None else None)
+    for param, value in sorted((state.desired or {}).items()) if state.mode == "active" else ():
+        APPLIED.labels(dep.name, param).set(value)
     CONVERGED.labels(dep.name).set(sum(1 for r in reports if r.converged))
     ROUTERS.labels(dep.name).set(len(reports))
     return [{"pod": r.pod, "converged": r.converged, "wrote": r.wrote, "revision": r.revision, "error": r.error}

@@ -53,6 +53,7 @@ class DeploymentSettings:
     window_store: str  # "file" | "redis"
     generation: str
     guard: NoiseGuard = NoiseGuard()
+    promote_max_age_windows: int = 3
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
@@ -158,4 +159,5 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         generation=generation,
         guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
+        promote_max_age_windows=cfg.promote_max_age_windows,
     )

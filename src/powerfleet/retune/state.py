@@ -82,6 +82,7 @@ PENDING_MAX = 16  # a leader never has more than a couple in flight; the state s
 class RetuneState(_Strict):
     schema_: str = Field(STATE_SCHEMA, alias="schema")
     term: int = Field(0, ge=0)
+    dgd_uid: str = ""  # the DGD this state belongs to (a DGD recreated under the name starts afresh)
     generation: str = ""
     mode: Literal["active", "advisory"] = "active"
     initial: dict[str, Policy] = Field(default_factory=dict)  # frontend pod -> settings before our first write

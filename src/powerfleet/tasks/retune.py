@@ -32,12 +32,23 @@ from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
 
 _DGD = Field(min_length=1, max_length=253)
+MAX_TICK_AHEAD_S = 60.0  # clock skew a replayed tick's "now" may have over the task clock
 _clusters: dict[str | None, Any] = {}
 _consumers: dict[str, tuple[float, dict[str, bool]]] = {}
 
 
 class TickArgs(TaskArgs):
     now: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+    @field_validator("now")
+    @classmethod
+    def _not_ahead(cls, now: float | None, info: ValidationInfo) -> float | None:
+        """A replayed instant may lie in the past, not ahead of the task clock: a tick "now" far
+        ahead would launch (and record as launched) windows that have not happened."""
+        clock_now = (info.context or {}).get("now")
+        if now is not None and clock_now is not None and now > clock_now + MAX_TICK_AHEAD_S:
+            raise ValueError(f"now {now:g} lies more than {MAX_TICK_AHEAD_S:g} s ahead of the clock ({clock_now:g})")
+        return now
 
 
 class WindowArgs(TaskArgs):
