@@ -17,7 +17,7 @@ from powerfleet.retune.state import DecisionRecord, dump_state
 from powerfleet.twin.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
 from tests.retune.test_leadership import DECIDED, T0, _applied
-from tests.retune.world import dgd_object, frontend_pod
+from powerfleet.testing.retune_world import dgd_object, frontend_pod
 
 DGD_API = ("nvidia.com/v1alpha1", "DynamoGraphDeployment")
 
