@@ -50,6 +50,8 @@ def _text(d: dict[str, Any]) -> str:
     lead = d["leader"] or {}
     lines = [f"{d['deployment']}: {'enabled' if d['enabled'] else 'disabled'}, mode {d['mode']}, "
              f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
+    prof = d.get("engine_profile") or {}
+    lines.append(f"  engine profile {prof.get('name')} ({prof.get('source')})")
     if d["corrupt_state"]:
         lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
     st = d["state"]

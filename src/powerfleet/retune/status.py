@@ -37,6 +37,8 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
     out: dict[str, Any] = {
         "deployment": name, "enabled": dep.settings.enabled, "mode": dep.settings.mode,
         "generation": dep.settings.generation,
+        "engine_profile": {"name": dep.settings.engine_profile_name,
+                           "source": dep.settings.engine_profile or "built-in (fallback)"},
         "leader": None if lease is None else {"holder": lease.holder_identity, "term": lease.lease_transitions,
                                               "renewed": lease.renew_time.isoformat() if lease.renew_time else None},
         "state": None, "corrupt_state": corrupt, "decisions": [], "routers": [],
