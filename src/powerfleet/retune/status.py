@@ -52,6 +52,10 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
                         "pending": [p.model_dump() for p in state.pending],
                         "outcomes": _outcome_counts(state.counts)}
         out["decisions"] = [h.model_dump() for h in state.history[-decisions:]][::-1]
+    if dep.dgd_obj is None:
+        out["dgd"] = "not found"
+        return out
+    out["dgd"] = "found"
     if dep.dgd is None:
         return out
     pods = cluster.list_pods(dep.dgd.namespace, label_selector=dep.dgd.pod_selector)
@@ -84,6 +88,6 @@ def fleet_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient,
     for name in configured(cfg):
         try:
             rows.append(deployment_status(cfg, cluster, router, name, clock))
-        except ClusterError as exc:
-            rows.append({"deployment": name, "error": str(exc)})
+        except ClusterError as exc:  # the API server did not answer: the caller exits 1
+            rows.append({"deployment": name, "error": str(exc), "cluster_error": True})
     return {"schema": STATUS_SCHEMA, "deployments": rows}
