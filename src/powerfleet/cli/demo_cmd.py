@@ -81,6 +81,10 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "retune.lease_duration_s": "15",
         "retune.lease_renew_s": "5",
         "retune.max_shards": "2",
+        # The demo's windows are short (about 40 requests): the noise guard's production
+        # defaults (200 requests, 0.95 paired confidence) would keep every one of them.
+        "retune.min_requests": "20",
+        "retune.confidence": "0",
         # 24 points, no zero credit: a router retuned to credit 0 would be held there by retune's
         # own premise (a live router at credit 0 stays at 0), ending the demo's retuning.
         "retune.grid": "{overlap_score_credit: {choices: [0.25, 0.5, 1.0]}, "

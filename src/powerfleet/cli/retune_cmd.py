@@ -91,6 +91,9 @@ def sweep_cmd(
     from powerfleet.retune.sweep import run_sweep
 
     check_counts(shards=(shards, 1), processes=(processes, 1))
+    cpus = os.cpu_count() or 1
+    if processes is not None and processes > cpus:  # each one is a forked replay: never more than the machine
+        bad(f"--processes must be at most {cpus} (this machine's CPUs), got {processes}")
     try:
         obj = parse_objective(objective)
     except ValueError as exc:
@@ -109,6 +112,10 @@ def sweep_cmd(
         g.points(inp.policy)
     except ValueError as exc:
         bad(f"--grid: {exc}")
+    from powerfleet.sim.trace import select_window
+
+    if inp.window is not None and not select_window(list(inp.requests), *inp.window):
+        bad(f"--window: no request of the trace lies in {window}; nothing to sweep")
     prog, update = _progress_bar()
     try:
         result = run_sweep(

@@ -35,13 +35,16 @@ def status(
             data = fleet_status(cfg, cluster, router, SystemClock())
     finally:
         cluster.close()
+    unreachable = [d for d in data["deployments"] if d.get("cluster_error")]
     if as_json:
         print_json(data)
-        return
-    if not data["deployments"]:
-        sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
-    for d in data["deployments"]:
-        sys.stdout.write(_text(d))
+    else:
+        if not data["deployments"]:
+            sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
+        for d in data["deployments"]:
+            sys.stdout.write(_text(d))
+    if unreachable and len(unreachable) == len(data["deployments"]):
+        fail(f"cannot reach the cluster: {unreachable[0]['error']}", EXIT_FAILURE)
 
 
 def _text(d: dict[str, Any]) -> str:
@@ -49,7 +52,10 @@ def _text(d: dict[str, Any]) -> str:
         return f"{d['deployment']}: error: {d['error']}\n"
     lead = d["leader"] or {}
     lines = [f"{d['deployment']}: {'enabled' if d['enabled'] else 'disabled'}, mode {d['mode']}, "
-             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
+             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"
+             + ("; DGD not found" if d.get("dgd") == "not found" else "")]
+    prof = d.get("engine_profile") or {}
+    lines.append(f"  engine profile {prof.get('name')} ({prof.get('source')})")
     if d["corrupt_state"]:
         lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
     st = d["state"]

@@ -174,6 +174,7 @@ class RetuneDeploymentConfig(_Strict):
     confidence: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
     dwell_windows: int | None = Field(None, ge=0, le=10_000)
     search_rounds: int | None = Field(None, ge=0, le=50)
+    engine_profile: str | None = None  # fleet config only (the DGD annotation may not name a file)
     max_shards: int | None = Field(None, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     shard_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -201,6 +202,9 @@ class RetuneConfig(_Strict):
     dwell_windows: int = Field(3, ge=0, le=10_000)
     # Rounds of the search beyond the grid's edge (one fan-out each in the live loop; 0: off).
     search_rounds: int = Field(6, ge=0, le=50)
+    # The engine profile the sweeps replay (a measured table, `sim replay --profile`); None:
+    # the built-in Llama-3-70B TP4 H200 roofline fit, shown as the fallback in `retune status`.
+    engine_profile: str | None = None
     max_shards: int = Field(3, ge=1, le=256)
     time_budget_s: float = Field(240.0, gt=0, allow_inf_nan=False)
     shard_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)

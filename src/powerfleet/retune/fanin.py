@@ -57,6 +57,7 @@ class ShardSpec(BaseModel):
     seed: int = 0
     start_s: float = 0.0  # scoring starts this many seconds after the file's first record (warm-up before)
     warm_policy: dict[str, float] | None = None  # the settings that served the warm-up span
+    profile: str | None = None  # the engine profile file (None: the built-in profile)
 
     def key(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]

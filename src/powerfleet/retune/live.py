@@ -129,7 +129,8 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     def spec(kind: str, i: int, pts: list[dict[str, float]]) -> ShardSpec:
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
                          index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas,
-                         start_s=start_s, warm_policy=dict(current) if start_s > 0 else None)
+                         start_s=start_s, warm_policy=dict(current) if start_s > 0 else None,
+                         profile=s.engine_profile)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
@@ -171,7 +172,8 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
             with fan.window_path(spec.window_file, spec.window_sha256) as path:
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
                                            sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
-                                           warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy)
+                                           warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy,
+                                           profile=spec.profile)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"

@@ -23,6 +23,7 @@ from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_gr
 from powerfleet.retune.objectives import Objective, parse_objective
 from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
+from powerfleet.sim.profile import default_profile, load_profile
 
 DGD_ANNOTATION = "powerfleet.nvidia.com/retune"
 
@@ -54,6 +55,8 @@ class DeploymentSettings:
     generation: str
     guard: NoiseGuard = NoiseGuard()
     promote_max_age_windows: int = 3
+    engine_profile: str | None = None  # a profile file every shard loads; None: the built-in profile
+    engine_profile_name: str = ""
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
@@ -63,7 +66,7 @@ class DeploymentSettings:
 
 # The window schedule comes from the fleet config only: a sender (trigger, Flower, the tick)
 # must be able to bound a window index without reading the DGD (``closed_window``).
-SCHEDULE_KEYS = ("window_interval_s", "window_phase_s")
+SCHEDULE_KEYS = ("window_interval_s", "window_phase_s", "engine_profile")
 
 
 def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
@@ -71,7 +74,8 @@ def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
     is what the live window computes (tests/retune/test_one_path.py), and what bench/retune.py
     and the defaults of `retune sweep` use."""
     return {"max_shards": s.max_shards, "min_improvement_pct": s.min_improvement_pct, "search": s.search,
-            "guard": s.guard, "budget_s": s.time_budget_s}
+            "guard": s.guard, "budget_s": s.time_budget_s,
+            "profile": load_profile(s.engine_profile) if s.engine_profile is not None else None}
 
 
 def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
@@ -83,8 +87,8 @@ def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
     if isinstance(obj, dict) and any(k in obj for k in SCHEDULE_KEYS):
-        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s and window_phase_s are set in the "
-                            "fleet config (retune.per_deployment), not on the DGD")
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s, window_phase_s and engine_profile "
+                            "are set in the fleet config (retune.per_deployment), not on the DGD")
     try:
         return RetuneDeploymentConfig.model_validate(obj)
     except ValidationError as exc:
@@ -141,7 +145,13 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                             f"({m['shard_timeout_s']:g}) so a sweep can finish inside its budget")
     if m["time_budget_s"] >= m["window_interval_s"]:
         raise SettingsError(f"{where}: time_budget_s must be shorter than the window interval, or sweeps overlap")
-    sweep_keys = {"grid": grid.model_dump(exclude_none=True), "objective": objective.value,
+    profile_name = default_profile().name
+    if m["engine_profile"] is not None:
+        try:
+            profile_name = load_profile(m["engine_profile"]).name
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"{where}: engine_profile: {exc}") from None
+    sweep_keys = {"grid": grid.model_dump(exclude_none=True), "profile": [m["engine_profile"], profile_name], "objective": objective.value,
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
                   "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
@@ -160,4 +170,5 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
         promote_max_age_windows=cfg.promote_max_age_windows,
+        engine_profile=m["engine_profile"], engine_profile_name=profile_name,
     )

@@ -37,6 +37,8 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
     out: dict[str, Any] = {
         "deployment": name, "enabled": dep.settings.enabled, "mode": dep.settings.mode,
         "generation": dep.settings.generation,
+        "engine_profile": {"name": dep.settings.engine_profile_name,
+                           "source": dep.settings.engine_profile or "built-in (fallback)"},
         "leader": None if lease is None else {"holder": lease.holder_identity, "term": lease.lease_transitions,
                                               "renewed": lease.renew_time.isoformat() if lease.renew_time else None},
         "state": None, "corrupt_state": corrupt, "decisions": [], "routers": [],
@@ -50,6 +52,10 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
                         "pending": [p.model_dump() for p in state.pending],
                         "outcomes": _outcome_counts(state.counts)}
         out["decisions"] = [h.model_dump() for h in state.history[-decisions:]][::-1]
+    if dep.dgd_obj is None:
+        out["dgd"] = "not found"
+        return out
+    out["dgd"] = "found"
     if dep.dgd is None:
         return out
     pods = cluster.list_pods(dep.dgd.namespace, label_selector=dep.dgd.pod_selector)
@@ -82,6 +88,6 @@ def fleet_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient,
     for name in configured(cfg):
         try:
             rows.append(deployment_status(cfg, cluster, router, name, clock))
-        except ClusterError as exc:
-            rows.append({"deployment": name, "error": str(exc)})
+        except ClusterError as exc:  # the API server did not answer: the caller exits 1
+            rows.append({"deployment": name, "error": str(exc), "cluster_error": True})
     return {"schema": STATUS_SCHEMA, "deployments": rows}

@@ -22,7 +22,7 @@ from powerfleet.retune.grid import EdgeSearch, SweepGrid, search_beyond, split_s
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
 from powerfleet.sim.engine import EngineConfig, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
-from powerfleet.sim.profile import TimingProfile
+from powerfleet.sim.profile import TimingProfile, load_profile
 from powerfleet.sim.replay import Arrivals, prepare, replay_batches, warm_snapshot, warmup_span
 from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
@@ -136,6 +136,7 @@ def run_shard_from_trace(
     warmup_s: float | None = None,
     router: dict[str, Any] | None = None,
     warmup_policy: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -159,10 +160,11 @@ def run_shard_from_trace(
         window = (warmup_s, None)
     arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
     eng, opts = parse_engine(engine), parse_router_options(router)
+    prof = load_profile(profile) if profile is not None else None
     warm = None
     if warmup_policy is not None:
-        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, engine=eng, router=opts)
-    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, eng, opts, warm)
+        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
 
 
 _STATE: dict[str, Any] = {}
