@@ -173,6 +173,10 @@ def _cases(f: dict[str, Path], busy: int, not_redis: str = "redis://127.0.0.1:1/
         ("status", ["status", "--timeout", "-3"]),
         ("status", ["status", "--timeout", "1e308"]),
         ("sim replay", ["sim", "replay", "--trace", trace, "--workers", "2", "--profile", str(f["deep"])]),
+        # A profile or grid of /dev/zero goes through the one bounded reader (it used to read forever).
+        ("sim replay", ["sim", "replay", "--trace", trace, "--workers", "2", "--profile", str(f["zero"])]),
+        ("retune sweep", ["retune", "sweep", "--trace", trace, "--workers", "2", "--objective", "ttft",
+                          "--grid", str(f["zero"])]),
         ("worker", ["worker", "--loglevel", "BOGUS"]),
         ("beat", ["beat", "--loglevel", "BOGUS"]),
         ("up", ["up", "--log-dir", str(f["unwritable"])]),

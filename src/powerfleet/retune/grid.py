@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerfleet.retune.decision import Candidate, rank
+from powerfleet.textinput import InputError, read_text
 from powerfleet.retune.objectives import Objective
 from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy, error_location, first_error
 
@@ -118,11 +119,9 @@ def load_grid(source: str | Path | None) -> SweepGrid:
         return DEFAULT_GRID
     p = Path(source)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read grid {str(p)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"grid {str(p)!r} is not UTF-8 text") from None
+        text = read_text(p)  # bounded: a grid of /dev/zero fails in one line
+    except InputError as exc:
+        raise ValueError(f"grid: {exc}") from None
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml
