@@ -282,7 +282,7 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     res.status = _status(
         snap, not roll.failed and not writer, reason, "; ".join(notes) or "within budget",
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
-        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
+        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus, peakGpus=result.peak_gpus,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
         held=sorted(by_role[r] for r in result.held),
