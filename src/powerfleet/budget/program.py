@@ -1,9 +1,10 @@
 """One deployment's budget evaluation as a pure program (the reconcile contract, docs/budget.md).
 
 ``evaluate(snapshot)`` takes everything read for one evaluation (one DGD read, one pod LIST,
-the admitted record, the pending proposal, the group allowance) and returns a ``Result``: the
-complete desired ``status.budget``, the replica counts to write, an admission record to
-persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
+the admitted record, the pending proposal, the group allowance, the scaling adapters' counts,
+whether another writer was seen, the DRA claims' device classes and, when required, the agents'
+enforcement reports) and returns a ``Result``: the complete desired status, the replica counts
+to write, an admission record to persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
 replicas first (events about them only after that write changed something), then the status
 once, skipped when unchanged, then the status-transition events.
 """
@@ -233,7 +234,7 @@ def _evidence(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[st
 
 
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
-    """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
+    """The whole desired outcome of one evaluation. ``previous``: the status persisted last."""
     previous = previous or {}
     dgd = snap.dgd
     admitted, admitted_now, early = _admission(snap, previous)
