@@ -91,12 +91,13 @@ def test_dgd_status_is_pruned_defaulted_and_validated_when_the_switch_is_on(tmp_
             kube.close()
 
 
-def test_by_default_foreign_dgd_status_follows_the_fidelity_switch(api, kube) -> None:
-    # Kept while twin/fidelity.py KEEP_FOREIGN_DGD_STATUS is True (the budget's status.budget,
-    # issue 18); pruned, as a real server prunes it, once the lead flips it.
+def test_by_default_foreign_dgd_status_is_pruned(api, kube) -> None:
+    # The faithful default (twin/fidelity.py KEEP_FOREIGN_DGD_STATUS is False): as a real server,
+    # an undeclared status field is dropped on write (the lenient twin, prune_dgd_status=False, kept it).
+    assert KEEP_FOREIGN_DGD_STATUS is False
     api.apply(_dgd())
     written = kube.patch_dgd_status("default", "llm", {"budget": {"ready": "True"}})
-    assert ("budget" in written["status"]) is KEEP_FOREIGN_DGD_STATUS
+    assert "budget" not in written["status"] and written["status"]["state"] == "initializing"
 
 
 def test_real_manifests_survive_a_write(api) -> None:
