@@ -111,18 +111,9 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
     from powerfleet.cluster.scaling import KubeScaling
     from powerfleet.config.fleet import DeploymentBudgetConfig
     from powerfleet.twin.apiserver import ApiServer
-    from powerfleet.twin.apiserver.resources import ResourceType
-
-    from powerfleet.twin.apiserver.http import Handler
-
-    # The fixture writes a response's headers and body in two sends; with Nagle's algorithm on,
-    # each call then waits out the client's delayed ACK (about 40 ms on Linux), which a real API
-    # server does not. Off for this measurement (the fixture's own setting is the twin's).
-    Handler.disable_nagle_algorithm = True
     logging.getLogger("powerfleet").setLevel(logging.ERROR)  # holds and warnings are expected here
     views, node_groups, budgets = fleet(deployments, nodes, racks, seed)
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
-        api.register(ResourceType("", "v1", "configmaps", "ConfigMap"))
         for n, g in node_groups.items():
             api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": g}}})
         for v in views:

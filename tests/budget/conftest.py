@@ -1,5 +1,5 @@
 """The integration fixtures (real redis-server, launcher, app) for the budget end-to-end test, and
-``world``: a loopback API server serving ConfigMaps, one settled DGD "llama" (1 prefill, 1 decode)
+``world``: a loopback API server (it serves ConfigMaps, where the budget keeps its status), one settled DGD "llama" (1 prefill, 1 decode)
 on gpu-0, and the budget state in a real Redis."""
 
 from pathlib import Path
@@ -10,14 +10,13 @@ import redis
 from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import dgd, serve_configmaps, settle
+from tests.budget.stand_in_operator import dgd, settle
 from tests.integration.conftest import app, broker_url, fleet_env, launcher, redis_server  # noqa: F401
 
 
 @pytest.fixture
 def world(tmp_path: Path, broker_url: str):  # noqa: F811 - the imported fixture, used here
     with ApiServer() as api:
-        serve_configmaps(api)
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
         api.apply(dgd("llama", 1, 1))
         settle(api, kube, "llama", ["gpu-0"])
@@ -30,9 +29,8 @@ RACK_A_NODES = ["gpu-a1", "gpu-a2"]
 
 @pytest.fixture
 def rack_a(tmp_path: Path):
-    """A loopback API server serving ConfigMaps with two nodes in rack-a, and its kubeconfig."""
+    """A loopback API server with two nodes in rack-a, and its kubeconfig."""
     with ApiServer() as api:
-        serve_configmaps(api)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         kube = KubeCluster.from_kubeconfig(str(kubeconfig))
         for n in RACK_A_NODES:

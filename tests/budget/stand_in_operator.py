@@ -2,8 +2,9 @@
 spec in one step (pods Running with the cap annotation copied verbatim, every replica ready).
 
 It writes the status with a merge patch of the operator's own keys, so powerfleet's condition
-(and ``status.budget`` with ``budget.status_store: dgd``) survives, as beside a real operator
-that patches its own fields.
+survives, as beside a real operator that patches its own fields; each component's entry carries
+what Dynamo's CRD requires of it (``componentKind``, ``replicas``, ``updatedReplicas``), as the
+loopback server validates status like a real server.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTA
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.apiserver.errors import ApiError
-from powerfleet.twin.apiserver.resources import ResourceType
 
 
 def dgd(name: str, prefill: int, decode: int, *, cap: str = "500", namespace: str = "default") -> dict[str, Any]:
@@ -47,12 +47,18 @@ def settle(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], names
                     "status": {"phase": "Running"}}
             if pod not in existing or api.get("v1", "Pod", pod, namespace)["metadata"].get("annotations") != c.annotations:
                 api.apply(body)
-        components[c.name] = {"replicas": c.replicas, "readyReplicas": c.replicas, "updatedReplicas": c.replicas,
-                              "rollout": {"phase": "Completed"}}
+        components[c.name] = component_status(name, c.name, c.replicas, ready=c.replicas)
     for pod in existing - wanted:
         api.delete("v1", "Pod", pod, namespace)
     kube.patch_dgd_status(namespace, name, {"observedGeneration": d.generation, "state": "successful",
                                             "rollingUpdate": {"phase": "Completed"}, "components": components})
+
+
+def component_status(dgd_name: str, component: str, replicas: int, *, ready: int) -> dict[str, Any]:
+    """One v1beta1 ``status.components`` entry as Dynamo's operator writes it (a single-node
+    component is a Deployment)."""
+    return {"componentKind": "Deployment", "componentNames": [f"{dgd_name}-{component}".lower()],
+            "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready, "availableReplicas": ready}
 
 
 def replicas(api: ApiServer, name: str, namespace: str = "default") -> dict[str, int]:
@@ -60,32 +66,16 @@ def replicas(api: ApiServer, name: str, namespace: str = "default") -> dict[str,
     return {c.name: c.replicas for c in d.components if c.name != "Frontend"}
 
 
-CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap")
-
-
-def serve_configmaps(api: ApiServer) -> ApiServer:
-    """The loopback server serves no ConfigMaps by default; the budget's status lives in one."""
-    api.register(CONFIGMAPS)
-    return api
-
-
 def budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict[str, Any]:
-    """The budget's status as powerfleet persisted it: its ConfigMap where the server serves them
-    (``serve_configmaps``), else ``status.budget`` on the DGD (``budget.status_store: dgd``)."""
+    """The budget's status as powerfleet persisted it in its ConfigMap (the default
+    ``budget.status_store``); empty when none was written."""
     try:
         cm = api.get("v1", "ConfigMap", status_object_name(name), namespace)
-    except ValueError:  # ConfigMaps not served: the runner's DGD store
-        return dgd_budget_status(api, name, namespace)
     except ApiError as exc:
         if exc.code == 404:
             return {}
         raise
     return stored_status(cm).status
-
-
-def dgd_budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict[str, Any]:
-    """``status.budget`` on the DGD (budget.status_store: dgd)."""
-    return (api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace).get("status") or {}).get("budget") or {}
 
 
 def start_rollout(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], namespace: str = "default") -> None:
@@ -104,6 +94,5 @@ def start_rollout(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str]
                                     "annotations": dict(c.annotations)},
                        "spec": {"nodeName": nodes[i % len(nodes)], "containers": [{"name": "main", "image": "engine"}]},
                        "status": {"phase": "Pending"}})
-        components[c.name] = {"replicas": c.replicas, "readyReplicas": running // c.effective_node_count,
-                              "updatedReplicas": c.replicas}
+        components[c.name] = component_status(name, c.name, c.replicas, ready=running // c.effective_node_count)
     kube.patch_dgd_status(namespace, name, {"observedGeneration": d.generation, "components": components})

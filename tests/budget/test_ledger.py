@@ -37,6 +37,7 @@ def test_an_in_flight_scale_up_is_charged_and_holds_the_peers_scale_up():
     # today's rule wrote prefill 6 and reported 6,600 W; decode's second replica then makes it 9,000 W
     assert res.replicas == {} and res.status["settledWatts"] == 2 * 700 + 2 * 2400 <= 8000
     assert res.status["held"] == ["prefill"] and res.rolling
+    assert res.status["peakGpus"] == 2 * 2 + 2 * 8  # prefill 2 x 2 GPUs, decode 2 x (4 GPUs x 2 nodes)
     assert any("decode: 1 ready" in w for w in res.warnings)
     # once decode's replica is ready the hold lifts, and prefill grows into what is left: 4 x 700 + 4,800
     done = evaluate(snap(scaling_decode(ready=2), admitted=admitted, proposal={"prefill": 6}, pod_list=pods() + [

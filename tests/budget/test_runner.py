@@ -25,7 +25,7 @@ from powerfleet.cluster.ports import ClusterError, Conflict, NotFound
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.budget import ProposeArgs
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, serve_configmaps, settle
+from tests.budget.stand_in_operator import budget_status, component_status, dgd, replicas, settle
 
 BUDGET = DeploymentBudget(power_limit_w=5000)
 
@@ -140,7 +140,6 @@ def test_aggregated_v1alpha1_deployment_end_to_end(tmp_path, broker_url):
                "VllmDecodeWorker": {"componentType": "worker", "replicas": 2, "resources": {"limits": {"gpu": "2"}},
                                     "extraPodMetadata": {"annotations": {"dynamo.nvidia.com/gpu-power-limit": "350"}}}}}}
     with ApiServer() as api:
-        serve_configmaps(api)
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
         api.apply(obj)
         api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -149,8 +148,9 @@ def test_aggregated_v1alpha1_deployment_end_to_end(tmp_path, broker_url):
             "spec": {"nodeName": "gpu-0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"}})
         api.apply({**api.get("v1", "Pod", "agg-w-0"), "metadata": {**api.get("v1", "Pod", "agg-w-0")["metadata"],
                                                                    "name": "agg-w-1", "uid": "", "resourceVersion": ""}})
-        kube.patch_dgd_status("default", "agg", {"observedGeneration": 1, "services": {"VllmDecodeWorker": {
-            "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}}}})
+        # written through v1beta1 (KubeCluster's endpoint): its components map, as Dynamo's CRD requires it
+        kube.patch_dgd_status("default", "agg", {"observedGeneration": 1, "state": "successful", "components": {
+            "VllmDecodeWorker": component_status("agg", "VllmDecodeWorker", 2, ready=2)}})
         state = BudgetState(redis.Redis.from_url(broker_url))
         state.propose("default/agg", {"worker": 9}, at=0, source="test")
         out = evaluate_deployment(kube, state, "default/agg", DeploymentBudget(power_limit_w=5000), None, FakeClock())

@@ -16,11 +16,9 @@ from powerfleet.clock import FakeClock
 from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.patch_errors import Rejected, raise_for_patch
 from powerfleet.cluster.ports import Conflict
-from powerfleet.cluster.scaling import ADAPTER_PLURAL, KubeScaling
-from powerfleet.twin.apiserver.resources import ResourceType
+from powerfleet.cluster.scaling import KubeScaling
 from tests.budget.stand_in_operator import budget_status, replicas, settle
 
-ADAPTERS = ResourceType("nvidia.com", "v1alpha1", ADAPTER_PLURAL, "DynamoGraphDeploymentScalingAdapter")
 DGD_V, KIND = "nvidia.com/v1beta1", "DynamoGraphDeployment"
 
 
@@ -37,7 +35,6 @@ def adapter(api, component: str, n: int) -> None:
 
 def test_a_component_with_a_scaling_adapter_is_scaled_through_it(world):
     api, kube, state = world
-    api.register(ADAPTERS)
     adapter(api, "decode", 1)
     clock = FakeClock(t=1_800_000_000.0)
     run(kube, state, clock)

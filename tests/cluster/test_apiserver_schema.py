@@ -17,6 +17,7 @@ from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.cluster.manifests import dgd_documents
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.apiserver.options import ServerOptions
+from powerfleet.twin.fidelity import KEEP_FOREIGN_DGD_STATUS
 
 REAL = Path(__file__).parent / "fixtures" / "real"
 GROUP, PLURAL = "nvidia.com", "dynamographdeployments"
@@ -90,10 +91,13 @@ def test_dgd_status_is_pruned_defaulted_and_validated_when_the_switch_is_on(tmp_
             kube.close()
 
 
-def test_the_default_keeps_foreign_dgd_status_until_the_budget_moves_it(api, kube) -> None:
+def test_by_default_foreign_dgd_status_is_pruned(api, kube) -> None:
+    # The faithful default (twin/fidelity.py KEEP_FOREIGN_DGD_STATUS is False): as a real server,
+    # an undeclared status field is dropped on write (the lenient twin, prune_dgd_status=False, kept it).
+    assert KEEP_FOREIGN_DGD_STATUS is False
     api.apply(_dgd())
     written = kube.patch_dgd_status("default", "llm", {"budget": {"ready": "True"}})
-    assert written["status"]["budget"] == {"ready": "True"}
+    assert "budget" not in written["status"] and written["status"]["state"] == "initializing"
 
 
 def test_real_manifests_survive_a_write(api) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
+from kubernetes.client.exceptions import ApiException
 from hypothesis import strategies as st
 
 from powerfleet.cluster.dgd import parse_dgd
@@ -81,3 +83,13 @@ def test_conversion_never_raises_on_any_shape(spec, status) -> None:
                "spec": spec, "status": status}
         out = convert(DGD_KEY, obj, other, previous=obj)
         assert out["apiVersion"] == f"nvidia.com/{other}"
+
+
+def test_a_body_in_another_version_than_the_endpoint_is_refused(api, kube) -> None:
+    api.apply(dgd_manifests(TwinSpec(nodes=2))[0])
+    beta = api.get(BETA, KIND, DISAGG)
+    with pytest.raises(ApiException) as info:  # a v1beta1 body PUT to the v1alpha1 endpoint
+        kube.custom.replace_namespaced_custom_object("nvidia.com", "v1alpha1", "default", "dynamographdeployments",
+                                                     DISAGG, beta)
+    assert info.value.status == 400 and "does not match the expected API version" in info.value.body
+    assert "services" in api.get(ALPHA, KIND, DISAGG)["spec"]

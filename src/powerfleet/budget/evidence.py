@@ -96,3 +96,42 @@ def pod_charge(pod_uid: str, gpus: int, cap_w: int | None, reports: Mapping[str,
     if gpus and len(mine) >= gpus:
         return Charge(sum(sorted((r.enforced_w for r in mine), reverse=True)[:gpus]), "enforced")
     return Charge(max_settable_w * gpus, "max_settable")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What an evaluation knows of the agents' enforcement (``budget.require_enforcement_evidence``)."""
+
+    reports: Mapping[str, list[GpuReport]]  # node -> its GPUs' reports
+    now: float
+    fresh_s: float
+    max_settable_w: int  # per GPU: the charge without fresh, matching evidence
+
+
+def stale_evidence(pods: Iterable[object], reports: Mapping[str, Iterable[GpuReport]], now: float, fresh_s: float,
+                   cap_w: int, gpus_per_pod: int) -> str | None:
+    """Why a role's enforcement evidence does not hold (None: every live pod of it has a fresh report
+    for each of its GPUs, for this pod, enforcing exactly the requested cap)."""
+    for pod in pods:
+        if not getattr(pod, "is_running_or_starting", True):
+            continue
+        name, uid, node = getattr(pod, "name", "?"), getattr(pod, "uid", ""), getattr(pod, "node_name", None) or ""
+        fresh = [r for r in reports.get(node, []) if r.pod_uid == uid and now - r.at <= fresh_s]
+        if len(fresh) < gpus_per_pod:
+            return f"pod {name}: {len(fresh)} of {gpus_per_pod} GPUs with a fresh enforcement report"
+        wrong = [r for r in fresh if r.enforced_w != cap_w]
+        if wrong:
+            return f"pod {name}: GPU {wrong[0].gpu_uuid} enforces {wrong[0].enforced_w} W, not the requested {cap_w} W"
+    return None
+
+
+@dataclass(frozen=True)
+class EvidenceSource:
+    """Where an evaluation reads enforcement evidence from, and how it judges it."""
+
+    reports: EnforcementReports
+    fresh_s: float
+    max_settable_w: int
+
+    def read(self, nodes: Iterable[str], now: float) -> Evidence:
+        return Evidence(self.reports.reports(sorted(set(nodes))), now, self.fresh_s, self.max_settable_w)

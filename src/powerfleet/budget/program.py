@@ -1,9 +1,10 @@
 """One deployment's budget evaluation as a pure program (the reconcile contract, docs/budget.md).
 
 ``evaluate(snapshot)`` takes everything read for one evaluation (one DGD read, one pod LIST,
-the admitted record, the pending proposal, the group allowance) and returns a ``Result``: the
-complete desired ``status.budget``, the replica counts to write, an admission record to
-persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
+the admitted record, the pending proposal, the group allowance, the scaling adapters' counts,
+whether another writer was seen, the DRA claims' device classes and, when required, the agents'
+enforcement reports) and returns a ``Result``: the complete desired status, the replica counts
+to write, an admission record to persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
 replicas first (events about them only after that write changed something), then the status
 once, skipped when unchanged, then the status-transition events.
 """
@@ -14,13 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from powerfleet.budget.evidence import Evidence, stale_evidence
 from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
 from powerfleet.cluster.dgd import DGD, ComponentType, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
-from powerfleet.cluster.power import PowerConfig, resolve_power_config
+from powerfleet.cluster.power import PowerConfig, Role, resolve_power_config
 from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
 
 ROLLING = (RolloutPhase.PENDING, RolloutPhase.IN_PROGRESS, RolloutPhase.FAILED)
@@ -56,6 +58,7 @@ class Snapshot:
     adapters: Mapping[str, int] = field(default_factory=dict)  # component -> its scaling adapter's spec.replicas
     other_writer: str | None = None  # why another writer of the replicas was detected (None: none seen)
     claim_classes: Mapping[str, tuple[str, ...]] | None = None  # ResourceClaimTemplate -> device classes (DRA)
+    evidence: Evidence | None = None  # the agents' enforcement reports, when they are required
 
 
 @dataclass(frozen=True)
@@ -212,8 +215,26 @@ def rejected(snap: Snapshot, previous: Mapping[str, Any], res: Result, message: 
     return _finish(snap, previous, res)
 
 
+def _evidence(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, list[PodInfo]] | None
+              ) -> tuple[dict[str, str], dict[str, str]]:
+    """(role -> charge basis, role -> why its enforcement evidence is stale)."""
+    ev = snap.evidence
+    if ev is None:
+        return {r.value: "requested_cap" for r in admitted.power.roles}, {}
+    basis: dict[str, str] = {}
+    stale: dict[str, str] = {}
+    for role, rp in admitted.power.roles.items():
+        pods = None if by_comp is None else by_comp.get(rp.component, [])
+        why = "pods could not be read" if pods is None else stale_evidence(
+            pods, ev.reports, ev.now, ev.fresh_s, rp.cap.watts, rp.gpus_per_pod)
+        basis[role.value] = "max_settable" if why else "enforced"
+        if why:
+            stale[role.value] = why
+    return basis, stale
+
+
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
-    """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
+    """The whole desired outcome of one evaluation. ``previous``: the status persisted last."""
     previous = previous or {}
     dgd = snap.dgd
     admitted, admitted_now, early = _admission(snap, previous)
@@ -226,7 +247,13 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     limit, group_note, hold_ups = _limit(snap, admitted)
     counted = _facts(snap, admitted, by_comp, False)
     roll = rolling_state(dgd, by_comp, list(by_role.values()), counted, by_role)
-    facts = {r: replace(f, rolling=roll.rolling or hold_ups) for r, f in counted.items()}
+    basis, stale = _evidence(snap, admitted, by_comp)
+    for role, why in stale.items():  # no fresh evidence: the GPU's maximum settable limit, scale-ups held
+        rp = admitted.power.roles[Role(role)]
+        assert snap.evidence is not None
+        unenforced = snap.evidence.max_settable_w * rp.gpus_per_pod * rp.node_count
+        counted[role] = replace(counted[role], watts_per_replica=max(counted[role].watts_per_replica, unenforced))
+    facts = {r: replace(f, rolling=roll.rolling or hold_ups or bool(stale)) for r, f in counted.items()}
     try:
         result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
     except PlanError as exc:
@@ -243,7 +270,8 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         res.replicas, res.scale_events = {}, []
     if roll.rolling and result.held and not snap.was_rolling:
         res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
-    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons]
+    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons,
+             *(f"enforcement_evidence_stale: {why}" for why in stale.values())]
     if group_note:
         notes.append(group_note)
     unknown = sorted(set(snap.proposal or {}) - set(facts))
@@ -255,13 +283,14 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     res.status = _status(
         snap, not roll.failed and not writer, reason, "; ".join(notes) or "within budget",
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
-        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
+        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus, peakGpus=result.peak_gpus,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
-        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=roll.rolling,
-        # what the watts above are charged at: the requested caps (the agents' enforcement reports
-        # are not read for listed deployments yet; budget/evidence.py)
-        chargeBasis="requested_cap")
+        held=sorted(by_role[r] for r in result.held),
+        reasons=[*result.reasons, *(["enforcement_evidence_stale"] if stale else [])], rolling=roll.rolling,
+        # what each role's watts are charged at: requested_cap (reports not required), enforced
+        # (fresh, matching reports) or max_settable (none fresh: budget/evidence.py)
+        chargeBasis={by_role[r]: b for r, b in basis.items()})
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import redis
+
+from powerfleet.budget.evidence import Evidence, EvidenceSource
 from powerfleet.budget.persist import DgdStatus, StatusSink
 from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate, rejected
 from powerfleet.budget.scale import NoAdapters, Owners, ScalingPort, other_writer, owned_counts, owners_of, write_replicas
@@ -128,13 +131,25 @@ def claim_classes_of(dra: ClaimTemplates | None, dgd: DGD) -> dict[str, tuple[st
         return None
 
 
+def _read_evidence(source: EvidenceSource | None, pods: list[Any] | None, clock: Clock, key: str) -> Evidence | None:
+    if source is None:
+        return None
+    try:
+        return source.read((p.node_name for p in pods or [] if p.node_name), clock.now())
+    except redis.RedisError as exc:  # no evidence at all: every GPU is charged as unenforced
+        log.warning("%s: enforcement reports unreadable: %s", key, exc)
+        return Evidence({}, clock.now(), source.fresh_s, source.max_settable_w)
+
+
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
                         group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None,
-                        scaling: ScalingPort | None = None, dra: ClaimTemplates | None = None) -> Outcome:
+                        scaling: ScalingPort | None = None, dra: ClaimTemplates | None = None,
+                        evidence: EvidenceSource | None = None) -> Outcome:
     """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
     (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
     ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for). ``dra``:
-    the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up)."""
+    the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up).
+    ``evidence``: the agents' enforcement reports, when required (default: the requested caps)."""
     sink = sink if sink is not None else DgdStatus(cluster)
     scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
@@ -181,7 +196,8 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     now = datetime.fromtimestamp(clock.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     snap = Snapshot(dgd=dgd, pods=pods, budget=budget, admitted=state.admitted(key), proposal=state.proposal(key),
                     group=group, was_rolling=state.was_rolling(key), now=now, adapters=owners.replicas(),
-                    other_writer=unreadable or state.other_writer(key), claim_classes=claim_classes_of(dra, dgd))
+                    other_writer=unreadable or state.other_writer(key), claim_classes=claim_classes_of(dra, dgd),
+                    evidence=_read_evidence(evidence, pods, clock, key))
     res = evaluate(snap, previous)
     if res.admit is not None:
         state.admit(key, res.admit)

@@ -94,9 +94,6 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "agent.kubeconfig": str(twin.kubeconfig),
         "agent.namespaces": f"[{twin.spec.namespace}]",
         "budget.kubeconfig": str(twin.kubeconfig),
-        # The twin's API server serves no ConfigMaps yet and its scenario reads status.budget:
-        # keep the budget's status there until it does (docs/budget.md, "Where the status lives").
-        "budget.status_store": "dgd",
         "budget.group_label": RACK_LABEL,
         "budget.groups": "{" + ", ".join(f"{r}: {w}" for r, w in planner_group_budgets(twin).items()) + "}",
         # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power. The

@@ -331,6 +331,10 @@ class BudgetConfig(_Strict):
     # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
     # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
     max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
+    # True once the node agents publish enforcement reports: a listed deployment's GPU is charged at
+    # its requested cap only while a fresh report shows it enforced; otherwise at max_settable_gpu_w,
+    # with scale-ups held (enforcement_evidence_stale). False: the requested caps, as reported.
+    require_enforcement_evidence: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -176,11 +176,14 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     else:
         group = None
     try:
+        from powerfleet.budget.evidence import EvidenceSource, RedisReports
         from powerfleet.cluster.dra import KubeDra
 
         cluster = _cluster(self.app)
+        evidence = EvidenceSource(RedisReports(fleet_redis(self.app)), 3 * self.app.fleet_config.beat.reconcile_interval_s,
+                                  bcfg.max_settable_gpu_w) if bcfg.require_enforcement_evidence else None
         out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), _scaling(self.app), KubeDra(cluster))
+                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,

@@ -1,14 +1,13 @@
-"""The twin's fidelity switches: where it behaves like a real cluster, and the one place to flip
-what is still lenient (docs/twin.md, "Fidelity").
+"""The twin's fidelity switches: where it behaves like a real cluster (docs/twin.md, "Fidelity").
 
-``KEEP_FOREIGN_DGD_STATUS`` is the only lenient default left, and it exists for one fleet
-defect: powerfleet's budget writes ``status.budget`` on the DGD, a field Dynamo's CRD does not
-declare. A real API server prunes it at every write and Dynamo's operator (a typed
-``Status().Update``) drops it at its next reconcile. Until the budget keeps its status in its
-own object (issue 18), the twin keeps foreign DGD status keys: the loopback server does not
-prune the DGD's status, and the twin's operator carries foreign keys over. Flip it to False
-(or pass ``ApiServer(prune_dgd_status=True)`` / ``OperatorSettings(keep_foreign_status=False)``)
-for the faithful behaviour.
+``KEEP_FOREIGN_DGD_STATUS`` is False, the faithful behaviour: Dynamo's DGD CRD declares fixed
+status fields, so the loopback server prunes (and validates) a DGD's status on every write, as a
+real API server does, and the twin's operator replaces the whole status it owns (a typed
+``Status().Update``), so a foreign key vanishes at its next write. It was True while powerfleet's
+budget kept ``status.budget`` on the DGD; the budget now keeps its status in a ConfigMap per
+deployment (issue 18, cluster/budget_store.py). ``ApiServer(options=ServerOptions(
+prune_dgd_status=False))`` / ``OperatorSettings(keep_foreign_status=True)`` bring back the lenient
+twin for a test that needs one.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-KEEP_FOREIGN_DGD_STATUS = True
+KEEP_FOREIGN_DGD_STATUS = False
 
 # Seconds from a pod's start to Ready, per component type (a model server loads its weights; a
 # frontend is quick). The demo uses these; tests pass their own (0: Ready at the next pass).

@@ -25,7 +25,7 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, DGD_VERSION
 from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.operator import GPUS_ANNOTATION, Event, Plan, reconcile
-from powerfleet.twin.other_writers import OtherWriters
+from powerfleet.twin.other_writers import OtherWriters, OtherWrites
 from powerfleet.twin.planner import StandInPlanner
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,10 @@ class OperatorLoop:
     # -- the one writer --
 
     def run_once(self) -> PassResult:
-        others = self.others.run(self.clock.now())
+        try:
+            others = self.others.run(self.clock.now())
+        except ApiException as exc:  # another controller failing must not stop this one's pass
+            others = OtherWrites(errors=[f"other writers: HTTP {exc.status}"])
         self.last_other_writes = others.dgd_replica_writes
         dgds, pods, nodes = self.snapshot()
         plan = reconcile(dgds, pods, nodes, now=self.clock.now(), settings=self.settings)

@@ -9,7 +9,7 @@ anything real at it.
 Where it matters to powerfleet it refuses and rewrites what a real kube-apiserver does
 (``ServerOptions``; docs/cluster.md has the full list, docs/twin.md the fidelity table):
 
-* resources: core/v1 pods, nodes, events; coordination.k8s.io/v1 leases; events.k8s.io/v1
+* resources: core/v1 pods, nodes, events, configmaps; coordination.k8s.io/v1 leases; events.k8s.io/v1
   events; nvidia.com DynamoGraphDeployments and their scaling adapters (more via ``register``);
 * structural schemas of the custom resources (Dynamo's CRDs, ``crds/``): pruning, defaults,
   validation -> 422 naming the field, ``fieldValidation`` (Strict -> 400, Warn -> ``Warning``);

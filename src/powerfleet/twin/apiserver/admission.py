@@ -89,10 +89,12 @@ def admit(rt: ResourceType, obj: Obj, *, subresource: str | None, field_validati
     crd = crd_of(rt) if options.schemas else None
     if crd is None or rt.version not in crd.schemas:
         return obj, []
-    # Without conversion (ServerOptions.convert off) an object keeps the version it was written
-    # in, whichever endpoint serves it: it is checked against that version's schema.
+    # With conversion a body is in the endpoint's version (versions.py refuses any other).
+    # Without it (ServerOptions.convert off) an object keeps the version it was written in,
+    # whichever endpoint serves it: it is checked against that version's schema.
     group, _, version = str(obj.get("apiVersion") or "").rpartition("/")
-    schema = crd.schemas[version if group == rt.group and version in crd.schemas else rt.version]
+    by_body = not options.convert and group == rt.group and version in crd.schemas
+    schema = crd.schemas[version if by_body else rt.version]
     props = schema.get("properties") or {}
     check_status = rt.kind != "DynamoGraphDeployment" or options.prune_dgd_status
     name = str((obj.get("metadata") or {}).get("name") or "")

@@ -77,7 +77,10 @@ def json_patch(doc: Any, ops: list[Any]) -> Any:
             except (IndexError, ValueError):
                 parent = None
             if parent is None:
-                raise ApiError(422, "Invalid", f"path {op['path']!r} does not exist")
+                # A ``test`` of a missing path fails as a test (evanphx/json-patch: "test operation
+                # does not apply"), which a client reads as "changed since it was read".
+                what = "test operation does not apply: " if op["op"] == "test" else ""
+                raise ApiError(422, "Invalid", f"{what}path {op['path']!r} does not exist")
         last = parts[-1]
         kind = op["op"]
         try:
@@ -109,5 +112,7 @@ def json_patch(doc: Any, ops: list[Any]) -> Any:
                 else:
                     raise ApiError(422, "Invalid", f"unsupported JSON patch op {kind!r}")
         except (KeyError, IndexError, ValueError, TypeError):
+            if kind == "test":
+                raise ApiError(422, "Invalid", f"test failed at {op['path']!r}: it does not exist") from None
             raise ApiError(422, "Invalid", f"cannot {kind} at {op['path']!r}") from None
     return doc

@@ -35,6 +35,8 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "pods", "Pod", status_subresource=True, delete_returns_object=True),
     ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
     ResourceType("", "v1", "events", "Event"),
+    # The budget keeps its status in one ConfigMap per deployment (cluster/budget_store.py).
+    ResourceType("", "v1", "configmaps", "ConfigMap"),
     ResourceType("events.k8s.io", "v1", "events", "Event"),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     # Both versions of each custom resource share one store (the key is group + plural), kept in

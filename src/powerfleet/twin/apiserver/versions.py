@@ -15,12 +15,13 @@ from powerfleet.twin.apiserver.resources import Registry, ResourceType
 class Versions:
     served_rt: ResourceType
     storage_rt: ResourceType  # == served_rt when the kind is not converted
+    checked: bool = False  # a custom resource with conversion on: a body must name the endpoint's version
 
     @classmethod
     def of(cls, rt: ResourceType, registry: Registry, *, enabled: bool) -> Versions:
         crd = crd_of(rt) if enabled else None
         storage = registry.lookup(rt.group, crd.storage, rt.plural) if crd is not None else None
-        return cls(rt, storage or rt)
+        return cls(rt, storage or rt, checked=crd is not None)
 
     @property
     def converting(self) -> bool:
@@ -30,11 +31,13 @@ class Versions:
         return convert(self.served_rt.key, obj, self.served_rt.version) if self.converting else obj
 
     def stored(self, obj: Obj, previous: Obj | None) -> Obj:
-        if not self.converting:
+        if not self.checked:
             return obj
         given = obj.get("apiVersion")
         if given not in (None, "", self.served_rt.api_version):
             raise ApiError(400, "BadRequest", f"the API version in the data ({given}) does not match the expected "
                                               f"API version ({self.served_rt.api_version})")
         obj = {**obj, "apiVersion": self.served_rt.api_version}
+        if not self.converting:
+            return obj
         return convert(self.storage_rt.key, obj, self.storage_rt.version, previous=previous)
