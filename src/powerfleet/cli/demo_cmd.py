@@ -48,7 +48,16 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
     which no cap covers. Reserving that for every GPU keeps measured rack power within the
     rack budget whatever the placement.
     """
-    return {rack: int(w - len(twin.spec.racks[rack]) * twin.spec.gpus_per_node * IDLE_W)
+    # A tenant's GPU (twin/tenants.py) is not idle: the ledger charges its pod (at its cap, or at
+    # the card's maximum settable limit), so no idle reserve is kept for it as well.
+    from powerfleet.twin.tenants import tenant_pods
+
+    rack_of = {n: rack for rack, nodes in twin.spec.racks.items() for n in nodes}
+    tenant_gpus: dict[str, int] = {}
+    for pod in tenant_pods(twin.spec):
+        rack = rack_of[pod["spec"]["nodeName"]]
+        tenant_gpus[rack] = tenant_gpus.get(rack, 0) + 1
+    return {rack: int(w - (len(twin.spec.racks[rack]) * twin.spec.gpus_per_node - tenant_gpus.get(rack, 0)) * IDLE_W)
             for rack, w in twin.budgets.items()}
 
 
@@ -96,6 +105,9 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "budget.kubeconfig": str(twin.kubeconfig),
         "budget.group_label": RACK_LABEL,
         "budget.groups": "{" + ", ".join(f"{r}: {w}" for r, w in planner_group_budgets(twin).items()) + "}",
+        # What the ledger charges a GPU pod with no cap (a tenant without the power annotation): the
+        # twin's cards' maximum settable limit, as an operator sets it for theirs.
+        "budget.max_settable_gpu_w": str(GPU_MAX_W),
         # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power. The
         # twin's planner components write no replicas, so powerfleet is their sole writer.
         "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}, "

@@ -37,7 +37,7 @@ from powerfleet.twin.operator import pod_gpus
 from powerfleet.twin.planner import StandInPlanner
 from powerfleet.twin.podresources import PodResourcesServers
 from powerfleet.twin.power import gpu_power, load_of
-from powerfleet.twin.tenants import tenant_loads, tenant_pods
+from powerfleet.twin.tenants import TENANT_LABEL, TENANTS, tenant_loads, tenant_pods
 from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
 from powerfleet.twin.writer import OperatorLoop
@@ -174,9 +174,16 @@ class Twin:
 
     @property
     def budgets(self) -> dict[str, float]:
-        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power."""
+        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power, plus what the budget
+        ledger charges the rack's other tenants (their cap, else the card's maximum), so that the
+        fleet's own deployments meet the same squeeze with or without tenants beside them."""
         per_gpu = GPU_DEFAULT_W * self.options.rack_budget_fraction
-        return {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
+        out = {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
+        caps = {t.name: t.cap_w for t in TENANTS}
+        for pod in tenant_pods(self.spec):
+            tenant = pod["metadata"]["labels"][TENANT_LABEL]
+            out[self.spec.rack_of(pod["spec"]["nodeName"])] += caps[tenant] or GPU_DEFAULT_W
+        return out
 
     def manifest(self) -> dict[str, Any]:
         return {
