@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from powerfleet.retune.guard import NoiseGuard, paired_confidence
-from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, Objective, parse_objective
+from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, UNITS, Objective, parse_objective
 
 
 class Candidate(BaseModel):
@@ -123,7 +123,7 @@ def decide(
     conf = paired_confidence(best.batches, probe.batches, direction == MAXIMIZE)
     common.update(confidence=conf, requests=probe.requests, runner_up_margin_pct=(
         sign * (bs - float(order[1].score)) / abs(ps) * 100.0 if len(order) > 1 and ps != 0 else None))  # type: ignore[arg-type]
-    desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} ({direction})"
+    desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} {UNITS[obj]} ({direction})"
     if pct is not None:
         desc += f", {pct:+.3f} %"
     if gain > threshold and gain > 0:
