@@ -6,7 +6,6 @@ API server and loopback frontends. Windows are driven by ``retune.tick`` with an
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -180,10 +179,11 @@ def test_a_sweep_worker_killed_mid_shard_still_decides(fleet: dict[str, Any]) ->
     res = fan.result(key)
     assert res is not None and res.error is None and not res.host.endswith(f":{pid}")  # recomputed elsewhere
     assert fan.adopted(sid) >= 1
-    metas = [json.loads(r.get(k2)) for k2 in r.scan_iter("celery-task-meta-*")]
-    shard_runs = [m["result"] for m in metas if m.get("name") == "powerfleet.sweep.shard"
-                  and isinstance(m.get("result"), dict) and m["result"].get("key") == key]
-    assert any(x["redelivered"] for x in shard_runs)  # the killed run came back as a retry
+
+    # The killed run itself is not retried: acks_late without reject_on_worker_lost fails a run
+    # whose child died, and the promise rests on the re-sent shard recomputing its key elsewhere
+    # (asserted above). An earlier assertion that the killed run "came back as a retry" held only
+    # when a re-sent copy happened to be flagged redelivered, and failed otherwise.
 
 
 def test_a_corrupt_state_is_replaced_by_the_next_tick(fleet: dict[str, Any]) -> None:
