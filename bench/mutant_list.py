@@ -6,8 +6,9 @@ must occur exactly once in ``file``; when the code moves on, the run stops and n
 mutant to update here. ``tests``: the files that should catch it, kept few so a run stays short
 (the unit-level file of the area first; pytest -x stops at the first failure).
 
-The eight mutants marked ``#24 survivor`` are the bugs issue 24 found uncaught; their names
-start with ``s<N>.`` in the issue's numbering.
+The mutants marked ``#24 survivor`` are the eight bugs issue 24 found uncaught; their names
+start with ``s<N>.`` in the issue's numbering (survivor 1 twice: the `agent once` lister and the
+worker's watch-backed pod view both merge several namespaces).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ class Mutant:
 
 AGENT = ("tests/agent/test_policy.py", "tests/agent/test_reconcile.py", "tests/agent/test_state.py",
          "tests/agent/test_recovery_shutdown.py", "tests/agent/test_partial_failures.py")
+LEDGER = ("tests/budget/test_ledger.py",)  # the charge of what holds GPUs, group shares (issue 24's 4 and 5)
 BUDGET = ("tests/budget/test_program.py", "tests/budget/test_groups.py", "tests/budget/test_planner.py")
 RETUNE_CUT = ("tests/retune/test_cut.py",)
 LEADERSHIP = ("tests/retune/test_leadership.py",)
+SAVED_TERM = ("tests/retune/test_state_and_settings.py", *LEADERSHIP)  # issue 24's 3: the saved state's term
 WINDOWS = ("tests/unit/test_windows.py",)
 ROUTES = ("tests/unit/test_tasks_and_routes.py", "tests/integration/test_routing.py")
 
@@ -37,24 +40,25 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- the cap policy --
     Mutant(
         "policy.conflict_takes_highest", "src/powerfleet/agent/policy.py",
-        'return Decision(Kind.CONFLICT, uids, safe_default_watts, "; ".join(why))',
-        'return Decision(Kind.CONFLICT, uids, max(distinct, default=safe_default_watts), "; ".join(why))',
-        AGENT, "pods that disagree on a shared GPU get the highest request instead of the safe default"),
+        "chosen = min(candidates)",
+        "chosen = max(candidates)",
+        AGENT, "pods that disagree on a shared GPU get the highest request instead of the lowest valid one "
+               "(or the safe default)"),
     Mutant(
         "policy.unannotated_peer_ignored", "src/powerfleet/agent/policy.py",
-        "if not missing and not invalid and len(distinct) == 1:",
-        "if not invalid and len(distinct) == 1:",
+        "if not missing and not invalid and not unknown and len(distinct) == 1:",
+        "if not invalid and not unknown and len(distinct) == 1:",
         AGENT, "a pod without the annotation sharing a GPU is ignored: the others' cap applies to it"),
     Mutant(
         "policy.invalid_single_released", "src/powerfleet/agent/policy.py",
-        "        if watts is None:\n            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_watts,",
-        "        if watts is None:\n            return Decision(Kind.RELEASE, uids, None,",
+        "        if mw is None:\n            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_mw,",
+        "        if mw is None:\n            return Decision(Kind.RELEASE, uids, None,",
         AGENT, "a pod with an invalid annotation gets the GPU's default limit instead of the safe default"),
     # -- clamp and apply --
     Mutant(
-        "clamp.no_lower_bound", "src/powerfleet/agent/apply.py",
-        '    if target_mw < reading.min_mw:\n        return reading.min_mw, "min"\n',
-        "",
+        "clamp.no_lower_bound", "src/powerfleet/agent/reconcile.py",  # apply.clamp has no caller any more
+        "target = min(max(d.requested_mw, min_mw), max_mw)",
+        "target = min(d.requested_mw, max_mw)",
         AGENT, "a cap below the device minimum is sent to NVML as is (refused there, GPU left uncapped)"),
     Mutant(
         "apply.read_back_unchecked", "src/powerfleet/agent/apply.py",
@@ -85,7 +89,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'return LoadedState(problem=f"not JSON ({exc})")',
         AGENT, "a corrupt state file reads as 'nothing managed': orphaned caps are never restored"),
     Mutant(
-        "state.overwritten_after_bad_pass", "src/powerfleet/agent/reconcile.py",
+        "state.overwritten_after_bad_pass", "src/powerfleet/agent/lifecycle.py",
         "            if not good_pass:\n"
         "                return  # keep the unreadable file for a human until a pass has succeeded\n",
         "",
@@ -104,13 +108,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "                out.extend(cluster.list_pods(ns, node_name=node))\n            except Exception:\n"
         "                failed += 1\n        if failed == len(namespaces):\n"
         "            raise RuntimeError('every namespace failed')\n        return out\n",
-        (*AGENT, "tests/agent/test_presence_watch.py"),
+        ("tests/agent/test_build.py", *AGENT),
         "#24 survivor 1: with several agent.namespaces a pass carries on when some LISTs fail (caps lifted)"),
+    Mutant(  # the same bug in the worker's watch-backed pod view (build.pod_view); the lister above serves `agent once`
+        "s1.partial_pod_view_lifts_caps", "src/powerfleet/agent/podcache.py",
+        "            if stale:\n                raise PodViewStale(",
+        "            if len(stale) == len(self._scopes):\n                raise PodViewStale(",
+        ("tests/agent/test_build.py", "tests/agent/test_presence_watch.py"),
+        "#24 survivor 1, the agent worker's pod view: a pass carries on when some namespaces' LISTs fail"),
     Mutant(
         "s7.draw_metric_in_milliwatts", "src/powerfleet/agent/reconcile.py",
         "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw / 1000)",
         "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw)",
-        AGENT, "#24 survivor 7: powerfleet_agent_power_draw_watts reports milliwatts"),
+        ("tests/agent/test_driver_faults.py", *AGENT), "#24 survivor 7: powerfleet_agent_power_draw_watts reports milliwatts"),
     # -- the reconcile tick --
     Mutant(
         "s6.tick_pass_outlives_interval", "src/powerfleet/tasks/fleet.py",
@@ -121,8 +131,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- budget: planner clamps and staging --
     Mutant(
         "planner.stage_on_settled_not_peak", "src/powerfleet/budget/planner.py",
-        "if ups and downs and s.watts()[1] > limit:",
-        "if ups and downs and s.watts()[0] > limit:",
+        "power_over = s.watts()[1] > budget.power_limit_w",
+        "power_over = s.watts()[0] > budget.power_limit_w",
         BUDGET, "an opposing rebalance is not staged: its transition peak exceeds the power limit"),
     Mutant(
         "planner.clamp_turns_scale_up_into_scale_down", "src/powerfleet/budget/planner.py",
@@ -131,18 +141,19 @@ MUTANTS: tuple[Mutant, ...] = (
         BUDGET, "a clamped scale-up shrinks a role below its current count though the current state fits"),
     Mutant(
         "planner.refill_undoes_staging", "src/powerfleet/budget/planner.py",
-        "    if s.staged is not None:\n        return\n    g = ",
-        "    g = ",
+        # the refill now runs before staging, which then holds whatever ups the refill made
+        "    _final_refill(s, budget, upper, rolling)\n    _stage(s, budget)\n",
+        "    _stage(s, budget)\n    _final_refill(s, budget, upper, rolling)\n",
         BUDGET, "a staged rebalance refills the roles it scales down: the staged scale-ups never get room"),
     Mutant(
         "planner.rollout_hold_needs_every_role", "src/powerfleet/budget/planner.py",
-        "rolling = any(f.rolling for f in roles.values())",
-        "rolling = all(f.rolling for f in roles.values())",
+        "rolling = any(f.rolling or f.in_flight for f in roles.values())",
+        "rolling = all(f.rolling or f.in_flight for f in roles.values())",
         BUDGET, "a scale-up proceeds while one role's rollout is in flight"),
     Mutant(
         "budget.unreadable_pods_allow_growth", "src/powerfleet/budget/program.py",
-        '    if pods is None:\n        why.append("pods could not be read")\n    else:\n',
-        "    if pods is None:\n        pass\n    else:\n",
+        '    if by_comp is None:\n        why.append("pods could not be read")\n    else:\n',
+        "    if by_comp is None:\n        pass\n    else:\n",
         BUDGET, "a failed pod LIST no longer blocks scale-ups: growth planned on a draw nobody could read"),
     Mutant(
         "budget.no_group_allowance_grows", "src/powerfleet/budget/program.py",
@@ -153,12 +164,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "s4.group_share_ignores_own_limit", "src/powerfleet/budget/groups.py",
         "max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)",
         "max(0, m.demand_w - m.minimum_w)",
-        BUDGET, "#24 survivor 4: a group share is wasted on a deployment capped below it (others starve)"),
+        (*LEDGER, *BUDGET), "#24 survivor 4: a group share is wasted on a deployment capped below it (others starve)"),
     Mutant(
         "s5.surge_pods_not_drawn", "src/powerfleet/budget/fleet.py",
-        "current += max(desired, ready, pods_as_replicas) * w",
-        "current += max(desired, ready) * w",
-        (*BUDGET, "tests/budget/test_runner.py"),
+        "charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged",
+        "n = role_counts(view.dgd, rp, by_comp.get(rp.component, []))\n        charged = max(n.desired, n.ready or 0)",
+        (*LEDGER, *BUDGET, "tests/budget/test_runner.py"),
         "#24 survivor 5: surge pods beyond the replica count are missing from a deployment's current draw"),
     # -- retune: window arithmetic and the cut --
     Mutant(
@@ -198,7 +209,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if base.term > term.term:\n"
         '                raise Fenced(f"{term.dgd}: saved state carries term {base.term}, later than {term.term}")\n',
         "",
-        LEADERSHIP,
+        SAVED_TERM,
         "#24 survivor 3: a write below the saved state's term is accepted after the Lease is recreated lower"),
     # -- serialisation and routing --
     Mutant(

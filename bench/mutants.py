@@ -215,6 +215,9 @@ def _end(proc: subprocess.Popen[str]) -> None:
 def run_mutant(tree: Path, m: Mutant, timeout_s: float) -> Outcome:
     target = tree / m.file
     original = (ROOT / m.file).read_text(encoding="utf-8")  # the working tree's file: never written
+    # A fresh hypothesis database per mutant: an example stored under an earlier mutant (or one a
+    # flaky oracle tripped on) must not be replayed as this mutant's kill.
+    shutil.rmtree(tree / ".hypothesis", ignore_errors=True)
     target.write_text(mutated_text(m, original), encoding="utf-8")
     try:
         status, seconds, first, tail = run_pytest(tree, list(m.tests), timeout_s)

@@ -241,3 +241,13 @@ def check_invariants(roles, budget):
 @example(NEEDLESS_SHRINK)
 def test_invariants(case):
     check_invariants(*case)
+
+
+def test_a_clamped_scale_up_never_shrinks_a_peer_below_its_current_count_when_that_fits():
+    # 600 W now (a 1, b 5 at 100 W each) fits the 800 W limit; a asks for 10. The clamp keeps every
+    # role between its current count and its proposal: a gets the 200 W left, b keeps its 5.
+    roles = {"a": RoleFacts(watts_per_replica=100, gpus_per_replica=1, ready=1, proposed=10),
+             "b": RoleFacts(watts_per_replica=100, gpus_per_replica=1, ready=5, proposed=5)}
+    out = plan(roles, Budget(power_limit_w=800))
+    assert out.targets == {"a": 3, "b": 5} and out.settled_w == out.peak_w == 800
+    assert out.reasons == ("power_budget_clamped",) and out.staged_goal is None

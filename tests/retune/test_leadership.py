@@ -231,3 +231,20 @@ def test_a_leadership_lease_deleted_by_hand_continues_above_the_saved_term(world
     out = control.tick_deployment(cfg, ports, "llama", T0 + 10)
     assert (out["status"], out["term"]) == ("leader", 3)
     assert Deployment.open(cfg, ports, "llama").store.read()[0].term == 3
+
+
+def test_a_superseded_term_of_the_same_identity_is_fenced(world, kube, redis_url) -> None:
+    # The holder check alone passes a restarted leader's old term: same identity, later term.
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    dep = Deployment.open(cfg, make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0)), "llama")
+    old, _, _ = dep.leadership.claim()
+    assert old is not None and old.term == 1
+    assert dep.leadership.release()
+    new, _, acquired = dep.leadership.claim()
+    assert new is not None and acquired and (new.identity, new.term) == (old.identity, 2)
+    dep.leadership.check(new)
+    with pytest.raises(Fenced, match="term 1 of ctl-a is superseded"):
+        dep.leadership.check(old)
+    with pytest.raises(Fenced):
+        dep.store.update(old, lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1}))
