@@ -35,6 +35,13 @@ class ClaimTemplates(Protocol):
     def list_claim_templates(self, namespace: str) -> dict[str, tuple[str, ...]]: ...
 
 
+class Oversubscription(Protocol):
+    """power.admission.AdmissionRule: group -> watts to share, given the budgets and today's charge."""
+
+    def capacities(self, budgets: Mapping[str, int], charged: Mapping[str, int], now: float
+                   ) -> tuple[dict[str, int], dict[str, Any]]: ...
+
+
 def _claim_classes(dra: ClaimTemplates | None, dgds: Sequence[DGD]) -> dict[str, dict[str, tuple[str, ...]]]:
     """namespace -> its ResourceClaimTemplates' device classes, read only where a DGD claims DRA devices."""
     out: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -55,6 +62,7 @@ class TickPlan:
     group_unmanaged: dict[str, int] = field(default_factory=dict)  # watts of GPU pods no listed deployment owns
     group_basis: dict[str, dict[str, int]] = field(default_factory=dict)  # unmanaged watts by charge basis
     group_measured: dict[str, float] = field(default_factory=dict)  # agent-reported draw (groups with reports)
+    group_admission: dict[str, Any] = field(default_factory=dict)  # oversubscribed group -> power.admission.GroupCapacity
 
 
 def budget_of(cfg: Any) -> DeploymentBudget:
@@ -91,10 +99,11 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
                 *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
-                dra: ClaimTemplates | None = None) -> TickPlan:
+                dra: ClaimTemplates | None = None, oversubscription: Oversubscription | None = None) -> TickPlan:
     """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods.
     ``pods_reader``: every pod with its GPUs (None: only the deployments' own pods are read, and
-    no other tenant is charged)."""
+    no other tenant is charged). ``oversubscription``: admission to the oversubscribed groups
+    (power/admission.py; None: every group shares its limit)."""
     if not groups:
         return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
     node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
@@ -126,12 +135,19 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
     limits = group_limits(views, node_groups, groups, group_label, tenants)
     current = {g: tenants.get(g, 0) for g in groups}
-    peak = dict(current)
     for gl in limits.values():
         for g in (gl.group or "").split(","):
             if g in current:
                 current[g] += gl.current_w
+    admission: dict[str, Any] = {}
+    if oversubscription is not None:  # an oversubscribed group shares what it admits (power/admission.py)
+        shared, admission = oversubscription.capacities(groups, current, now)
+        limits = group_limits(views, node_groups, shared, group_label, tenants)
+    peak = {g: tenants.get(g, 0) for g in groups}
+    for gl in limits.values():
+        for g in (gl.group or "").split(","):
+            if g in peak:
                 peak[g] += max(gl.current_w, gl.limit_w or 0)
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(n in got for n in ns)}
-    return TickPlan(limits, current, skipped, peak, tenants, basis, measured)
+    return TickPlan(limits, current, skipped, peak, tenants, basis, measured, admission)

@@ -29,6 +29,20 @@ THROTTLE_EVENTS = Counter("powerfleet_power_throttle_events_total", "Caps the gu
                           ["group", "priority"])
 EXCURSIONS = Counter("powerfleet_power_excursion_periods_total",
                      "Guard periods in which the group's measured draw was above its limit", ["group"])
+ADMISSION = Gauge("powerfleet_power_admission_state",
+                  "1 for the group's admission at the last budget tick: admitted, or the reason it is closed",
+                  ["group", "reason"], multiprocess_mode="mostrecent")
+ADMISSION_CAPACITY = Gauge("powerfleet_power_admission_capacity_watts",
+                           "Requested-cap watts the budget tick lets the group's deployments share", ["group"],
+                           multiprocess_mode="mostrecent")
+ADMISSION_REASONS = ("admitted", "telemetry_stale", "requested_over_ratio", "minimum_over_limit",
+                     "measured_over_limit")
+
+
+def record_admission(group: str, capacity_w: int, reason: str | None) -> None:
+    ADMISSION_CAPACITY.labels(group=group).set(capacity_w)
+    for r in ADMISSION_REASONS:
+        ADMISSION.labels(group=group, reason=r).set(1 if (reason or "admitted") == r else 0)
 
 
 def observe(group: str, limit_w: float, period: GuardPeriod) -> None:

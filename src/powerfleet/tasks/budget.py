@@ -66,6 +66,8 @@ class BudgetTickResult(TaskArgs):
     at: float
     evaluations: list[str]
     skipped: dict[str, str] = Field(default_factory=dict)
+    # oversubscribed group -> "admitted" or the reason admission is closed (power/admission.py)
+    admission: dict[str, str] = Field(default_factory=dict)
 
 
 class EvaluateArgs(TaskArgs):
@@ -135,12 +137,14 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.cluster.dra import KubeDra
     from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.ports import ClusterError
+    from powerfleet.power.admission import admission_rule
 
     fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
                            KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
-                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)))
+                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)),
+                           oversubscription=admission_rule(self.app.fleet_config, fleet_redis(self.app)))
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
         detail = f"group view unreadable, no evaluation sent: {exc}"
@@ -149,15 +153,26 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     for group, watts in cfg.groups.items():
         metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
                              unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
+    admission = _admission(plan.group_admission)
     sent = []
     for key, gl in plan.limits.items():
         self.app.send_task("powerfleet.budget.evaluate", kwargs={
             "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
             "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s)
         sent.append(key)
-    log.record("budget", now, self.request.origin, f"budget.evaluate -> {', '.join(sent)}" if sent else
-               "no configured deployment found")
-    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped)
+    log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
+               "no configured deployment found") + "".join(f"; {a.admission.message}"
+                                                          for a in plan.group_admission.values()))
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission)
+
+
+def _admission(got: dict[str, Any]) -> dict[str, str]:
+    """Each oversubscribed group's admission, as a metric and as the tick's result."""
+    from powerfleet.power import metrics as power_metrics
+
+    for group, cap in got.items():
+        power_metrics.record_admission(group, cap.watts, cap.admission.reason)
+    return {g: cap.admission.reason or "admitted" for g, cap in got.items()}
 
 
 @fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,

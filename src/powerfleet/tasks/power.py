@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from powerfleet.power import metrics as power_metrics
+from powerfleet.power.admission import DRAW_KEY, MEMORY_KEY
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.live import GuardMemory, GuardPeriod, guard_period
 from powerfleet.power.telemetry import RedisTelemetry, TelemetryReader
@@ -25,9 +26,7 @@ from powerfleet.tasks.ports import clock, fleet_redis
 log = logging.getLogger("powerfleet.power")
 
 THROTTLE_TASK = "powerfleet.agent.throttle"
-MEMORY_KEY = "powerfleet:power:guard:{group}"
 LOCK_KEY = "powerfleet:power:guard:{group}:lock"
-DRAW_KEY = "powerfleet:power:draw:{group}"  # [t, W] per period, newest first: admission's window
 MEMORY_TTL_S = 86400  # a guard back after an outage resumes from what it sent last
 _refused: dict[str, str | None] = {}  # group -> the refusal last logged (one line per change)
 _topologies: dict[str, Any] = {}
@@ -109,7 +108,10 @@ def _period(app: Any, settings: GuardSettings, group: str, limit_w: float, topol
         elif group in _refused:
             log.info("group %s: oversubscription no longer refused; guarding it", group)
         _refused[group] = period.refused
-    if period.decision is not None:  # the measured figure admission reads (power/admission.py)
+    if period.decision is not None and not period.decision.stale:
+        # The measured figure admission reads (power/admission.py). Only a period in which every GPU
+        # reported counts as measured: with one GPU counted at its safe cap the figure is partly a
+        # guess, so none is written, and admission closes (telemetry_stale) two periods later.
         keep = int(app.fleet_config.power.admission_window_s / settings.period_s) + 1
         pipe = r.pipeline(transaction=False)
         pipe.lpush(DRAW_KEY.format(group=group), json.dumps([now, period.decision.measured_w], allow_nan=False))
