@@ -114,6 +114,11 @@ def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() 
     # minimum is taken as the cap itself (the group's floor counted high: refused rather than guessed)
     short = parse_telemetry("n", "GPU-1", json.dumps({"pod_uid": "p", "enforced_w": 500, "draw_w": 1, "at": 5}))
     assert short is not None and (short.cap_w, short.min_w, short.max_w) == (500.0, 500.0, 500.0)
+    # an idle GPU as the agent publishes it (no pod, no requested cap): outside the guarded set
+    idle = {"pod_uid": "", "pods": [], "requested_w": None, "target_w": None, "enforced_w": 700, "draw_w": 70.0,
+            "min_w": 200, "max_w": 700, "at": 5.0}
+    assert parse_telemetry("n", "GPU-1", json.dumps(idle)) is None
+    assert parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p"})) is not None
     for bad in ('{"draw_w": 1, "at": 5}', '{"enforced_w": 5, "at": 5}', "[]", "nope", '{"enforced_w": 5, "draw_w":'
                 ' NaN, "at": 5}', json.dumps({"enforced_w": 500, "draw_w": 1, "at": 5, "min_w": 600, "max_w": 550}),
                 "[" * 100_000):

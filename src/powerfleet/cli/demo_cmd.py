@@ -127,7 +127,8 @@ def demo(
     ctx: typer.Context,
     duration: float = typer.Option(180.0, "--duration", min=30.0, max=86400.0,
                                    help="Seconds the scenario runs once the fleet is up."),
-    nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES, help="Twin GPU nodes (8 GPUs each)."),
+    nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES,
+                              help="Twin GPU nodes (8 GPUs each); the oversubscribe scenario uses 2."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed for traffic thinning, telemetry noise and GPU ids."),
     report: Path = typer.Option(Path("demo-report"), "--report", help="Directory for summary.json, plots, index.html."),
     window: int = typer.Option(0, "--window", min=0, max=600,
@@ -135,6 +136,9 @@ def demo(
     flower_port: int = typer.Option(0, "--flower-port", min=0, max=65535, help="Flower port (0: a free one)."),
     plain: bool = typer.Option(False, "--plain", help="Plain log lines even on a terminal."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout at the end."),
+    scenario: str = typer.Option("default", "--scenario",
+                                 help="default, or oversubscribe: one rack at 1.3x under the power guard, a "
+                                      "demand surge and a node's telemetry loss (docs/power.md)."),
 ) -> None:
     """The main job on embedded defaults: the fleet keeps a twin GPU cluster in budget and its routers tuned.
 
@@ -147,18 +151,25 @@ def demo(
     from powerfleet.twin.topology import TwinSpec
     from powerfleet.workers.launcher import Launcher
 
+    if scenario not in ("default", "oversubscribe"):
+        fail(f"--scenario: {scenario!r} is not a scenario (default, oversubscribe)")
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
         fail("--window: the retune window must be at least 10 s")
     from powerfleet.cli.up import prepare_log_dir
 
     prepare_log_dir(report, "--report")  # before the demo runs, not after it
-    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, TwinSpec(nodes=nodes, seed=seed).node_names)
+    spec, tenants = TwinSpec(nodes=nodes, seed=seed), True
+    if scenario == "oversubscribe":  # its own twin: two nodes in one rack, no other tenants
+        from powerfleet.twin.oversubscribe import twin_spec
+
+        spec, tenants, nodes = twin_spec(seed), False, 2
+    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, spec.node_names)
     work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s,
+    twin = Twin(TwinOptions(spec=spec, root=work / "twin", window_s=window_s, tenants=tenants,
                             operator=demo_operator_settings(duration)))
     try:
         twin.start()
@@ -169,6 +180,10 @@ def demo(
     try:
         port = flower_port or free_loopback_port()
         env = fleet_env(twin, window_s, port)
+        if scenario == "oversubscribe":
+            from powerfleet.twin.oversubscribe import fleet_values
+
+            env.update(config_env(fleet_values(twin)))
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
         os.environ.update(env)
         config = fleet_config(ctx)
@@ -188,7 +203,8 @@ def demo(
 
         run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
                       duration_s=duration, window_s=window_s, plain=plain, stop=stop, work=work,
-                      meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s})
+                      meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s,
+                            "scenario": scenario})
         outcome = run.run()
     finally:
         launcher.stop()

@@ -55,7 +55,12 @@ class DemoRun:
         self.app = create_app(self.config, self.broker_url)
         self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=5)
         self.ticklog = TickLog(self.redis)
-        self.scenario = Scenario(self.twin, self._send, lambda name: name in self.app.tasks, self._decision)
+        self.scenario: Any = Scenario(self.twin, self._send, lambda name: name in self.app.tasks, self._decision)
+        if self.meta.get("scenario") == "oversubscribe":  # issue 22 item 6 (twin/oversubscribe.py)
+            from powerfleet.twin.oversubscribe import OversubscribeScenario
+
+            self.scenario = OversubscribeScenario(self.twin, self.redis, self._decision,
+                                                  self.config.power.guard_period_s)
         budgets = self.twin.budgets
         self.state = ViewState(duration_s=self.duration_s, flower_url=self.flower_url, rack_budget_w=budgets,
                                fleet_budget_w=sum(budgets.values()))
@@ -147,6 +152,8 @@ class DemoRun:
             for g in last.gpus:
                 caps.setdefault(g.node, []).append(g.cap_w)
             s.caps = caps
+            if hasattr(self.scenario, "view_power"):  # the guarded draw against the limit
+                s.rack_w, s.rack_budget_w = self.scenario.view_power(last)
         queues = [CONTROL_QUEUE, SWEEP_QUEUE] + [node_queue(n) for n in self.twin.spec.node_names]
         try:
             with self.redis.pipeline() as p:
@@ -213,6 +220,8 @@ class DemoRun:
         budgets = self.twin.budgets
         # One reconcile interval, plus the twin's sampling period either side and a pass's own time.
         lag = self.config.beat.reconcile_interval_s + 2 * self.twin.options.tick_s + 2.0
+        if hasattr(self.scenario, "checks"):  # a scenario with its own checks (twin/oversubscribe.py)
+            return [*self.scenario.checks(samples), C.no_task_failures(self._log_lines())]
         history = self.scenario.retune_history()
         outcomes = {(d, int(h["window"])): str(h.get("outcome")) for d, hs in history.items() for h in hs
                     if isinstance(h.get("window"), int)}
@@ -250,7 +259,12 @@ class DemoRun:
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra, events=self.timeline)
         racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
-        return write_report(out, self.summary, samples, windows, self.twin.budgets, racks)
+        index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks)
+        if self.meta.get("scenario") == "oversubscribe":
+            from powerfleet.twin.oversubscribe_report import extend
+
+            extend(out, self.summary, samples, self.scenario)
+        return index
 
 
 def _reason_text(outcome: str, reason: str) -> str:

@@ -8,7 +8,9 @@ and the card's range (``min_w``, ``max_w``). Where a field is missing the readin
 conservatively: the request falls back to a lower figure that may already be throttled (the guard
 then never releases above it), a missing minimum is the request itself (the group's floor is
 counted high, so a doubtful group is refused rather than guarded on a guess), a missing maximum
-is the request. Anything malformed is no reading, never an error.
+is the request. Anything malformed is no reading, never an error. An idle GPU (no pod, no
+requested cap) is no reading either: the guard cannot throttle it (the agent leaves idle GPUs
+alone), so it is not part of the guarded set.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def parse_telemetry(node: str, gpu: str, raw: str | bytes) -> GpuTelemetry | Non
         return None
     if not isinstance(data, dict):
         return None
+    pod = data.get("pod_uid")
+    if not pod and _watts(data, "requested_w") is None and _watts(data, "target_w") is None:
+        # No pod holds the GPU and none asks for a cap: an idle GPU, which the agent leaves alone
+        # (it draws idle power whatever the overlay says). It is outside the guarded set; its idle
+        # draw belongs in the reserve below the group's limit, as the budget keeps it (docs/power.md).
+        return None
     draw, at = _watts(data, "draw_w"), _watts(data, "at")
     cap = next((w for k in ("requested_w", "target_w", "enforced_w") if (w := _watts(data, k))), None)
     if draw is None or at is None or cap is None:
@@ -64,7 +72,6 @@ def parse_telemetry(node: str, gpu: str, raw: str | bytes) -> GpuTelemetry | Non
     hi = cap if hi is None or hi <= 0 else hi
     if lo > hi:
         return None
-    pod = data.get("pod_uid")
     return GpuTelemetry(gpu=gpu, node=node, pod_uid=pod if isinstance(pod, str) else "", cap_w=cap, min_w=lo,
                         max_w=hi, draw_w=draw, at=at)
 

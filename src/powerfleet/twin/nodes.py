@@ -58,6 +58,9 @@ class NodeSim:
     seed: int = 0
     _pids: dict[tuple[str, int], int] = field(default_factory=dict)  # (pod uid, gpu index or -1) -> pid
     first_pid: int = pid_base(0)
+    # The node's power telemetry is lost (NVML's power reading fails; the oversubscription demo's
+    # fault): the file carries no draw, so the agent reports none. The samples keep the true draw.
+    telemetry_lost: bool = False
 
     def __post_init__(self) -> None:
         self._next_pid = self.first_pid
@@ -118,8 +121,8 @@ class NodeSim:
                 dev.pids = [self._pids[(pod["metadata"]["uid"], dev.index)]] if pod is not None else []
                 cap = float(dev.current_w or dev.default_w)
                 w, capped = draw(dev.index, cap, pod)
-                dev.draw_w = round(w, 1)
-                samples.append(GpuSample(self.name, dev.index, dev.uuid, cap, dev.draw_w,
+                dev.draw_w = None if self.telemetry_lost else round(w, 1)
+                samples.append(GpuSample(self.name, dev.index, dev.uuid, cap, round(w, 1),
                                          pod["metadata"]["name"] if pod is not None else None,
                                          _role(pod), capped))
 

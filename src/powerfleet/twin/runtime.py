@@ -109,6 +109,8 @@ class Twin:
         self._t0 = 0.0
         self._rng = random.Random(self.spec.seed)
         self._ema: dict[str, tuple[float, float]] = {}  # dgd -> (input tok/s, output tok/s)
+        # dgd -> factor on its workers' load (a demand surge; the oversubscription demo's lever)
+        self.load_scale: dict[str, float] = {}
         self.kubeconfig = self.root / "kubeconfig"
         self.trace_dir = self.root / "traces"
 
@@ -280,7 +282,7 @@ class Twin:
             else:
                 load = min(1.0, load_of(isl / n, PREFILL_CAPACITY_TPS) * 0.6 + load_of(osl / n, DECODE_CAPACITY_TPS) * 0.6)
             for name in names:
-                out[name] = load
+                out[name] = min(1.0, load * self.load_scale.get(dgd, 1.0))
         return out
 
     def _sync_frontends(self, pods: list[dict[str, Any]]) -> None:

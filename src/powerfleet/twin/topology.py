@@ -24,10 +24,13 @@ class TwinSpec:
     gpus_per_node: int = 8
     seed: int = 0
     namespace: str = "default"
+    rack_a_nodes: int | None = None  # nodes in rack-a (None: the first half, rounded up)
 
     def __post_init__(self) -> None:
         if not MIN_NODES <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be between {MIN_NODES} and {MAX_NODES}, got {self.nodes}")
+        if self.rack_a_nodes is not None and not 1 <= self.rack_a_nodes <= self.nodes:
+            raise ValueError(f"rack_a_nodes must be between 1 and {self.nodes}, got {self.rack_a_nodes}")
         if not 1 <= self.gpus_per_node <= 16:
             raise ValueError(f"gpus_per_node must be between 1 and 16, got {self.gpus_per_node}")
 
@@ -38,7 +41,8 @@ class TwinSpec:
     def rack_of(self, node: str) -> str:
         index = self.node_names.index(node)
         # ceil(n/2) nodes in rack-a, so one node is a one-rack cluster.
-        return "rack-a" if index < (self.nodes + 1) // 2 else "rack-b"
+        split = self.rack_a_nodes if self.rack_a_nodes is not None else (self.nodes + 1) // 2
+        return "rack-a" if index < split else "rack-b"
 
     @property
     def racks(self) -> dict[str, list[str]]:
