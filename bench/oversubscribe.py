@@ -12,13 +12,26 @@
    30 minutes of the conversation trace tiled to an hour at twice its rate (each copy's
    prompt blocks renamed, so the copies share no cache), which loads each GPU as the
    8-worker replay of docs/power.md does.
+3. ``--part heldout``: the same table on the held-out part of the conversation trace (after
+   its first 30 minutes), evaluation only: nothing was chosen on it.
+4. ``--part twin``: the guard's reaction with real processes: runs ``powerfleet demo --scenario
+   oversubscribe`` (beat, a control worker, two agents, Redis, the twin) and reads, for each
+   crossing of t2 by the guarded GPUs' measured draw, the time until a cap was lowered on a GPU
+   (the GPU files polled every 0.1 s); prints median and max with the load average.
 
-Usage: python bench/oversubscribe.py [--base-workers 10] [--sla ttft_ms=3000,itl_ms=60] [--guard JSON]
+Usage: python bench/oversubscribe.py [--part calibration,hour] [--base-workers 10]
+       [--sla ttft_ms=3000,itl_ms=60] [--guard JSON] [--twin-duration 90]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +48,7 @@ RATIOS = (1.0, 1.2, 1.3, 1.4)
 CAP_W, GPUS_PER_WORKER = 700.0, 4
 
 
-def whatif(reqs: list[TraceRequest], window: tuple[float, float] | None, workers: int, limit_w: float,
+def whatif(reqs: list[TraceRequest], window: tuple[float | None, float | None] | None, workers: int, limit_w: float,
            scale: float, sla: object, guard: GuardSettings,
            loss: tuple[float, float] | None = None) -> tuple[WhatIfReport, float]:
     arr = prepare(reqs, speedup=scale, window=window, warmup_s=0.0)
@@ -46,7 +59,7 @@ def whatif(reqs: list[TraceRequest], window: tuple[float, float] | None, workers
     return rep, time.perf_counter() - t
 
 
-def ratios(name: str, reqs: list[TraceRequest], window: tuple[float, float] | None, base_workers: int,
+def ratios(name: str, reqs: list[TraceRequest], window: tuple[float | None, float | None] | None, base_workers: int,
            base_scale: float, sla: object, guard: GuardSettings) -> None:
     limit = base_workers * GPUS_PER_WORKER * CAP_W
     print(f"\n{name}: limit {limit:.0f} W = cap sum of {base_workers} workers x {GPUS_PER_WORKER} GPUs x "
@@ -91,25 +104,63 @@ def tiled_hour(reqs: list[TraceRequest]) -> list[TraceRequest]:
     return sorted(out, key=lambda r: r.timestamp_ms)
 
 
+def twin_reaction(duration_s: float) -> None:
+    """The guard's reaction with real processes, from one run of the oversubscription demo."""
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-oversub-") as tmp:
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--scenario", "oversubscribe",
+                              "--duration", str(duration_s), "--plain", "--report", f"{tmp}/r"],
+                             capture_output=True, text=True, timeout=duration_s + 240)
+        wall = time.perf_counter() - t
+        data = json.loads(Path(f"{tmp}/r/summary.json").read_text())
+    load1 = os.getloadavg()
+    sec = data["oversubscribe"]
+    r = sec["reaction_s"]
+    fails = [k for k, ok in data["checks"].items() if not ok]
+    print(f"\ntwin (powerfleet demo --scenario oversubscribe --duration {duration_s:g}, exit {out.returncode}, "
+          f"{wall:.0f} s wall; load average {load0[0]:.1f} before, {load1[0]:.1f} after):")
+    print(f"  reaction (guarded draw above t2 -> a lowered cap): {len(r)} crossings, "
+          + (f"median {statistics.median(r):.2f} s, max {max(r):.2f} s: {r}" if r else "none"))
+    exc = sec["excursions"]
+    print(f"  excursions: {len(exc)}, longest {max((e['seconds'] for e in exc), default=0)} s, largest "
+          f"{max((e['max_over_w'] for e in exc), default=0):.0f} W over {sec['limit_w']:.0f} W")
+    print(f"  checks failed: {fails or 'none'}; fallback: {data['check_details']['fallback_within_one_period']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="calibration,hour",
+                    help="comma-separated: calibration, heldout, hour, twin")
     ap.add_argument("--base-workers", type=int, default=10)
     ap.add_argument("--sla", default="ttft_ms=3000,itl_ms=60")
     ap.add_argument("--guard", default=None, help="JSON guard settings (as `power whatif --guard`)")
+    ap.add_argument("--twin-duration", type=float, default=90.0)
     args = ap.parse_args()
+    parts = set(args.part.split(","))
     sla = parse_sla_pairs(args.sla)
     guard = GuardSettings.model_validate_json(args.guard) if args.guard else GuardSettings()
-    print(f"guard: {guard.model_dump()}; SLA {sla}")
+    print(f"guard: {guard.model_dump()}; SLA {sla}; load average {os.getloadavg()[0]:.1f}")
     conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
-    synth = read_trace(TRACES / "synthetic_trace.jsonl").requests
     # base load: each GPU as loaded as 8 workers under the conversation trace's own rate
-    ratios("conversation 0:1800", conv, (0.0, 1800.0), args.base_workers, args.base_workers / 8, sla, guard)
-    ratios("synthetic (whole, 1022 s)", synth, None, args.base_workers, args.base_workers / 8, sla, guard)
-    hour = tiled_hour(conv)
-    rep, wall = whatif(hour, None, 16, 16 * GPUS_PER_WORKER * CAP_W / 1.3, 1.0, sla, guard, loss=(1800.0, 1860.0))
-    print(f"\nwhat-if wall time: {len(hour)} requests, {rep.duration_s:.0f} simulated s on {rep.gpus} GPUs at 1.3x: "
-          f"{wall:.1f} s ({rep.duration_s / wall:.0f} simulated s per wall s); excursions {rep.excursions.count}, "
-          f"longest {rep.excursions.longest_s} s")
+    if "calibration" in parts:
+        synth = read_trace(TRACES / "synthetic_trace.jsonl").requests
+        ratios("conversation 0:1800", conv, (0.0, 1800.0), args.base_workers, args.base_workers / 8, sla, guard)
+        ratios("synthetic (whole, 1022 s)", synth, None, args.base_workers, args.base_workers / 8, sla, guard)
+    if "heldout" in parts:  # evaluation only: nothing is chosen on this part of the trace
+        ratios("conversation 1800:end (held out)", conv, (1800.0, None), args.base_workers, args.base_workers / 8,
+               sla, guard)
+    if "hour" in parts:
+        hour = tiled_hour(conv)
+        load0 = os.getloadavg()[0]
+        rep, wall = whatif(hour, None, 16, 16 * GPUS_PER_WORKER * CAP_W / 1.3, 1.0, sla, guard,
+                           loss=(1800.0, 1860.0))
+        print(f"\nwhat-if wall time: {len(hour)} requests, {rep.duration_s:.0f} simulated s on {rep.gpus} GPUs at "
+              f"1.3x: {wall:.1f} s ({rep.duration_s / wall:.0f} simulated s per wall s; load average {load0:.1f} "
+              f"before, {os.getloadavg()[0]:.1f} after); excursions {rep.excursions.count}, longest "
+              f"{rep.excursions.longest_s} s")
+    if "twin" in parts:
+        twin_reaction(args.twin_duration)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,20 @@ def test_guard_brings_power_under_the_limit_and_keeps_it_while_demand_does_not_r
                                    clock.now()) for i, g in enumerate(gpus)])
         in_force = [d.in_force[f"g{i}"] for i in range(n)]
         assert all(lo - 1e-9 <= c for c, lo in zip(in_force, mins))  # never below a GPU's minimum
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 10), st.floats(1.0, 1.3), st.lists(st.floats(0, 700), min_size=10, max_size=10),
+       st.lists(st.floats(200, 700), min_size=10, max_size=10), st.sampled_from(["release", "hold", "throttle_low"]))
+def test_a_cap_ceiling_bounds_the_caps_in_force_whatever_the_mode(n, ceiling, draws, throttle, mode) -> None:
+    # 700 W requests, limit 0.7 x their sum: the minimums (200 W each) always fit the ceiling
+    gpus = [GpuReading(f"g{i}", "low" if i % 2 else "high", 700.0, 200.0, 700.0, None) for i in range(n)]
+    limit = 0.7 * 700.0 * n
+    state = GuardState(throttle={f"g{i}": throttle[i] for i in range(0, n, 3)}, mode=mode)  # type: ignore[arg-type]
+    s = GuardSettings(cap_ceiling=ceiling)
+    d = decide(s, "r", limit, _read(gpus, draws[:n]), state, 0.0)
+    assert math.fsum(d.in_force.values()) <= ceiling * limit * (1 + 1e-9)
+    assert all(200.0 - 1e-9 <= w <= 700.0 for w in d.in_force.values())
+    # off (the default), an idle group keeps every request in force: 700 W x n, above 1.3 x 0.7 x 700 W x n
+    free = decide(GuardSettings(), "r", limit, _read(gpus, [0.0] * n), GuardState(), 0.0)
+    assert math.fsum(free.in_force.values()) == 700.0 * n > ceiling * limit

@@ -58,6 +58,9 @@ class GuardSettings(BaseModel):
     step_w: float = Field(50.0, gt=0, description="stepwise increase per GPU and period, W")
     period_s: float = Field(1.0, gt=0, description="guard period, s")
     stale_periods: float = Field(2.0, gt=0, description="a reading older than this many periods is stale")
+    cap_ceiling: float | None = Field(None, ge=1, le=4, description=(
+        "bound the overshoot: after every period the caps in force sum to at most cap_ceiling x limit "
+        "(every GPU's cap in force times one factor, never below its minimum); None: off"))
 
     @model_validator(mode="after")
     def _order(self) -> GuardSettings:
@@ -177,6 +180,14 @@ def decide(settings: GuardSettings, group: str, limit_w: float, readings: Sequen
                 room -= up
     else:
         mode = "hold"
+    if settings.cap_ceiling is not None:
+        # Draw never exceeds the cap in force, so caps in force summing to at most c x L bound any
+        # overshoot to (c - 1) x L, however fast demand rises between two periods.
+        room = settings.cap_ceiling * limit_w - math.fsum(safe[g] for g in stale)
+        f = _factor([(new[g], ranges[g].min_w) for g in fresh], room)
+        if f < 1.0:
+            for g in fresh:
+                new[g] = max(ranges[g].min_w, f * new[g])
     for g in fresh:
         if new[g] < current[g]:
             events.append(ThrottleEvent(g, by[g].priority, current[g], new[g]))
