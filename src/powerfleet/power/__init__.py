@@ -10,5 +10,6 @@
 * ``live.py`` / ``telemetry.py`` / ``topology.py`` / ``metrics.py``: the live guard's period, the
   agents' reports it reads, the group's nodes and priorities, its metrics (the task is
   tasks/power.py; the agent's side agent/throttle.py);
-* ``admission.py``: admission to an oversubscribed group.
+* ``admission.py``: admission to an oversubscribed group, which the budget tick applies
+  (``budget.tick.tick_limits``'s ``oversubscription`` seam).
 """
