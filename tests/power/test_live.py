@@ -119,6 +119,14 @@ def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() 
             "min_w": 200, "max_w": 700, "at": 5.0}
     assert parse_telemetry("n", "GPU-1", json.dumps(idle)) is None
     assert parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p"})) is not None
+    # a pod without a cap (the agent releases its GPU to the default limit and applies no overlay to
+    # it), or a GPU whose cap the agent holds: a fixed load, never counted as throttleable
+    for decision, fields in (("release", {"requested_w": 700, "enforced_w": 700}), ("hold", {"enforced_w": 450})):
+        fixed = parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p", "decision": decision, **fields}))
+        assert fixed is not None and fixed.cap_w == fixed.min_w == fixed.max_w == fields["enforced_w"]
+    capped = parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p", "decision": "single",
+                                                        "requested_w": 500, "target_w": 500}))
+    assert capped is not None and (capped.cap_w, capped.min_w, capped.max_w) == (500.0, 200.0, 700.0)
     for bad in ('{"draw_w": 1, "at": 5}', '{"enforced_w": 5, "at": 5}', "[]", "nope", '{"enforced_w": 5, "draw_w":'
                 ' NaN, "at": 5}', json.dumps({"enforced_w": 500, "draw_w": 1, "at": 5, "min_w": 600, "max_w": 550}),
                 "[" * 100_000):

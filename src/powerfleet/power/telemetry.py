@@ -10,7 +10,9 @@ then never releases above it), a missing minimum is the request itself (the grou
 counted high, so a doubtful group is refused rather than guarded on a guess), a missing maximum
 is the request. Anything malformed is no reading, never an error. An idle GPU (no pod, no
 requested cap) is no reading either: the guard cannot throttle it (the agent leaves idle GPUs
-alone), so it is not part of the guarded set.
+alone), so it is not part of the guarded set. A GPU whose pods carry no cap (decision
+``release``) or whose cap the agent holds (``hold``) is not throttled by the overlay either: it is
+read as a fixed load, its range pinned at the limit it has.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 REPORT_KEY = "powerfleet:enforcement:{node}"  # the same hash the budget ledger reads (budget/evidence.py)
 MAX_REPORT_BYTES = 64 * 1024
+UNTHROTTLED = ("release", "hold")  # the agent's decisions under which it applies no overlay
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,12 @@ def parse_telemetry(node: str, gpu: str, raw: str | bytes) -> GpuTelemetry | Non
     lo, hi = _watts(data, "min_w"), _watts(data, "max_w")
     lo = cap if lo is None or lo <= 0 else lo
     hi = cap if hi is None or hi <= 0 else hi
+    if data.get("decision") in UNTHROTTLED:
+        # The agent applies no overlay to this GPU (agent/reconcile.py: its pods carry no cap, or it
+        # holds the cap for processes it cannot attribute): a fixed load at the limit it has, which
+        # the guard fits the others around and never counts as throttled.
+        cap = next((w for k in ("enforced_w", "current_w", "requested_w") if (w := _watts(data, k))), cap)
+        lo = hi = cap
     if lo > hi:
         return None
     return GpuTelemetry(gpu=gpu, node=node, pod_uid=pod if isinstance(pod, str) else "", cap_w=cap, min_w=lo,
