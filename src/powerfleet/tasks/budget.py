@@ -87,6 +87,7 @@ class EvaluateResult(TaskArgs):
     gpus: int | None
     limit_w: int | None
     reasons: list[str]
+    over_w: int | None = None  # watts held above the limit (0: within it; None: not planned)
     replicas_written: dict[str, int]
     status_written: bool
     events: list[str]
@@ -139,8 +140,9 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
-                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
-                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)))
+                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app), now), now=now,
+                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)),
+                           evidence_mode=cfg.enforcement_evidence)
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
         detail = f"group view unreadable, no evaluation sent: {exc}"
@@ -180,14 +182,15 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
         from powerfleet.cluster.dra import KubeDra
 
         cluster = _cluster(self.app)
-        evidence = EvidenceSource(RedisReports(fleet_redis(self.app)), 3 * self.app.fleet_config.beat.reconcile_interval_s,
-                                  bcfg.max_settable_gpu_w) if bcfg.require_enforcement_evidence else None
+        evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
+            RedisReports(fleet_redis(self.app), clock.now()), 3 * self.app.fleet_config.beat.reconcile_interval_s,
+            bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
         out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
                                   _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
-                              out.reasons)
+                              out.reasons, out.over_w)
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
 
 
