@@ -66,6 +66,7 @@ class BudgetTickResult(TaskArgs):
     at: float
     evaluations: list[str]
     skipped: dict[str, str] = Field(default_factory=dict)
+    task_ids: dict[str, str] = Field(default_factory=dict)  # deployment -> its budget.evaluate task id
 
 
 class EvaluateArgs(TaskArgs):
@@ -151,15 +152,15 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     for group, watts in cfg.groups.items():
         metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
                              unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
-    sent = []
+    sent, ids = [], {}
     for key, gl in plan.limits.items():
-        self.app.send_task("powerfleet.budget.evaluate", kwargs={
+        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
             "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
-            "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s)
+            "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
         sent.append(key)
     log.record("budget", now, self.request.origin, f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found")
-    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped)
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, task_ids=ids)
 
 
 @fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,
