@@ -136,6 +136,16 @@ def test_no_rack_projects_above_its_limit_at_any_step_on_the_faithful_twin(tmp_p
             reasons_seen.update(r for dgd in (DISAGG, AGG) for r in budget_status(api, dgd).get("reasons", []))
             agg_seen.add(api.get("nvidia.com/v1beta1", ADAPTER_KIND, adapter_name(AGG, "worker"))["spec"]["replicas"])
 
+        # Settled: neither the operator nor powerfleet writes the DGD again. The operator keeps
+        # powerfleet's condition (as Dynamo's does), so powerfleet does not re-add it each time.
+        def dgd_version() -> str:
+            return api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", DISAGG)["metadata"]["resourceVersion"]
+        before = dgd_version()
+        budget_round()
+        operator_pass()
+        assert dgd_version() == before
+        conditions = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", DISAGG)["status"]["conditions"]
+        assert [c["type"] for c in conditions] == ["Ready", "powerfleet.io/PowerBudget"], conditions
         over = [(i, r, w, limits[r]) for i, (on, whole) in enumerate(steps) for view in (on, whole)
                 for r, w in view.items() if w > limits[r]]
         assert not over, over

@@ -152,6 +152,9 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     for group, watts in cfg.groups.items():
         metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
                              unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
+    _state(self.app).record_groups(now, {g: {"limit_w": w, "projected_w": plan.group_current.get(g, 0),
+                                             "peak_w": plan.group_peak_bound.get(g, 0),
+                                             "measured_w": plan.group_measured.get(g)} for g, w in cfg.groups.items()})
     sent, ids = [], {}
     for key, gl in plan.limits.items():
         ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
