@@ -41,7 +41,10 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> s
     series = ledger_series(history, t0)
     for i, (group, s) in enumerate(sorted(series.items())):
         color = f"C{i}"
-        ax.step(s["t"], s["projected_w"], where="post", color=color, label=f"{group} projected (ledger)")
+        # Racks whose deployments span both often have the same ledger: a wider line underneath
+        # keeps each visible.
+        ax.step(s["t"], s["projected_w"], where="post", color=color, linewidth=max(1.0, 3.5 - 1.5 * i),
+                label=f"{group} projected (ledger)")
         measured = [float("nan") if m is None else m for m in s["measured_w"]]
         ax.plot(s["t"], measured, color=color, linestyle=":", marker=".", markersize=3,
                 label=f"{group} measured (agents)")
