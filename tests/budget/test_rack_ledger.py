@@ -156,3 +156,18 @@ def test_a_racks_ledger_charges_a_listed_pod_without_fresh_evidence_at_the_maxim
     assert current("off") == 500 + 500
     r.delete(ENFORCEMENT_KEY.format(node="gpu-0"))  # the agent stopped: both GPUs unproven now
     assert current("auto") == 1000 + 1000
+
+
+def test_a_pod_off_the_budgeted_nodes_is_judged_too_as_its_evaluation_judges_it(rack, broker_url):
+    api, kube, state = rack
+    r = redis.Redis.from_url(broker_url)
+    api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-9"}})  # in no group
+    api.apply(dgd("a", 1, 2))
+    settle(api, kube, "a", ["gpu-0", "gpu-9"])  # decode-1 lands on gpu-9
+    # gpu-9's agent reported once (it is remembered) and now has nothing for decode-1
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-9"), mapping={"GPU-x": json.dumps(
+        {"pod_uid": "someone-else", "enforced_w": 500, "draw_w": 0.0, "at": 100.0})})
+    cfg = {"default/a": DeploymentBudgetConfig(power_limit_w=10_000)}
+    plan = tick_limits(kube, state, cfg, {"r1": 9000}, RACK, KubeGpuPods(kube), RedisReports(r), now=110.0,
+                       max_settable_w=1000)
+    assert plan.group_current["r1"] == 3 * 500 + 500  # decode-1's GPU at 1,000 W, charged to the rack a touches

@@ -112,7 +112,11 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     for n, g in node_groups.items():
         if g in groups:
             group_nodes[g].append(n)
-    got = (reports or NoReports()).reports([n for ns in group_nodes.values() for n in ns])
+    # The budgeted nodes, and every node a listed deployment's pod runs on (its whole charge,
+    # unenforced watts included, counts on each group it touches, as its evaluation plans it).
+    listed = {p.node_name for k, d in dgds.items() if k in deployments for p in by_dgd.get((d.namespace, d.name), [])
+              if p.node_name}
+    got = (reports or NoReports()).reports(sorted({n for ns in group_nodes.values() for n in ns} | listed))
     evidence = None if evidence_mode == "off" else Evidence(got, now, fresh_s, max_settable_w, evidence_mode)
     views, skipped, owned = [], {}, set()
     for key, cfg in deployments.items():
