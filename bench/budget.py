@@ -17,6 +17,7 @@ Usage: python bench/budget.py [--plans N] [--deployments N] [--nodes N] [--racks
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import time
@@ -98,7 +99,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
     import redis
 
     from powerfleet.broker.embedded import EmbeddedRedis
-    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.evidence import ENFORCEMENT_KEY, EvidenceSource, RedisReports
     from powerfleet.budget.persist import ConfigMapStatus
     from powerfleet.budget.runner import evaluate_deployment
     from powerfleet.budget.state import BudgetState
@@ -132,6 +133,15 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
                     "name": p.name, "namespace": "default", "labels": p.labels, "annotations": p.annotations},
                     "spec": {"nodeName": p.node_name, "containers": [{"name": "main", "resources": {
                         "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
+        r = redis.Redis.from_url(broker.url)
+        clock = FakeClock(t=1_800_000_000.0)
+        # Every node's agent reports its pods' GPUs enforced at their cap (budget.enforcement_evidence
+        # auto, the default: the evaluations judge them).
+        pipe = r.pipeline(transaction=False)
+        for i, p in enumerate(api.list("v1", "Pod", "default")):
+            pipe.hset(ENFORCEMENT_KEY.format(node=p["spec"]["nodeName"]), f"GPU-{i}", json.dumps(
+                {"pod_uid": p["metadata"]["uid"], "enforced_w": 350, "draw_w": 300.0, "at": clock.now()}))
+        pipe.execute()
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
         calls = {"n": 0}
         request = kube.api_client.rest_client.request
@@ -141,13 +151,13 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
             return request(*a, **kw)
 
         kube.api_client.rest_client.request = counted
-        r = redis.Redis.from_url(broker.url)
         state = BudgetState(r)
         for v in views:
             state.admit(v.key, v.admitted)
             state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
         cfg = {v.key: DeploymentBudgetConfig(power_limit_w=4000) for v in views}
-        scaling, clock = KubeScaling(kube), FakeClock(t=1_800_000_000.0)
+        scaling = KubeScaling(kube)
+        evidence = EvidenceSource(RedisReports(r, clock.now()), 45.0, 1000, "auto")
         t0 = time.perf_counter()
         plan = tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", KubeGpuPods(kube), RedisReports(r),
                            now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
@@ -158,7 +168,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
             nonlocal scaled
             for v in views:
                 out = evaluate_deployment(kube, state, v.key, budget_of(cfg[v.key]), plan.limits[v.key], clock,
-                                          ConfigMapStatus(KubeBudgetStore(kube)), scaling, KubeDra(kube))
+                                          ConfigMapStatus(KubeBudgetStore(kube)), scaling, KubeDra(kube), evidence)
                 scaled += bool(out.replicas_written)
 
         evaluations()

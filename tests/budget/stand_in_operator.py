@@ -76,23 +76,3 @@ def budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict
             return {}
         raise
     return stored_status(cm).status
-
-
-def start_rollout(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], namespace: str = "default") -> None:
-    """The first half of a slow operator's step: the pods a raised spec needs are created but not
-    yet Running (startup), so status reports the new spec count with only the old ones ready."""
-    d = parse_dgd(api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace))
-    pods = [p for p in api.list("v1", "Pod", namespace) if p["metadata"].get("labels", {}).get(LABEL_DGD_NAME) == name]
-    components: dict[str, Any] = {}
-    for c in d.components:
-        mine = [p for p in pods if p["metadata"]["labels"].get(LABEL_COMPONENT) == c.name]
-        running = sum(1 for p in mine if p.get("status", {}).get("phase") == "Running")
-        for i in range(len(mine), c.replicas * c.effective_node_count):
-            api.apply({"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": f"{name}-{c.name.lower()}-{i}", "namespace": namespace,
-                                    "labels": {LABEL_DGD_NAME: name, LABEL_COMPONENT: c.name},
-                                    "annotations": dict(c.annotations)},
-                       "spec": {"nodeName": nodes[i % len(nodes)], "containers": [{"name": "main", "image": "engine"}]},
-                       "status": {"phase": "Pending"}})
-        components[c.name] = component_status(name, c.name, c.replicas, ready=running // c.effective_node_count)
-    kube.patch_dgd_status(namespace, name, {"observedGeneration": d.generation, "components": components})

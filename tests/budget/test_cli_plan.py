@@ -58,7 +58,7 @@ def test_json_lines_answer_line_by_line_and_exit_2_at_the_end(tmp_path):
     assert answers[1]["error"] == "the minimum footprint (700 W) exceeds the power limit (100 W)"
     assert answers[2]["error"] == "extra: unknown key"
     assert answers[3]["targets"] == {"w": None}  # no proposal: leave as is
-    assert "duplicate key 'budget'" in answers[6]["error"]
+    assert answers[6]["error"] == "key 'budget' appears twice"  # powerfleet.textinput's message
 
 
 def test_text_output_and_unreadable_input(tmp_path):

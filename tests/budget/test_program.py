@@ -137,39 +137,106 @@ def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_an
     assert res.status["settledWatts"] == 3800 > res.status["powerLimitWatts"] == 3100
     assert res.status["chargeBasis"] == {"prefill": "requested_cap", "decode": "requested_cap"}
     assert res.status_events[0].reason == "Planned"
+    # over its share: the status says by how much, and one Warning event marks the transition
+    assert res.status["overBudgetWatts"] == 700
+    assert [(e.reason, e.type) for e in res.status_events if "Budget" in e.reason] == [("OverBudget", "Warning")]
+    assert "3800 W, 700 W above its limit of 3100 W" in next(e.message for e in res.status_events
+                                                            if e.reason == "OverBudget")
+    again = evaluate(snap(disagg(status=settled()), admitted=admitted,
+                          group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)), res.status)
+    assert again.status == res.status and again.status_events == []  # still over: no second event
+    back = evaluate(snap(disagg(status=settled()), admitted=admitted,
+                         group=GroupLimit("rack-a", 5000, minimum_w=3100, current_w=3800)), again.status)
+    assert "overBudgetWatts" not in back.status
+    assert [e.reason for e in back.status_events] == ["WithinBudget"]
 
 
-def _evidence(*reports, now=1000.0):
+def test_the_over_budget_gauge_follows_each_evaluation():
+    from prometheus_client import REGISTRY
+
+    from powerfleet.budget import metrics
+
+    metrics.record_evaluation("ns/over", "Planned", 3100, 3800, 3800, 4, [], over_w=700)
+    assert REGISTRY.get_sample_value("powerfleet_budget_over_budget_watts", {"deployment": "ns/over"}) == 700
+    metrics.record_evaluation("ns/over", "Planned", 5000, 3800, 3800, 4, [], over_w=0)
+    assert REGISTRY.get_sample_value("powerfleet_budget_over_budget_watts", {"deployment": "ns/over"}) == 0
+
+
+def _evidence(*reports, now=1000.0, mode="auto", nodes=("gpu-0",), unreadable=False):
     from powerfleet.budget.evidence import Evidence
 
-    by_node: dict = {}
+    by_node: dict = {n: [] for n in nodes}  # nodes whose agent reports (or has reported)
     for r in reports:
         by_node.setdefault("gpu-0", []).append(r)
-    return Evidence(by_node, now=now, fresh_s=45.0, max_settable_w=1000)
+    return Evidence(by_node, now=now, fresh_s=45.0, max_settable_w=1000, mode=mode, unreadable=unreadable)
 
 
 def _uid_pods():
     return [p.model_copy(update={"uid": f"uid-{p.name}"}) for p in pods()]
 
 
-def test_enforcement_evidence_charges_the_cap_only_while_fresh_and_matching():
+def _good():
     from powerfleet.budget.evidence import GpuReport
 
-    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
     # prefill: 2 pods x 2 GPUs at 350 W; decode: 2 pods (one replica on 2 nodes) x 4 GPUs at 300 W
-    good = [GpuReport(f"GPU-{p}-{i}", f"uid-{p}", 350 if p.startswith("p") else 300, 200.0, at=990.0)
+    return [GpuReport(f"GPU-{p}-{i}", f"uid-{p}", 350 if p.startswith("p") else 300, 200.0, at=990.0)
             for p, n in (("p0", 2), ("p1", 2), ("d0", 4), ("d0w", 4)) for i in range(n)]
-    base = dict(admitted=admitted, proposal={"prefill": 3}, pod_list=_uid_pods(), limit=20_000)
-    fresh = evaluate(replace(snap(disagg(status=settled()), **base), evidence=_evidence(*good)))
+
+
+def _with(evidence, *, limit=20_000, pod_list=None, proposal=None):
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    return evaluate(replace(snap(disagg(status=settled()), admitted=admitted, proposal=proposal or {"prefill": 3},
+                                 pod_list=pod_list or _uid_pods(), limit=limit), evidence=evidence))
+
+
+def test_fresh_evidence_charges_each_gpu_at_its_enforced_limit_and_lets_scale_ups_go():
+    fresh = _with(_evidence(*_good()))
     assert fresh.replicas == {"prefill": 3} and fresh.status["chargeBasis"] == {"prefill": "enforced", "decode": "enforced"}
-    # a decode GPU without a report: decode charged at 1,000 W x 4 GPUs x 2 nodes, scale-ups held
-    missing = evaluate(replace(snap(disagg(status=settled()), **base), evidence=_evidence(*good[:-1])))
+    assert fresh.status["settledWatts"] == 3 * 700 + 2400 and "unenforcedWatts" not in fresh.status
+    # an enforced limit above the cap (the device minimum, say) is what the GPU may draw: charged
+    from powerfleet.budget.evidence import GpuReport
+    above = _with(_evidence(*_good()[:-1], GpuReport("GPU-d0w-3", "uid-d0w", 400, 200.0, at=990.0)))
+    assert above.replicas == {"prefill": 3} and above.status["chargeBasis"]["decode"] == "enforced"
+    assert above.status["unenforcedWatts"] == 100 and above.status["settledWatts"] == 3 * 700 + 2400 + 100
+
+
+def test_a_gpu_without_fresh_evidence_is_charged_its_maximum_settable_limit_and_holds_scale_ups():
+    # d0w's last GPU has no report: only d0w's 4 GPUs go to 1,000 W (4 x 700 W more), scale-ups held
+    missing = _with(_evidence(*_good()[:-1]))
     assert missing.replicas == {} and "enforcement_evidence_stale" in missing.status["reasons"]
-    assert missing.status["chargeBasis"]["decode"] == "max_settable"
-    assert missing.status["settledWatts"] == 2 * 700 + 8000
-    # stale (older than three intervals) or enforcing another value than the requested cap: no evidence either
-    old = evaluate(replace(snap(disagg(status=settled()), **base), evidence=_evidence(*good, now=1100.0)))
+    assert missing.status["held"] == ["prefill"] and "pod d0w on gpu-0: 3 of 4 GPUs" in missing.status["message"]
+    assert missing.status["chargeBasis"] == {"prefill": "enforced", "decode": "max_settable"}
+    assert missing.status["unenforcedWatts"] == 2800 and missing.status["settledWatts"] == 2 * 700 + 2400 + 2800
+    # older than three intervals: stale; the agent still publishes, but not for this pod: stale too
+    old = _with(_evidence(*_good(), now=1100.0))
     assert old.replicas == {} and old.status["chargeBasis"] == {"prefill": "max_settable", "decode": "max_settable"}
-    wrong = [*good[:-1], GpuReport("GPU-d0w-3", "uid-d0w", 400, 200.0, at=990.0)]
-    mismatch = evaluate(replace(snap(disagg(status=settled()), **base), evidence=_evidence(*wrong)))
-    assert mismatch.replicas == {} and "enforces 400 W, not the requested 300 W" in mismatch.status["message"]
+    assert old.status["unenforcedWatts"] == 4 * 650 + 8 * 700
+    other_pod = _with(_evidence(*[r.__class__(r.gpu_uuid, "uid-someone-else", r.enforced_w, 0.0, r.at) for r in _good()]))
+    assert other_pod.replicas == {} and other_pod.status["chargeBasis"]["prefill"] == "max_settable"
+    # a node whose agent reported before and now publishes nothing (its hash expired): stale
+    silent = _with(_evidence())
+    assert silent.replicas == {} and silent.status["unenforcedWatts"] == 4 * 650 + 8 * 700
+    # unreadable reports: no evidence anywhere
+    lost = _with(_evidence(nodes=(), unreadable=True))
+    assert lost.replicas == {} and lost.status["chargeBasis"]["decode"] == "max_settable"
+
+
+def test_where_no_agent_ever_reported_the_requested_cap_is_charged_unless_evidence_is_required():
+    none = _with(_evidence(nodes=()))  # auto: no agent on gpu-0
+    assert none.replicas == {"prefill": 3} and none.status["chargeBasis"] == {"prefill": "requested_cap",
+                                                                             "decode": "requested_cap"}
+    required = _with(_evidence(nodes=(), mode="required"))
+    assert required.replicas == {} and "enforcement_evidence_stale" in required.status["reasons"]
+    off = _with(_evidence(nodes=(), mode="off"))
+    assert off.replicas == {"prefill": 3} and off.status["chargeBasis"]["prefill"] == "requested_cap"
+
+
+def test_a_pod_not_yet_running_keeps_its_requested_cap_and_stale_watts_shrink_only_proposed_roles():
+    # a Pending pod has nothing for an agent to attribute: it is not judged (its role is in flight)
+    pending = [p.model_copy(update={"phase": "Pending"}) if p.name == "d0w" else p for p in _uid_pods()]
+    got = _with(_evidence(*_good()[:-4]), pod_list=pending)
+    assert got.status["chargeBasis"]["decode"] == "enforced" and "unenforcedWatts" not in got.status
+    # 6,000 W limit: prefill 2 x 700 + decode 2,400 fits, but d0w's stale 2,800 W does not: the
+    # proposed role shrinks to its minimum, the unproposed one is left as is, and it is reported
+    tight = _with(_evidence(*_good()[:-1]), limit=6000)
+    assert tight.replicas == {"prefill": 1} and tight.status["settledWatts"] == 700 + 2400 + 2800

@@ -122,3 +122,52 @@ def test_group_sharing_is_max_min_fair_with_an_unmanaged_tenant():
     assert shares == {"small": 1500, "big": 4000, "capped": 2500, UNMANAGED: 2000}
     # max-min: nobody could get more without taking from someone who has less than it
     assert shares["big"] > shares["capped"] > shares["small"] and sum(shares.values()) == 10_000
+
+
+def test_a_node_whose_agent_reported_once_stays_a_reporting_node_after_its_hash_expires(broker_url):
+    from powerfleet.budget.evidence import REPORTING_NODES_KEY
+
+    r = redis.Redis.from_url(broker_url)
+    report = json.dumps({"pod_uid": "u1", "enforced_w": 500, "draw_w": 1.0, "at": 10.0})
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-1"), mapping={"GPU-a": report})
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-3"), mapping={"GPU-c": "not evidence"})  # an agent all the same
+    assert RedisReports(r, 5.0).reports(["gpu-1", "gpu-2", "gpu-3"]) == {
+        "gpu-1": [GpuReport("GPU-a", "u1", 500, 1.0, 10.0)], "gpu-3": []}
+    assert set(r.hkeys(REPORTING_NODES_KEY)) == {b"gpu-1", b"gpu-3"}
+    r.delete(ENFORCEMENT_KEY.format(node="gpu-1"))  # the agent stopped: its hash expired
+    assert RedisReports(r, 6.0).reports(["gpu-1", "gpu-2"]) == {"gpu-1": []}  # gpu-2: never an agent
+
+
+def test_a_racks_ledger_charges_a_listed_pod_without_fresh_evidence_at_the_maximum_settable_limit(rack, broker_url):
+    api, kube, state = rack
+    r = redis.Redis.from_url(broker_url)
+    api.apply(dgd("a", 1, 1))  # 1 GPU x 500 W per replica
+    settle(api, kube, "a", ["gpu-0"])
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list("v1", "Pod", "default")}
+    # gpu-0's agent reports prefill's pod, not decode's: decode's GPU is charged 1,000 W, not 500
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-0"), mapping={"GPU-p": json.dumps(
+        {"pod_uid": uids["a-prefill-0"], "enforced_w": 500, "draw_w": 300.0, "at": 100.0})})
+    cfg = {"default/a": DeploymentBudgetConfig(power_limit_w=10_000)}
+
+    def current(mode: str) -> int:
+        return tick_limits(kube, state, cfg, {"r1": 9000}, RACK, KubeGpuPods(kube), RedisReports(r), now=110.0,
+                           max_settable_w=1000, evidence_mode=mode).group_current["r1"]  # type: ignore[arg-type]
+    assert current("auto") == 500 + 1000
+    assert current("off") == 500 + 500
+    r.delete(ENFORCEMENT_KEY.format(node="gpu-0"))  # the agent stopped: both GPUs unproven now
+    assert current("auto") == 1000 + 1000
+
+
+def test_a_pod_off_the_budgeted_nodes_is_judged_too_as_its_evaluation_judges_it(rack, broker_url):
+    api, kube, state = rack
+    r = redis.Redis.from_url(broker_url)
+    api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-9"}})  # in no group
+    api.apply(dgd("a", 1, 2))
+    settle(api, kube, "a", ["gpu-0", "gpu-9"])  # decode-1 lands on gpu-9
+    # gpu-9's agent reported once (it is remembered) and now has nothing for decode-1
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-9"), mapping={"GPU-x": json.dumps(
+        {"pod_uid": "someone-else", "enforced_w": 500, "draw_w": 0.0, "at": 100.0})})
+    cfg = {"default/a": DeploymentBudgetConfig(power_limit_w=10_000)}
+    plan = tick_limits(kube, state, cfg, {"r1": 9000}, RACK, KubeGpuPods(kube), RedisReports(r), now=110.0,
+                       max_settable_w=1000)
+    assert plan.group_current["r1"] == 3 * 500 + 500  # decode-1's GPU at 1,000 W, charged to the rack a touches

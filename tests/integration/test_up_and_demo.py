@@ -85,7 +85,7 @@ def test_demo_writes_a_report_with_valid_images(short_demo) -> None:
     assert summary == json.loads((report / "summary.json").read_text())
     assert summary["schema"] == "powerfleet.demo-report/v1" and summary["nodes"] == 2
     assert f"demo report: {report / 'index.html'}" in out.stderr
-    for name in ("power.png", "caps.png", "ttft.png"):
+    for name in ("power.png", "caps.png", "ttft.png", "ledger.png"):
         data = (report / name).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
         with Image.open(report / name) as img:

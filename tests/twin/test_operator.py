@@ -162,6 +162,22 @@ def test_foreign_status_keys_are_kept_only_while_the_fidelity_switch_says_so() -
     assert "budget" not in typed and set(typed) <= CRD_STATUS_KEYS
 
 
+def test_another_controllers_condition_survives_the_operators_status_write() -> None:
+    # Dynamo's operator upserts its own conditions by type on the DGD it read and updates that
+    # copy, so powerfleet's condition stays where it is; its Ready is replaced in place.
+    dgds = _with_generation(dgd_manifests(SPEC))
+    budget = {"type": "powerfleet.io/PowerBudget", "status": "True", "reason": "Planned", "message": "within budget",
+              "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}
+    dgds[0]["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "x", "message": "",
+                                         "lastTransitionTime": "2026-12-01T09:00:00Z"}, budget]}
+    status = reconcile(dgds, [], NODES).dgd_status[DISAGG]
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "powerfleet.io/PowerBudget"]
+    assert status["conditions"][1] == budget and status["conditions"][0]["reason"] == "some_resources_are_not_ready"
+    # unchanged on the next pass: the writer skips the write (the status it read is what it wants)
+    dgds[0]["status"] = status
+    assert reconcile(dgds, [], NODES).dgd_status[DISAGG] == status
+
+
 def test_pods_turn_ready_only_after_their_startup_delay() -> None:
     dgds = _with_generation(dgd_manifests(SPEC))
     slow = OperatorSettings(startup_delay_s={"worker": 5.0, "*": 0.0})

@@ -1,13 +1,16 @@
-"""Enforcement evidence: what the ledger charges a GPU that no listed deployment's cap covers
-(issue 18 items 2 and 8), behind a port so the node agents' reports can be used when present.
+"""Enforcement evidence: what the ledger charges a GPU (issue 18 items 2 and 8), from the node
+agents' per-GPU reports where they exist.
 
-The agents (the agent issue) will publish one Redis hash per node, ``powerfleet:enforcement:<node>``,
-with a TTL of three reconcile intervals: field = GPU UUID, value = JSON
-``{"pod_uid": str, "enforced_w": int, "draw_w": float, "at": epoch seconds}``, where ``enforced_w``
-is a power-limit read back from that GPU after a successful write and ``draw_w`` the measured draw.
-A report is fresh while ``now - at <= 3 x interval``. Until they exist the reader finds none and
-every figure says which basis it uses (``requested_cap`` for an annotated pod, ``max_settable``
-for a GPU without evidence).
+The agents (agent/evidence.py) publish one Redis hash per node, ``powerfleet:enforcement:<node>``,
+with a TTL of three reconcile intervals: field = GPU UUID, value = JSON with (among others)
+``{"pod_uid": str, "enforced_w": int | null, "draw_w": float, "at": epoch seconds}``, where
+``enforced_w`` is a power limit read back from that GPU after a successful write (null when the
+write or readback failed: no evidence) and ``draw_w`` the measured draw. A report is fresh while
+``now - at <= 3 x interval``.
+
+Because the agent's hash expires by itself, "no hash" cannot tell "no agent here" from "the agent
+died": the reader remembers, in ``powerfleet:budget:reporting-nodes``, every node whose agent has
+published once; such a node without a fresh report for a GPU is stale evidence, never "no agents".
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 ENFORCEMENT_KEY = "powerfleet:enforcement:{node}"
+REPORTING_NODES_KEY = "powerfleet:budget:reporting-nodes"  # node -> when its agent was first seen publishing
+EvidenceMode = Literal["auto", "required", "off"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,8 @@ class GpuReport:
 
 class EnforcementReports(Protocol):
     def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
-        """node -> its GPUs' reports (missing node: none)."""
+        """node -> its GPUs' readable reports. A node is present when its agent publishes or has
+        published before (an empty list: its reports are gone); absent: no agent ever reported there."""
 
 
 class NoReports:
@@ -60,22 +66,34 @@ def parse_report(gpu_uuid: str, raw: str | bytes) -> GpuReport | None:
 
 
 class RedisReports:
-    """Reads the agents' hashes, one pipelined HGETALL per node."""
+    """Reads the agents' hashes, one pipelined HGETALL per node plus one HMGET of the nodes seen
+    reporting before; a node seen for the first time is remembered (one HSET, only then)."""
 
-    def __init__(self, client: object) -> None:
+    def __init__(self, client: object, now: float = 0.0) -> None:
         self._r = client
+        self._now = now  # recorded as the first-seen time (informative only)
 
     def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
-        names = list(nodes)
+        names = list(dict.fromkeys(nodes))
+        if not names:
+            return {}
         pipe = self._r.pipeline(transaction=False)  # type: ignore[attr-defined]
         for n in names:
             pipe.hgetall(ENFORCEMENT_KEY.format(node=n))
+        pipe.hmget(REPORTING_NODES_KEY, names)
+        *hashes, seen = pipe.execute()
         out: dict[str, list[GpuReport]] = {}
-        for n, fields in zip(names, pipe.execute(), strict=True):
-            got = [r for k, v in (fields or {}).items()
-                   if (r := parse_report(k.decode() if isinstance(k, bytes) else str(k), v)) is not None]
-            if got:
-                out[n] = got
+        first_seen: dict[str, float] = {}
+        for n, fields, was in zip(names, hashes, seen, strict=True):
+            if fields:  # the agent publishes (even a field that is no evidence says an agent is here)
+                out[n] = [r for k, v in fields.items()
+                          if (r := parse_report(k.decode() if isinstance(k, bytes) else str(k), v)) is not None]
+                if was is None:
+                    first_seen[n] = self._now
+            elif was is not None:
+                out[n] = []  # it published before and stopped: its GPUs have no fresh evidence
+        if first_seen:
+            self._r.hset(REPORTING_NODES_KEY, mapping=first_seen)  # type: ignore[attr-defined]
         return out
 
 
@@ -100,29 +118,61 @@ def pod_charge(pod_uid: str, gpus: int, cap_w: int | None, reports: Mapping[str,
 
 @dataclass(frozen=True)
 class Evidence:
-    """What an evaluation knows of the agents' enforcement (``budget.require_enforcement_evidence``)."""
+    """What an evaluation knows of the agents' enforcement (``budget.enforcement_evidence``)."""
 
-    reports: Mapping[str, list[GpuReport]]  # node -> its GPUs' reports
+    reports: Mapping[str, list[GpuReport]]  # node -> its GPUs' reports (absent: no agent ever reported there)
     now: float
     fresh_s: float
     max_settable_w: int  # per GPU: the charge without fresh, matching evidence
+    mode: EvidenceMode = "auto"  # auto: judged on nodes whose agent reports; required: on every node
+    unreadable: bool = False  # the reports could not be read: every node counts as reporting, none fresh
 
 
-def stale_evidence(pods: Iterable[object], reports: Mapping[str, Iterable[GpuReport]], now: float, fresh_s: float,
-                   cap_w: int, gpus_per_pod: int) -> str | None:
-    """Why a role's enforcement evidence does not hold (None: every live pod of it has a fresh report
-    for each of its GPUs, for this pod, enforcing exactly the requested cap)."""
+@dataclass(frozen=True)
+class RoleCharge:
+    """A role's charge basis and what its existing pods cost beyond ``cap x GPUs``."""
+
+    basis: str  # requested_cap | enforced | max_settable (the least proven of its pods)
+    surplus_w: int = 0  # stale GPUs at the maximum settable limit, enforced limits above the cap
+    stale: str | None = None  # why the evidence does not hold (scale-ups are held)
+
+
+def role_charge(pods: Iterable[object], evidence: Evidence | None, cap_w: int, gpus_per_pod: int) -> RoleCharge:
+    """Each of the role's Running pods on a node whose agent reports (every node: ``required``) is
+    judged by its GPUs' reports for this pod UID: with a fresh one for each of its GPUs it is charged
+    at the enforced limits where above the cap (an enforced limit below it, the power guard's
+    throttle, is not credited: new replicas start at the cap); otherwise at the maximum settable
+    limit per GPU, and the role's scale-ups are held. A pod not yet Running has no process for an
+    agent to attribute: it keeps the startup reservation of its requested cap (the role is in flight,
+    so its scale-ups are held anyway). A pod on a node no agent ever reported from (``auto``) is
+    charged its requested cap, as before agents existed."""
+    if evidence is None or evidence.mode == "off":
+        return RoleCharge("requested_cap")
+    bases: set[str] = set()
+    surplus = 0
+    stale: str | None = None
     for pod in pods:
-        if not getattr(pod, "is_running_or_starting", True):
+        node = getattr(pod, "node_name", None)
+        if getattr(pod, "phase", None) != "Running" or not node:
             continue
-        name, uid, node = getattr(pod, "name", "?"), getattr(pod, "uid", ""), getattr(pod, "node_name", None) or ""
-        fresh = [r for r in reports.get(node, []) if r.pod_uid == uid and now - r.at <= fresh_s]
+        node_reports = evidence.reports.get(node)
+        if node_reports is None and evidence.mode == "auto" and not evidence.unreadable:
+            bases.add("requested_cap")
+            continue
+        uid = getattr(pod, "uid", "")
+        fresh = [r for r in node_reports or [] if r.pod_uid == uid and uid and evidence.now - r.at <= evidence.fresh_s]
         if len(fresh) < gpus_per_pod:
-            return f"pod {name}: {len(fresh)} of {gpus_per_pod} GPUs with a fresh enforcement report"
-        wrong = [r for r in fresh if r.enforced_w != cap_w]
-        if wrong:
-            return f"pod {name}: GPU {wrong[0].gpu_uuid} enforces {wrong[0].enforced_w} W, not the requested {cap_w} W"
-    return None
+            bases.add("max_settable")
+            surplus += max(0, evidence.max_settable_w - cap_w) * gpus_per_pod
+            if stale is None:
+                stale = (f"pod {getattr(pod, 'name', '?')} on {node}: {len(fresh)} of {gpus_per_pod} GPUs "
+                         "with a fresh enforcement report")
+            continue
+        bases.add("enforced")
+        surplus += sum(max(0, r.enforced_w - cap_w)
+                       for r in sorted(fresh, key=lambda r: r.enforced_w, reverse=True)[:gpus_per_pod])
+    basis = next((b for b in ("max_settable", "requested_cap", "enforced") if b in bases), "requested_cap")
+    return RoleCharge(basis, surplus, stale)
 
 
 @dataclass(frozen=True)
@@ -132,6 +182,10 @@ class EvidenceSource:
     reports: EnforcementReports
     fresh_s: float
     max_settable_w: int
+    mode: EvidenceMode = "auto"
 
     def read(self, nodes: Iterable[str], now: float) -> Evidence:
-        return Evidence(self.reports.reports(sorted(set(nodes))), now, self.fresh_s, self.max_settable_w)
+        return Evidence(self.reports.reports(sorted(set(nodes))), now, self.fresh_s, self.max_settable_w, self.mode)
+
+    def unreadable(self, now: float) -> Evidence:
+        return Evidence({}, now, self.fresh_s, self.max_settable_w, self.mode, unreadable=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from powerfleet.budget.evidence import Evidence, role_charge
 from powerfleet.budget.groups import Member, allocate
 from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
@@ -34,6 +35,7 @@ class DeploymentView:
     proposal: Mapping[str, int] | None
     pods: Sequence[PodInfo]  # this deployment's pods (others are ignored)
     claim_classes: Mapping[str, tuple[str, ...]] | None = None  # its namespace's ResourceClaimTemplates (DRA)
+    evidence: Evidence | None = None  # the agents' enforcement reports (None: the requested caps)
 
     def resolved(self) -> PowerConfig | DGDInputError:
         try:
@@ -51,7 +53,9 @@ def _power(view: DeploymentView) -> PowerConfig | None:
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
     """Minimum, demand and current watts; current charges what holds GPUs (budget/ledger.py): the
-    max of desired, ready, updated and existing-pod replicas, surge and Terminating pods included."""
+    max of desired, ready, updated and existing-pod replicas, surge and Terminating pods included,
+    plus what its pods cost beyond their caps (budget/evidence.py: stale GPUs at their maximum
+    settable limit), the same charge its evaluation plans with."""
     by_comp = partition_pods(view.dgd, view.pods)
     # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
     # claims no share of the group.
@@ -60,6 +64,9 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
     minimum = demand = current = 0
     for role, rp in power.roles.items():
         charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged
+        surplus = role_charge(by_comp.get(rp.component, []), view.evidence, rp.cap.watts, rp.gpus_per_pod).surplus_w
+        demand += surplus
+        current += surplus
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
         proposed = None if frozen else (view.proposal or {}).get(role.value)

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
+from powerfleet.textinput import DuplicateKey, no_duplicate_keys
 
 SCHEMA = "powerfleet.budget.plan/v1"
 
@@ -44,15 +45,6 @@ class PlanInput(_Strict):
         return plan(facts, Budget(**self.budget.model_dump()))
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def _one_line_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(input)"
@@ -63,7 +55,9 @@ def _one_line_error(exc: ValidationError) -> str:
 def answer(raw: str) -> dict[str, Any]:
     """One input (JSON text) -> one answer object: the plan, or {"error": ...}."""
     try:
-        data = json.loads(raw, object_pairs_hook=_no_duplicates)
+        data = json.loads(raw, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:
+        return {"schema": SCHEMA, "error": str(exc)}
     except ValueError as exc:
         return {"schema": SCHEMA, "error": f"not JSON: {str(exc).splitlines()[0]}"}
     try:

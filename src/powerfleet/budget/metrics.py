@@ -17,6 +17,9 @@ PEAK = Gauge("powerfleet_budget_projected_peak_watts", "Projected watts during t
              ["deployment"], multiprocess_mode=_MODE)
 UTILISATION = Gauge("powerfleet_budget_utilization_ratio", "Projected settled watts / power limit",
                     ["deployment"], multiprocess_mode=_MODE)
+OVER = Gauge("powerfleet_budget_over_budget_watts",
+             "Watts a deployment holds above the limit it is planned against (0: within it)",
+             ["deployment"], multiprocess_mode=_MODE)
 GPUS = Gauge("powerfleet_budget_gpus", "GPUs at the targets", ["deployment"], multiprocess_mode=_MODE)
 DECISIONS = Counter("powerfleet_budget_decisions_total", "Clamps and holds by reason", ["deployment", "reason"])
 OUTCOMES = Counter("powerfleet_budget_evaluations_total", "Evaluations by outcome (status reason)",
@@ -40,8 +43,10 @@ GROUP_UTILISATION = Gauge("powerfleet_budget_group_utilization_ratio", "Group cu
 
 
 def record_evaluation(deployment: str, outcome: str, limit_w: int | None, settled_w: int | None,
-                      peak_w: int | None, gpus: int | None, reasons: Iterable[str]) -> None:
+                      peak_w: int | None, gpus: int | None, reasons: Iterable[str], over_w: int | None = None) -> None:
     OUTCOMES.labels(deployment=deployment, outcome=outcome).inc()
+    if over_w is not None:
+        OVER.labels(deployment=deployment).set(over_w)
     if limit_w is None or settled_w is None or peak_w is None or gpus is None:
         return
     BUDGET.labels(deployment=deployment).set(limit_w)

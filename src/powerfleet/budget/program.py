@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from powerfleet.budget.evidence import Evidence, stale_evidence
+from powerfleet.budget.evidence import Evidence, RoleCharge, role_charge
 from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
 from powerfleet.cluster.dgd import DGD, ComponentType, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
-from powerfleet.cluster.power import PowerConfig, Role, resolve_power_config
+from powerfleet.cluster.power import PowerConfig, resolve_power_config
 from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
 
 ROLLING = (RolloutPhase.PENDING, RolloutPhase.IN_PROGRESS, RolloutPhase.FAILED)
@@ -216,21 +216,38 @@ def rejected(snap: Snapshot, previous: Mapping[str, Any], res: Result, message: 
 
 
 def _evidence(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, list[PodInfo]] | None
-              ) -> tuple[dict[str, str], dict[str, str]]:
-    """(role -> charge basis, role -> why its enforcement evidence is stale)."""
-    ev = snap.evidence
-    if ev is None:
-        return {r.value: "requested_cap" for r in admitted.power.roles}, {}
-    basis: dict[str, str] = {}
-    stale: dict[str, str] = {}
+              ) -> dict[str, RoleCharge]:
+    """role -> its charge basis, the watts its pods cost beyond their caps, why its evidence is stale."""
+    out: dict[str, RoleCharge] = {}
     for role, rp in admitted.power.roles.items():
-        pods = None if by_comp is None else by_comp.get(rp.component, [])
-        why = "pods could not be read" if pods is None else stale_evidence(
-            pods, ev.reports, ev.now, ev.fresh_s, rp.cap.watts, rp.gpus_per_pod)
-        basis[role.value] = "max_settable" if why else "enforced"
-        if why:
-            stale[role.value] = why
-    return basis, stale
+        if by_comp is None and snap.evidence is not None and snap.evidence.mode != "off":
+            out[role.value] = RoleCharge("max_settable", 0, "pods could not be read")
+            continue
+        out[role.value] = role_charge((by_comp or {}).get(rp.component, []), snap.evidence, rp.cap.watts,
+                                      rp.gpus_per_pod)
+    return out
+
+
+def planning_limit(limit: int, unenforced_w: int, minimum_w: int) -> int:
+    """The limit the planner sizes the replicas against: what is left once the pods' unenforced
+    watts (stale GPUs at their maximum settable limit) are set aside, but never below the minimum
+    footprint (roles then shrink toward their minimums: nothing lower can be planned)."""
+    if not unenforced_w:
+        return limit
+    return max(limit - unenforced_w, min(limit, minimum_w))
+
+
+def _over_budget_events(previous: Mapping[str, Any], status: Mapping[str, Any], charged_w: int, limit: int
+                        ) -> list[Event]:
+    """``OverBudget`` when the deployment goes over its limit, ``WithinBudget`` when it comes back:
+    one event per transition, compared with the status persisted last."""
+    was, now = bool(previous.get("overBudgetWatts")), bool(status.get("overBudgetWatts"))
+    if now and not was:
+        return [Event("OverBudget", f"holds {charged_w} W, {charged_w - limit} W above its limit of {limit} W: "
+                      "nothing of it is scaled up, its proposed roles shrink", "Warning")]
+    if was and not now:
+        return [Event("WithinBudget", f"holds {charged_w} W, within its limit of {limit} W")]
+    return []
 
 
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
@@ -247,15 +264,16 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     limit, group_note, hold_ups = _limit(snap, admitted)
     counted = _facts(snap, admitted, by_comp, False)
     roll = rolling_state(dgd, by_comp, list(by_role.values()), counted, by_role)
-    basis, stale = _evidence(snap, admitted, by_comp)
-    for role, why in stale.items():  # no fresh evidence: the GPU's maximum settable limit, scale-ups held
-        rp = admitted.power.roles[Role(role)]
-        assert snap.evidence is not None
-        unenforced = snap.evidence.max_settable_w * rp.gpus_per_pod * rp.node_count
-        counted[role] = replace(counted[role], watts_per_replica=max(counted[role].watts_per_replica, unenforced))
+    charges = _evidence(snap, admitted, by_comp)
+    stale = {r: c.stale for r, c in charges.items() if c.stale}
+    # Each GPU is charged at its enforced limit or, without fresh evidence, its maximum settable
+    # limit: what the existing pods cost beyond their caps is set aside before planning.
+    unenforced = sum(c.surplus_w for c in charges.values())
+    minimum = sum(f.min_replicas * f.watts_per_replica for f in counted.values())
     facts = {r: replace(f, rolling=roll.rolling or hold_ups or bool(stale)) for r, f in counted.items()}
     try:
-        result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
+        result = plan(facts, Budget(planning_limit(limit, unenforced, minimum), snap.budget.max_gpus,
+                                    snap.budget.min_gpus))
     except PlanError as exc:
         return _finish(snap, previous, Result(_status(snap, False, "Refused", str(exc)), admit=admit_now))
     res = Result(status={}, admit=admit_now, rolling=roll.rolling, plan=result)
@@ -283,14 +301,21 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     res.status = _status(
         snap, not roll.failed and not writer, reason, "; ".join(notes) or "within budget",
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
-        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus, peakGpus=result.peak_gpus,
+        settledWatts=result.settled_w + unenforced, peakWatts=result.peak_w + unenforced, gpus=result.gpus,
+        peakGpus=result.peak_gpus, unenforcedWatts=unenforced or None,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
         held=sorted(by_role[r] for r in result.held),
         reasons=[*result.reasons, *(["enforcement_evidence_stale"] if stale else [])], rolling=roll.rolling,
-        # what each role's watts are charged at: requested_cap (reports not required), enforced
-        # (fresh, matching reports) or max_settable (none fresh: budget/evidence.py)
-        chargeBasis={by_role[r]: b for r, b in basis.items()})
+        # what each role's watts are charged at: requested_cap (no agent reports from its nodes, or
+        # evidence off), enforced (fresh reports for its pods) or max_settable (stale: budget/evidence.py)
+        chargeBasis={by_role[r]: c.basis for r, c in charges.items()})
+    # Over its share: what it holds now (the ledger) is above the limit it plans against. Reported
+    # in the status, by a transition event (once each way) and by a gauge (budget/metrics.py).
+    charged_w = sum(f.charged * f.watts_per_replica for f in counted.values()) + unenforced
+    if charged_w > limit:
+        res.status["overBudgetWatts"] = charged_w - limit
+    res.status_events.extend(_over_budget_events(previous, res.status, charged_w, limit))
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))

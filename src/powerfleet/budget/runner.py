@@ -53,6 +53,7 @@ class Outcome:
     gpus: int | None = None
     limit_w: int | None = None
     reasons: list[str] = field(default_factory=list)
+    over_w: int | None = None  # watts held above the limit (0: within; None: not planned)
     replicas_written: dict[str, int] = field(default_factory=dict)
     status_written: bool = False
     events: list[str] = field(default_factory=list)
@@ -138,7 +139,7 @@ def _read_evidence(source: EvidenceSource | None, pods: list[Any] | None, clock:
         return source.read((p.node_name for p in pods or [] if p.node_name), clock.now())
     except redis.RedisError as exc:  # no evidence at all: every GPU is charged as unenforced
         log.warning("%s: enforcement reports unreadable: %s", key, exc)
-        return Evidence({}, clock.now(), source.fresh_s, source.max_settable_w)
+        return source.unreadable(clock.now())
 
 
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
@@ -149,7 +150,7 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
     ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for). ``dra``:
     the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up).
-    ``evidence``: the agents' enforcement reports, when required (default: the requested caps)."""
+    ``evidence``: where the agents' enforcement reports are read (default: none, the requested caps)."""
     sink = sink if sink is not None else DgdStatus(cluster)
     scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
@@ -207,7 +208,8 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     st = res.status
     out = Outcome(key, st["reason"], ready=st["ready"] == "True", targets=dict(st.get("targets") or {}),
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
-                  limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []))
+                  limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []),
+                  over_w=st.get("overBudgetWatts", 0) if "settledWatts" in st else None)
     res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners)
     state.record_replicas(key, {**held, **out.replicas_written})
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,

@@ -17,6 +17,8 @@ ROLLING = "powerfleet:budget:rolling"
 FIGURES = "powerfleet:budget:figures"
 REPLICAS = "powerfleet:budget:replicas"  # the replica counts an evaluation left (read or written)
 OTHER_WRITER = "powerfleet:budget:other-writer"  # deployments another writer was seen scaling (why)
+GROUP_HISTORY = "powerfleet:budget:group-history"  # one JSON entry per tick: each group's figures
+GROUP_HISTORY_LEN = 2880  # a day of 30 s ticks; the oldest entries are dropped
 
 
 class BudgetState:
@@ -82,3 +84,24 @@ class BudgetState:
 
     def figures(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self._r.hgetall(FIGURES).items()}
+
+    def record_groups(self, at: float, groups: Mapping[str, Mapping[str, Any]]) -> None:
+        """One tick's figures per group (limit, projected, peak, measured), kept in a bounded list
+        for whoever plots them against time (the demo report)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.rpush(GROUP_HISTORY, json.dumps({"at": at, "groups": {g: dict(f) for g, f in groups.items()}},
+                                             sort_keys=True))
+        pipe.ltrim(GROUP_HISTORY, -GROUP_HISTORY_LEN, -1)
+        pipe.execute()
+
+    def group_history(self) -> list[dict[str, Any]]:
+        """The recorded ticks, oldest first; an unreadable entry is skipped."""
+        out = []
+        for raw in self._r.lrange(GROUP_HISTORY, 0, -1):
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("groups"), dict):
+                out.append(entry)
+        return out

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from powerfleet.budget.evidence import EnforcementReports, NoReports, pod_charge
+from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, pod_charge
 from powerfleet.budget.fleet import DeploymentView, group_limits
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.budget.state import BudgetState
@@ -99,11 +99,13 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
                 *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
-                dra: ClaimTemplates | None = None, oversubscription: Oversubscription | None = None) -> TickPlan:
+                dra: ClaimTemplates | None = None, evidence_mode: EvidenceMode = "auto",
+                oversubscription: Oversubscription | None = None) -> TickPlan:
     """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods.
     ``pods_reader``: every pod with its GPUs (None: only the deployments' own pods are read, and
-    no other tenant is charged). ``oversubscription``: admission to the oversubscribed groups
-    (power/admission.py; None: every group shares its limit)."""
+    no other tenant is charged). ``evidence_mode``: how the listed deployments' GPUs are judged
+    by the same reports (budget.enforcement_evidence). ``oversubscription``: admission to the
+    oversubscribed groups (power/admission.py; None: every group shares its limit)."""
     if not groups:
         return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
     node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
@@ -116,6 +118,16 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
             by_dgd[(p.namespace, p.labels[LABEL_DGD_NAME])].append(p)
     proposals, admitted = state.proposals(), state.all_admitted()
     classes = _claim_classes(dra, [d for k, d in dgds.items() if k in deployments])
+    group_nodes: dict[str, list[str]] = defaultdict(list)
+    for n, g in node_groups.items():
+        if g in groups:
+            group_nodes[g].append(n)
+    # The budgeted nodes, and every node a listed deployment's pod runs on (its whole charge,
+    # unenforced watts included, counts on each group it touches, as its evaluation plans it).
+    listed = {p.node_name for k, d in dgds.items() if k in deployments for p in by_dgd.get((d.namespace, d.name), [])
+              if p.node_name}
+    got = (reports or NoReports()).reports(sorted({n for ns in group_nodes.values() for n in ns} | listed))
+    evidence = None if evidence_mode == "off" else Evidence(got, now, fresh_s, max_settable_w, evidence_mode)
     views, skipped, owned = [], {}, set()
     for key, cfg in deployments.items():
         dgd = dgds.get(key)
@@ -126,12 +138,7 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
         owned.update(p.uid for p in own)
         views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
                                     proposal=proposals.get(key), pods=own,
-                                    claim_classes=classes.get(dgd.namespace)))
-    group_nodes: dict[str, list[str]] = defaultdict(list)
-    for n, g in node_groups.items():
-        if g in groups:
-            group_nodes[g].append(n)
-    got = (reports or NoReports()).reports([n for ns in group_nodes.values() for n in ns])
+                                    claim_classes=classes.get(dgd.namespace), evidence=evidence))
     tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
     limits = group_limits(views, node_groups, groups, group_label, tenants)
     current = {g: tenants.get(g, 0) for g in groups}
@@ -149,5 +156,5 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
             if g in peak:
                 peak[g] += max(gl.current_w, gl.limit_w or 0)
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
-                for g, ns in group_nodes.items() if any(n in got for n in ns)}
+                for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}
     return TickPlan(limits, current, skipped, peak, tenants, basis, measured, admission)

@@ -48,6 +48,7 @@ class DemoRun:
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (wall-clock time, what happened)
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
+    ledger: list[dict[str, Any]] | None = None  # the budget ticks' group figures, read at the end of the run
 
     def __post_init__(self) -> None:
         from powerfleet.workers.app import create_app
@@ -93,7 +94,17 @@ class DemoRun:
             if reason is None:
                 reason = self._scenario(view)
         self.ended_at = time.time()
+        self.ledger = self._ledger_history()  # read now: the broker stops before the report is written
         return reason
+
+    def _ledger_history(self) -> list[dict[str, Any]] | None:
+        """The budget ticks' recorded group figures, for the report's ledger plot (None: unreadable)."""
+        from powerfleet.budget.state import BudgetState
+
+        try:
+            return BudgetState(self.redis).group_history()
+        except redis.RedisError:
+            return None
 
     def _expected_workers(self) -> int:
         return 3 + len(self.twin.spec.node_names)
@@ -259,7 +270,8 @@ class DemoRun:
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra, events=self.timeline)
         racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
-        index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks)
+        index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks,
+                             ledger=self.ledger)
         if self.meta.get("scenario") == "oversubscribe":
             from powerfleet.twin.oversubscribe_report import extend
 

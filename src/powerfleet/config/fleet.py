@@ -331,10 +331,12 @@ class BudgetConfig(_Strict):
     # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
     # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
     max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
-    # True once the node agents publish enforcement reports: a listed deployment's GPU is charged at
-    # its requested cap only while a fresh report shows it enforced; otherwise at max_settable_gpu_w,
-    # with scale-ups held (enforcement_evidence_stale). False: the requested caps, as reported.
-    require_enforcement_evidence: bool = False
+    # How a listed deployment's GPUs are charged from the node agents' enforcement reports
+    # (docs/budget.md). auto: on a node whose agent reports (or has reported), each GPU at its
+    # enforced limit while its report is fresh, else at max_settable_gpu_w with scale-ups held
+    # (enforcement_evidence_stale); on a node no agent ever reported from, the requested cap.
+    # required: every node as if its agent reports. off: always the requested cap.
+    enforcement_evidence: Literal["auto", "required", "off"] = "auto"
 
     @model_validator(mode="before")
     @classmethod

@@ -68,6 +68,7 @@ class BudgetTickResult(TaskArgs):
     skipped: dict[str, str] = Field(default_factory=dict)
     # oversubscribed group -> "admitted" or the reason admission is closed (power/admission.py)
     admission: dict[str, str] = Field(default_factory=dict)
+    task_ids: dict[str, str] = Field(default_factory=dict)  # deployment -> its budget.evaluate task id
 
 
 class EvaluateArgs(TaskArgs):
@@ -89,6 +90,7 @@ class EvaluateResult(TaskArgs):
     gpus: int | None
     limit_w: int | None
     reasons: list[str]
+    over_w: int | None = None  # watts held above the limit (0: within it; None: not planned)
     replicas_written: dict[str, int]
     status_written: bool
     events: list[str]
@@ -142,8 +144,9 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
-                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
+                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app), now), now=now,
                            fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)),
+                           evidence_mode=cfg.enforcement_evidence,
                            oversubscription=admission_rule(self.app.fleet_config, fleet_redis(self.app)))
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
@@ -153,17 +156,20 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     for group, watts in cfg.groups.items():
         metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
                              unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
+    _state(self.app).record_groups(now, {g: {"limit_w": w, "projected_w": plan.group_current.get(g, 0),
+                                             "peak_w": plan.group_peak_bound.get(g, 0),
+                                             "measured_w": plan.group_measured.get(g)} for g, w in cfg.groups.items()})
     admission = _admission(plan.group_admission)
-    sent = []
+    sent, ids = [], {}
     for key, gl in plan.limits.items():
-        self.app.send_task("powerfleet.budget.evaluate", kwargs={
+        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
             "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
-            "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s)
+            "group_current_w": gl.current_w, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
         sent.append(key)
     log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found") + "".join(f"; {a.admission.message}"
                                                           for a in plan.group_admission.values()))
-    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission)
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission, task_ids=ids)
 
 
 def _admission(got: dict[str, Any]) -> dict[str, str]:
@@ -195,14 +201,15 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
         from powerfleet.cluster.dra import KubeDra
 
         cluster = _cluster(self.app)
-        evidence = EvidenceSource(RedisReports(fleet_redis(self.app)), 3 * self.app.fleet_config.beat.reconcile_interval_s,
-                                  bcfg.max_settable_gpu_w) if bcfg.require_enforcement_evidence else None
+        evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
+            RedisReports(fleet_redis(self.app), clock.now()), 3 * self.app.fleet_config.beat.reconcile_interval_s,
+            bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
         out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
                                   _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
-                              out.reasons)
+                              out.reasons, out.over_w)
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
 
 

@@ -6,7 +6,8 @@ v1alpha1 form (the storage version): ``observedGeneration``, ``state``, ``condit
 ``updatedReplicas``, ``readyReplicas``, ``availableReplicas``, and ``rollingUpdate`` (``phase``,
 ``startTime``/``endTime``, ``updatedServices``: the worker components whose rollout finished).
 It is the complete status the operator owns, as a typed ``Status().Update`` writes it: keys
-Dynamo's type lacks are dropped unless ``keep_foreign`` (twin/fidelity.py) says otherwise.
+Dynamo's type lacks are dropped unless ``keep_foreign`` (twin/fidelity.py) says otherwise; the
+conditions it read are kept, its own ``Ready`` upserted by type, as Dynamo's operator does.
 """
 
 from __future__ import annotations
@@ -64,12 +65,26 @@ def render(dgd_name: str, generation: int, counts: list[ComponentCounts], prev: 
                               "componentNames": [f"{dgd_name}-{c.name}".lower()], "replicas": c.replicas,
                               "updatedReplicas": c.updated, "readyReplicas": c.ready, "availableReplicas": c.ready}
                      for c in counts},
-        "conditions": [{"type": "Ready", "status": ready, "observedGeneration": generation,
-                        "reason": READY_REASON if all_done else NOT_READY_REASON,
-                        "message": "" if all_done else f"not ready: {', '.join(not_done)}",
-                        "lastTransitionTime": since or rfc3339(now)}],
+        "conditions": set_condition(prev.get("conditions"), {
+            "type": "Ready", "status": ready, "observedGeneration": generation,
+            "reason": READY_REASON if all_done else NOT_READY_REASON,
+            "message": "" if all_done else f"not ready: {', '.join(not_done)}",
+            "lastTransitionTime": since or rfc3339(now)}),
     }
     return status
+
+
+def set_condition(conditions: Any, condition: Obj) -> list[Obj]:
+    """``conditions`` with ``condition`` put in by type: replaced where its type is, else appended.
+    Dynamo's operator does this on the DGD it read (``AddStatusCondition``, then a
+    ``Status().Update`` of that copy, 409 on a concurrent change), so a condition another
+    controller wrote (powerfleet's ``powerfleet.io/PowerBudget``) stays."""
+    out = [dict(c) for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
+    for i, c in enumerate(out):
+        if c.get("type") == condition["type"]:
+            out[i] = condition
+            return out
+    return [*out, condition]
 
 
 def was_ready(prev: Mapping[str, Any]) -> bool:

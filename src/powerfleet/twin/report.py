@@ -233,11 +233,18 @@ Fleet power mean {p['fleet_w']['mean']:.0f} W, peak {p['fleet_w']['max']:.0f} W 
 
 
 def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], windows: Sequence[WindowTtft],
-                 rack_budget_w: Mapping[str, float], racks: Mapping[str, str] | None = None) -> Path:
-    """``racks``: node -> rack, for the caps line of the power plot (omitted: no caps line)."""
+                 rack_budget_w: Mapping[str, float], racks: Mapping[str, str] | None = None,
+                 ledger: Sequence[Mapping[str, Any]] | None = None) -> Path:
+    """``racks``: node -> rack, for the caps line of the power plot (omitted: no caps line).
+    ``ledger``: the budget ticks' recorded group figures, plotted as ``ledger.png`` (ledger_plot.py)."""
     out.mkdir(parents=True, exist_ok=True)
     images = _plots(out, samples, windows, rack_budget_w, racks or {}, int(data.get("window_s") or 0))
     assert tuple(images) == IMAGES, images
+    if ledger is not None:
+        from powerfleet.twin.ledger_plot import plot_ledger
+
+        images.append(plot_ledger(out, ledger, samples[0].t if samples else 0.0))
+        data["images"] = list(images)
     (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
     (out / "index.html").write_text(_html(data, images))
     return out / "index.html"

@@ -1,0 +1,168 @@
+"""The ledger on the faithful twin (issue 18, Tests): real Redis, a real control worker, and the
+twin's own operator (twin/writer.py) over the loopback API server, which prunes DGD status as a
+real server does. Pods start after a startup delay, deleted pods stay Terminating (holding their
+GPUs) for their grace period, each rack carries an unmanaged tenant with a cap and one without,
+and llm-agg's worker is owned by a Dynamo scaling adapter (powerfleet scales it through it).
+
+A scenario with an in-flight scale-up and a tenant: llm-disagg is proposed a rebalance towards
+decode far beyond its racks, and while its new pods start llm-agg is proposed more workers. At
+every step (after each operator pass and after each round of evaluations) each rack's projected
+watts are computed independently, from every pod on its nodes, Terminating ones included, and are
+never above the rack's limit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from celery.result import AsyncResult
+
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_DGD_NAME, POWER_ANNOTATION
+from powerfleet.twin.adapters import ADAPTER_KIND, adapter_name
+from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.fidelity import OperatorSettings
+from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
+from powerfleet.twin.tenants import TENANT_LABEL, tenant_pods
+from powerfleet.twin.topology import GPU_MAX_W, RACK_LABEL, TwinSpec, node_objects
+from powerfleet.twin.writer import OperatorLoop
+from tests.budget.stand_in_operator import budget_status
+from tests.integration.conftest import wait_worker
+
+pytestmark = pytest.mark.integration
+SPEC = TwinSpec(nodes=2)  # rack-a: twin-gpu-00, rack-b: twin-gpu-01; 8 GPUs each
+SETTINGS = OperatorSettings(startup_delay_s={"prefill": 3.0, "decode": 3.0, "worker": 3.0, "*": 1.0},
+                            termination_grace_s=4)
+HEADROOM_W = 1500  # each rack's limit: what it draws at the start plus this
+
+
+def pod_watts(p: dict) -> int:
+    """A pod at its annotation's cap, or the GPU's maximum settable limit without one, times the
+    GPUs its containers request."""
+    gpus = sum(int((c.get("resources") or {}).get("limits", {}).get(GPU_RESOURCE, 0)) for c in p["spec"]["containers"])
+    cap = (p["metadata"].get("annotations") or {}).get(POWER_ANNOTATION)
+    return gpus * (int(cap) if cap else GPU_MAX_W)
+
+
+def rack_watts(api: ApiServer) -> tuple[dict[str, int], dict[str, int]]:
+    """Independently of powerfleet, per rack: (1) every pod bound to one of its nodes that is not
+    finished (Pending, Running, Terminating); (2) the ledger's conservative view of the same: the
+    tenants on its nodes plus every pod, wherever it runs, of each DGD with a pod on its nodes
+    (a deployment's whole projection is charged to every rack it touches, docs/budget.md)."""
+    racks = {n["metadata"]["name"]: n["metadata"]["labels"][RACK_LABEL] for n in api.list("v1", "Node")}
+    live = [p for p in api.list("v1", "Pod") if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    on_rack = {r: 0 for r in racks.values()}
+    whole = {r: 0 for r in racks.values()}
+    by_dgd: dict[str, list[dict]] = {}
+    touches: dict[str, set[str]] = {}
+    for p in live:
+        rack = racks.get(p["spec"].get("nodeName"))
+        dgd = (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME)
+        if rack is not None:
+            on_rack[rack] += pod_watts(p)
+        if dgd:
+            by_dgd.setdefault(dgd, []).append(p)
+            if rack is not None:
+                touches.setdefault(dgd, set()).add(rack)
+        elif rack is not None:
+            whole[rack] += pod_watts(p)
+    for dgd, pods in by_dgd.items():
+        for rack in touches.get(dgd, ()):
+            whole[rack] += sum(pod_watts(p) for p in pods)
+    return on_rack, whole
+
+
+def test_no_rack_projects_above_its_limit_at_any_step_on_the_faithful_twin(tmp_path: Path, launcher, app):
+    clock = FakeClock(1_000_000.0)
+    api = ApiServer(clock=clock).start()
+    loop = None
+    try:
+        for obj in (node_objects(SPEC) + tenant_pods(SPEC)
+                    + dgd_manifests(SPEC, scaling_adapters=((AGG, "frontend"), (AGG, "worker")))):
+            api.apply(obj)
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        loop = OperatorLoop(str(kubeconfig), clock=clock, settings=SETTINGS)
+        steps: list[tuple[dict[str, int], dict[str, int]]] = []
+        terminating_seen: set[str] = set()
+
+        def operator_pass() -> None:
+            clock.advance(1.0)
+            result = loop.run_once()
+            assert not result.errors, result.errors
+            steps.append(rack_watts(api))
+            terminating_seen.update(p["metadata"]["name"] for p in api.list("v1", "Pod")
+                                    if p["metadata"].get("deletionTimestamp"))
+
+        for _ in range(6):  # everything scheduled, started and Ready
+            operator_pass()
+        limits = {r: w + HEADROOM_W for r, w in steps[-1][1].items()}
+        launcher.env.update({
+            "POWERFLEET_BUDGET__KUBECONFIG": str(kubeconfig),
+            "POWERFLEET_BUDGET__GROUP_LABEL": RACK_LABEL,
+            "POWERFLEET_BUDGET__GROUPS": json.dumps(limits),
+            "POWERFLEET_BUDGET__MAX_SETTABLE_GPU_W": str(GPU_MAX_W),
+            # the twin's planner components write no replicas: powerfleet is their sole writer
+            "POWERFLEET_BUDGET__DEPLOYMENTS": json.dumps({f"default/{d}": {"power_limit_w": 100_000, "sole_writer": True}
+                                                          for d in (DISAGG, AGG)}),
+        })
+        launcher.spawn("worker", "worker", "--queues", "control", "--name", "ctl@twin", "--concurrency", "1")
+        wait_worker(app, "ctl@twin")
+
+        def budget_round() -> None:
+            tick = app.send_task("powerfleet.budget.tick").get(timeout=60)
+            assert sorted(tick["evaluations"]) == [f"default/{AGG}", f"default/{DISAGG}"], tick
+            for task_id in tick["task_ids"].values():
+                AsyncResult(task_id, app=app).get(timeout=60)
+            steps.append(rack_watts(api))
+
+        def propose(dgd: str, replicas: dict[str, int]) -> None:
+            app.send_task("powerfleet.budget.propose", kwargs={"deployment": f"default/{dgd}",
+                                                               "replicas": replicas}).get(timeout=30)
+
+        budget_round()  # admission from the settled twin
+        assert budget_status(api, DISAGG)["reason"] == "Planned", budget_status(api, DISAGG)
+        propose(DISAGG, {"prefill": 1, "decode": 8})  # one prefill less, decode far beyond the racks
+        disagg_seen, agg_seen, reasons_seen = set(), set(), set()
+        for step in range(12):
+            budget_round()
+            operator_pass()
+            if step == 2:  # decode's new pods are starting: another deployment asks to grow
+                propose(AGG, {"worker": 6})
+            d = {c: s["replicas"] for c, s in api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", DISAGG)
+                 ["spec"]["services"].items()}
+            disagg_seen.add((d["prefill"], d["decode"]))
+            reasons_seen.update(r for dgd in (DISAGG, AGG) for r in budget_status(api, dgd).get("reasons", []))
+            agg_seen.add(api.get("nvidia.com/v1beta1", ADAPTER_KIND, adapter_name(AGG, "worker"))["spec"]["replicas"])
+
+        # Settled: neither the operator nor powerfleet writes the DGD again. The operator keeps
+        # powerfleet's condition (as Dynamo's does), so powerfleet does not re-add it each time.
+        def dgd_version() -> str:
+            return api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", DISAGG)["metadata"]["resourceVersion"]
+        before = dgd_version()
+        budget_round()
+        operator_pass()
+        assert dgd_version() == before
+        conditions = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", DISAGG)["status"]["conditions"]
+        assert [c["type"] for c in conditions] == ["Ready", "powerfleet.io/PowerBudget"], conditions
+        over = [(i, r, w, limits[r]) for i, (on, whole) in enumerate(steps) for view in (on, whole)
+                for r, w in view.items() if w > limits[r]]
+        assert not over, over
+        # not vacuous: decode grew but stayed below its proposal, a prefill pod went through
+        # Terminating, llm-agg grew through its adapter, and the ledger's view came within one
+        # decode replica (900 W) of a rack's limit
+        decode_max = max(dec for _, dec in disagg_seen)
+        assert 1 < decode_max < 8 and any(pre == 1 for pre, _ in disagg_seen), disagg_seen
+        assert max(agg_seen) > 2, agg_seen
+        # the in-flight scale-ups held the next ones until their pods were Ready
+        assert {"rollout_scale_up_held", "power_budget_clamped", "power_rebalance_staged"} <= reasons_seen, reasons_seen
+        assert any(w > limits[r] - 900 for _, whole in steps for r, w in whole.items()), (steps, limits)
+        status = budget_status(api, DISAGG)
+        assert status["reason"] == "Planned" and any(r.startswith("power_") for r in status["reasons"]), status
+        assert terminating_seen, "no pod was ever Terminating"
+        assert any(TENANT_LABEL in (p["metadata"].get("labels") or {}) for p in api.list("v1", "Pod"))
+    finally:
+        if loop is not None:
+            loop.stop()
+        api.stop()
