@@ -81,6 +81,10 @@ def test_a_stale_group_holds_a_scale_up_and_a_fresh_one_admits_up_to_the_ratio(r
         "POWERFLEET_BUDGET__DEPLOYMENTS": json.dumps({KEY: {"power_limit_w": 10_000, "priority": "low"}}),
         # a long period, so a figure the guard measured stays fresh (two periods) until the tick reads it
         "POWERFLEET_POWER__GUARD_PERIOD_S": "30",
+        # Admission alone: these reports name no real pod, so the budget's enforcement evidence
+        # (budget.enforcement_evidence, tests/budget/test_evidence_end_to_end.py) would hold every
+        # scale-up as unproven and charge the GPUs at their maximum.
+        "POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE": "off",
     })
     launcher.spawn("worker", "worker", "--queues", "control", "--name", "ctl@oversub", "--concurrency", "1")
     wait_worker(app, "ctl@oversub")

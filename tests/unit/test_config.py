@@ -23,6 +23,17 @@ def test_environment_overrides_the_file(tmp_path) -> None:
     assert cfg.nodes == ["x", "y"]
 
 
+def test_a_bare_off_for_enforcement_evidence_means_off_not_false(tmp_path) -> None:
+    # YAML 1.1 reads `off` as false; the operator meant the mode named off.
+    f = tmp_path / "c.yaml"
+    f.write_text("budget:\n  enforcement_evidence: off\n")
+    assert load_config(f, environ={}).budget.enforcement_evidence == "off"
+    env = {"POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE": "off"}
+    assert load_config(environ=env).budget.enforcement_evidence == "off"
+    with pytest.raises(ConfigError, match="enforcement_evidence"):
+        load_config(environ={"POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE": "on"})
+
+
 def test_config_file_named_by_environment(tmp_path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("prefetch_multiplier: 3\n")

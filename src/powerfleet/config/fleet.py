@@ -338,6 +338,13 @@ class BudgetConfig(_Strict):
     # required: every node as if its agent reports. off: always the requested cap.
     enforcement_evidence: Literal["auto", "required", "off"] = "auto"
 
+    @field_validator("enforcement_evidence", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` (in a file or POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE=off)
+        # as false; that is what the operator wrote.
+        return "off" if value is False else value
+
     @model_validator(mode="before")
     @classmethod
     def _group_objects(cls, data: Any) -> Any:
