@@ -195,6 +195,25 @@ def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fle
     assert fleet.limits(node) == [300, 700]
     # The other node meanwhile (same fleet, to spare a second start of two agents):
     evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet)
+    the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet)
+
+
+def the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet: Fleet) -> None:
+    """What the chart's pre-delete hook runs: `drain --all --ttl`."""
+    assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
+    out = cli(fleet, "agent", "drain", "--all", "--json", "--timeout", "60", "--ttl", "3")
+    assert out.returncode == 0, out.stderr + out.stdout
+    nodes = json.loads(out.stdout)["nodes"]
+    assert set(nodes) == set(NODES) and all(a["answered"] and a["left"] == [] for a in nodes.values()), nodes
+    assert (nodes["gpu-node-a"]["restored"], nodes["gpu-node-b"]["restored"]) == (["GPU-0000"], ["GPU-0001"])
+    assert fleet.limits("gpu-node-a") == [700, 700] and fleet.limits("gpu-node-b") == [700, 700]
+    # The requests end by themselves (a reinstall on the same Redis is not drained for good).
+    for node in NODES:
+        wait_for(lambda n=node: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": n}).get(timeout=30)
+                 ["skipped"] is None, f"{node}'s drain to end with its TTL")
+    assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
+    undo = cli(fleet, "agent", "drain", "--all", "--undo", "--json")
+    assert undo.returncode == 0 and json.loads(undo.stdout) == {"nodes": {}}
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
