@@ -298,6 +298,16 @@ def evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_
         raw = fleet.r.hget(evidence_key(node), "GPU-0001")
         return json.loads(raw) if raw else None
     got = wait_for(lambda: (r := record()) and r["target_w"] == 450 and r, "the evidence of the capped GPU")
+    # Dynamo's report on the pod, by the agent worker with its default config (the annotation is on).
+    from powerfleet.agent.annotate import REPORT_ANNOTATION
+
+    def report() -> dict | None:
+        raw = (fleet.api.get("v1", "Pod", f"decode-{node}", "llm")["metadata"].get("annotations") or {}).get(
+            REPORT_ANNOTATION)
+        return json.loads(raw) if raw else None
+    on_pod = wait_for(lambda: (r := report()) and r["gpus"][0]["targetWatts"] == 450 and r, "the report on the pod")
+    assert (on_pod["version"], on_pod["podUID"], on_pod["node"]) == (1, UIDS[node], node)
+    assert (on_pod["gpus"][0]["uuid"], on_pod["gpus"][0]["enforcedCapWatts"]) == ("GPU-0001", 450)
     assert (got["enforced_w"], got["write"], got["readback"], got["pods"][0]["name"]) == (450, "ok", "match", f"decode-{node}")
     assert 0 < fleet.r.ttl(evidence_key(node)) <= 180  # three 60 s intervals
 
