@@ -110,3 +110,37 @@ def test_ready_flips_and_container_starts_of_annotated_pods_only_are_cap_relevan
     assert change_reason(state(started=("main@t0",)), state(started=("main@t1",))) == "container started"
     assert not cap_relevant_change(state(None), state(None, ready=True, started=("main@t0",)))
     assert not cap_relevant_change(state(ready=True), state(ready=True))
+
+
+def test_the_agents_own_report_annotation_never_asks_for_a_pass() -> None:
+    """The agent patches the report onto the pod, which the watch sees: no pass, no loop."""
+    from powerfleet.agent.annotate import REPORT_ANNOTATION
+    from powerfleet.agent.watcher import pod_state
+    from powerfleet.cluster.objects import PodInfo
+
+    before = PodInfo(name="p", namespace="d", uid="u", phase="Running", ready=True, annotations={POWER_ANNOTATION: "300"})
+    after = before.model_copy(update={"annotations": {POWER_ANNOTATION: "300", REPORT_ANNOTATION: "{}"},
+                                      "resource_version": "9"})
+    assert not cap_relevant_change(pod_state(before), pod_state(after))
+
+
+def test_the_twins_kubelet_reports_the_container_start_and_the_ready_flip_the_watch_acts_on(tmp_path: Path) -> None:
+    from powerfleet.agent.watcher import pod_state
+    from powerfleet.twin.kubelet import next_status
+
+    with ApiServer() as api:
+        p = kpod()
+        p["status"] = {"phase": "Pending"}
+        api.apply(p)
+        cluster = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        states = []
+        for now in (1000.0, 1001.0):
+            stored = api.get("v1", "Pod", "p", "default")
+            api.apply({**stored, "status": next_status(stored, now, startup_delay_s=0)})
+            (info,) = cluster.list_pods("default", node_name="node-a")
+            states.append(pod_state(info))
+        cluster.close()
+    started, ready = states
+    assert (started.ready, started.started) == (False, ("main@1970-01-01T00:16:40+00:00",))  # running since t=1000
+    assert ready.ready is True and ready.started == started.started  # the same start, now Ready
+    assert change_reason(None, started) == "added" and change_reason(started, ready) == "became ready"
