@@ -20,9 +20,11 @@
     1 s), no tick, no pod event. Median and max over --changes. Goal: <= 2 s.
 (e) Kubernetes API requests the agent's pod view makes at steady state, counted over a window
     with a short server watch timeout and scaled to the default 30 s: no per-pass LIST.
+(f) Seconds from an annotated pod's Ready flip (its idle GPU just allocated through the twin's
+    PodResources server) to its cap read back: the watch event's pass only (bench/agent_ready.py).
 
     .venv/bin/python bench/agent.py [--changes 20] [--nodes 1000] [--workers 8] [--passes 200] [--json]
-    .venv/bin/python bench/agent.py --only a|b|c|d|e
+    .venv/bin/python bench/agent.py --only a|b|c|d|e|f
 """
 
 from __future__ import annotations
@@ -356,7 +358,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--passes", type=int, default=200)
-    ap.add_argument("--only", choices=["a", "b", "c", "d", "e"])
+    ap.add_argument("--only", choices=["a", "b", "c", "d", "e", "f"])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the agent logs every cap it sets; not the figures
@@ -371,6 +373,9 @@ def main() -> None:
         out["process_to_cap"] = bench_new_process(a.changes)
     if a.only in (None, "e"):
         out["api_calls"] = bench_api_calls(10.0)
+    if a.only in (None, "f"):
+        from bench.agent_ready import bench_ready
+        out["ready_to_cap"] = bench_ready(a.changes)
     if a.json:
         print(json.dumps(out, indent=2))
         return
@@ -394,6 +399,8 @@ def main() -> None:
         print(f"(e) pod view at steady state: {e['lists']} LIST, {e['watches']} WATCH in {e['window_s']:.0f} s "
               f"(watch timeout {e['watch_timeout_s']} s) -> {e['per_min_at_30s_timeout']:.1f} requests/min at the "
               "default 30 s; passes make none")
+    if "ready_to_cap" in out:
+        _latency("(f) pod Ready flip (GPU allocated, idle)", out["ready_to_cap"], "pods")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,24 @@ READS = (
     ("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses"),
     ("graphics_processes_v2", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     ("mps_processes", "nvmlDeviceGetMPSComputeRunningProcesses"),
+    ("mig_mode", "nvmlDeviceGetMigMode"),
+    ("max_mig_devices", "nvmlDeviceGetMaxMigDeviceCount"),
 )
+
+
+def mig_devices(nvml: Any, h: Any, gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """With MIG on: each slot's MIG device and its UUID (what the kubelet allocates slices by)."""
+    mode = gpu.get("mig_mode", {}).get("value")
+    if not mode or mode[0] != 1:
+        return []
+    out = []
+    for slot in range(int(gpu.get("max_mig_devices", {}).get("value") or 0)):
+        got = call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", h, slot)
+        entry: dict[str, Any] = {"slot": slot, "handle": {k: v for k, v in got.items() if k != "value"}}
+        if got["outcome"] == "ok":
+            entry["uuid"] = call(nvml, "nvmlDeviceGetUUID", nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot))
+        out.append(entry)
+    return out
 
 
 class ReadOnly:
@@ -101,6 +118,7 @@ def probe(nvml: Any) -> dict[str, Any]:
                 h = getattr(nvml, "nvmlDeviceGetHandleByIndex")(i)
                 for field, fn in READS:
                     gpu[field] = call(nvml, fn, h)
+                gpu["mig_devices"] = mig_devices(nvml, h, gpu)
             out["gpus"].append(gpu)
     finally:
         out["shutdown"] = call(nvml, "nvmlShutdown")

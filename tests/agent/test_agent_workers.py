@@ -195,6 +195,25 @@ def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fle
     assert fleet.limits(node) == [300, 700]
     # The other node meanwhile (same fleet, to spare a second start of two agents):
     evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet)
+    the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet)
+
+
+def the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet: Fleet) -> None:
+    """What the chart's pre-delete hook runs: `drain --all --ttl`."""
+    assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
+    out = cli(fleet, "agent", "drain", "--all", "--json", "--timeout", "60", "--ttl", "3")
+    assert out.returncode == 0, out.stderr + out.stdout
+    nodes = json.loads(out.stdout)["nodes"]
+    assert set(nodes) == set(NODES) and all(a["answered"] and a["left"] == [] for a in nodes.values()), nodes
+    assert (nodes["gpu-node-a"]["restored"], nodes["gpu-node-b"]["restored"]) == (["GPU-0000"], ["GPU-0001"])
+    assert fleet.limits("gpu-node-a") == [700, 700] and fleet.limits("gpu-node-b") == [700, 700]
+    # The requests end by themselves (a reinstall on the same Redis is not drained for good).
+    for node in NODES:
+        wait_for(lambda n=node: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": n}).get(timeout=30)
+                 ["skipped"] is None, f"{node}'s drain to end with its TTL")
+    assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
+    undo = cli(fleet, "agent", "drain", "--all", "--undo", "--json")
+    assert undo.returncode == 0 and json.loads(undo.stdout) == {"nodes": {}}
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
@@ -279,6 +298,16 @@ def evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_
         raw = fleet.r.hget(evidence_key(node), "GPU-0001")
         return json.loads(raw) if raw else None
     got = wait_for(lambda: (r := record()) and r["target_w"] == 450 and r, "the evidence of the capped GPU")
+    # Dynamo's report on the pod, by the agent worker with its default config (the annotation is on).
+    from powerfleet.agent.annotate import REPORT_ANNOTATION
+
+    def report() -> dict | None:
+        raw = (fleet.api.get("v1", "Pod", f"decode-{node}", "llm")["metadata"].get("annotations") or {}).get(
+            REPORT_ANNOTATION)
+        return json.loads(raw) if raw else None
+    on_pod = wait_for(lambda: (r := report()) and r["gpus"][0]["targetWatts"] == 450 and r, "the report on the pod")
+    assert (on_pod["version"], on_pod["podUID"], on_pod["node"]) == (1, UIDS[node], node)
+    assert (on_pod["gpus"][0]["uuid"], on_pod["gpus"][0]["enforcedCapWatts"]) == ("GPU-0001", 450)
     assert (got["enforced_w"], got["write"], got["readback"], got["pods"][0]["name"]) == (450, "ok", "match", f"decode-{node}")
     assert 0 < fleet.r.ttl(evidence_key(node)) <= 180  # three 60 s intervals
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from powerfleet.agent.annotate import REPORT_ANNOTATION, ReportAnnotator
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.pod_annotations import KubePodAnnotations
 from powerfleet.twin.apiserver import ApiServer
 from tests.agent.conftest import Bench
 
@@ -34,7 +35,7 @@ def test_the_report_appears_on_the_pod_in_dynamos_format_and_is_patched_only_on_
         bench.set_pids(0, [101])
         bench.set_pids(1, [101])
         agent = bench.agent()
-        annotator = ReportAnnotator(cluster.core, "node-a", bench.clock)
+        annotator = ReportAnnotator(KubePodAnnotations(cluster), "node-a", bench.clock)
         annotator.publish(agent.run_pass(), agent.last_pods)
         pod = cluster.core.read_namespaced_pod("decode-0", "llm")
         report = json.loads(pod.metadata.annotations[REPORT_ANNOTATION])
@@ -65,4 +66,46 @@ def test_the_report_appears_on_the_pod_in_dynamos_format_and_is_patched_only_on_
         bench.clock.advance(31)
         annotator.publish(agent.run_pass(), agent.last_pods)  # the 30 s refresh
         assert annotator.patches == 4
+        cluster.close()
+
+
+def _pod(name: str, uid: str, cap: str | None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "llm", "uid": uid,
+                         "annotations": {} if cap is None else {POWER_ANNOTATION: cap}},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "main", "image": "m"}]},
+            "status": {"phase": "Running"}}
+
+
+def test_each_annotated_pod_gets_its_own_report_and_a_replaced_pod_none(bench: Bench, tmp_path: Path, caplog) -> None:
+    from powerfleet.agent.simulated import write_proc_entry
+
+    uids = {"decode-0": UID, "decode-1": UID[:-1] + "b", "plain": UID[:-1] + "c"}
+    with ApiServer() as api:
+        api.apply(_pod("decode-0", uids["decode-0"], "300"))
+        api.apply(_pod("decode-1", uids["decode-1"], "250"))
+        api.apply(_pod("plain", uids["plain"], None))
+        cluster = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        bench.pods = cluster.list_pods("llm", node_name="node-a")
+        for pid, (gpu, name) in enumerate([(0, "decode-0"), (1, "decode-1")], start=101):
+            write_proc_entry(bench.proc, pid, uids[name])
+            bench.set_pids(gpu, [pid])
+        agent = bench.agent()
+        annotator = ReportAnnotator(KubePodAnnotations(cluster), "node-a", bench.clock)
+        annotator.publish(agent.run_pass(), agent.last_pods)
+        for name, gpu, cap in [("decode-0", "GPU-0000", 300), ("decode-1", "GPU-0001", 250)]:
+            report = json.loads(api.get("v1", "Pod", name, "llm")["metadata"]["annotations"][REPORT_ANNOTATION])
+            assert (report["version"], report["podUID"], [g["uuid"] for g in report["gpus"]]) == (1, uids[name], [gpu])
+            assert (report["gpus"][0]["targetWatts"], report["gpus"][0]["enforcedCapWatts"]) == (cap, cap)
+        assert REPORT_ANNOTATION not in api.get("v1", "Pod", "plain", "llm")["metadata"].get("annotations", {})
+
+        # decode-1 is deleted and a new pod of the same name comes back: the old pod's report
+        # must not land on it (the UID precondition), and the failure is one warning.
+        api.delete("v1", "Pod", "decode-1", "llm")
+        api.apply(_pod("decode-1", UID[:-1] + "d", "250"))
+        bench.clock.advance(31)
+        with caplog.at_level("WARNING", logger="powerfleet.agent"):
+            annotator.publish(agent.run_pass(), agent.last_pods)  # the pass still sees the old decode-1
+        assert REPORT_ANNOTATION not in api.get("v1", "Pod", "decode-1", "llm")["metadata"].get("annotations", {})
+        assert any("llm/decode-1: enforcement report not written" in m and "replaced" in m for m in caplog.messages)
         cluster.close()

@@ -32,6 +32,16 @@ def test_the_probe_reports_each_call_and_its_outcome_and_sets_nothing(tmp_path: 
     json.dumps(out)
 
 
+def test_the_probe_lists_each_mig_slot_of_a_gpu_in_mig_mode(tmp_path: Path) -> None:
+    gpus = SimulatedGpus.shared(tmp_path / "gpus.json", [device(0, mig=["MIG-a", "MIG-b"]), device(1)])
+    g0, g1 = nvml_probe.probe(SimulatedNvml(gpus))["gpus"]
+    assert g0["mig_mode"]["value"] == [1, 1] and g0["max_mig_devices"]["value"] == 7
+    assert [m["uuid"]["value"] for m in g0["mig_devices"] if "uuid" in m] == ["MIG-a", "MIG-b"]
+    empty = g0["mig_devices"][2:]  # slots 2..6: NVML_ERROR_NOT_FOUND
+    assert len(empty) == 5 and all("NotFound" in m["handle"]["error"] for m in empty)
+    assert g1["mig_mode"]["kind"] == "not_supported" and g1["mig_devices"] == []
+
+
 def test_the_probe_cannot_reach_a_call_that_changes_the_device() -> None:
     ro = nvml_probe.ReadOnly(SimulatedNvml(SimulatedGpus([device(0)])))
     for name in ("nvmlDeviceSetPowerManagementLimit", "nvmlDeviceResetGpuLockedClocks", "nvmlDeviceClearEccErrorCounts"):

@@ -30,7 +30,8 @@ def test_an_idle_gpu_allocated_to_an_annotated_pod_is_capped_before_its_first_ke
     servers = PodResourcesServers(["node-a"], lambda: served, gpus_of, lambda n, g: f"GPU-{g:04d}").start()
     try:
         client = PodResourcesClient(str(servers.sockets["node-a"]))
-        assert client.list() == {"GPU-0001": Allocation("default", "a", "main"), "GPU-0000": Allocation("default", "b", "main")}
+        assert client.list() == {"GPU-0001": [Allocation("default", "a", "main")],
+                                 "GPU-0000": [Allocation("default", "b", "main")]}
         bench.set_pids(0, [202])
         agent = bench.agent()
         agent._allocations = client.list
@@ -61,24 +62,26 @@ def test_without_the_socket_the_agent_maps_by_process_only(bench: Bench, caplog)
 
 
 @settings(max_examples=100)
-@given(st.lists(st.tuples(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "cpu"]),
-                          st.lists(st.text(max_size=20), max_size=3)), max_size=4))
-def test_allocations_take_only_gpu_uuids_of_the_gpu_resource(devices) -> None:
+@given(st.lists(st.tuples(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "cpu", "nvidia.com/gpu.shared"]),
+                          st.lists(st.one_of(st.text(max_size=20), st.sampled_from(["GPU-a", "GPU-a::1", "MIG-b"])),
+                                   max_size=3)), max_size=4))
+def test_allocations_take_gpu_and_mig_uuids_of_the_gpu_resources(devices) -> None:
     resp = api_pb2.ListPodResourcesResponse()
     c = resp.pod_resources.add(name="p", namespace="ns").containers.add(name="main")
     for name, ids in devices:
         c.devices.add(resource_name=name, device_ids=ids)
     got = gpu_allocations(resp)
-    expected = {i.split("::", 1)[0] for name, ids in devices if name == "nvidia.com/gpu" for i in ids
-                if i.split("::", 1)[0].startswith("GPU-")}
-    assert set(got) == expected and all(a == Allocation("ns", "p", "main") for a in got.values())
+    expected = {i.split("::", 1)[0] for name, ids in devices if name in ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb")
+                for i in ids if i.split("::", 1)[0].startswith(("GPU-", "MIG-"))}
+    assert set(got) == expected and all(a == [Allocation("ns", "p", "main")] for a in got.values())
 
 
-def test_a_time_sliced_device_id_names_its_gpu() -> None:
+def test_a_time_sliced_device_id_names_its_gpu_and_every_pod_sharing_it() -> None:
     resp = api_pb2.ListPodResourcesResponse()
-    resp.pod_resources.add(name="p", namespace="ns").containers.add(name="m").devices.add(
-        resource_name="nvidia.com/gpu", device_ids=["GPU-abc::3"])
-    assert gpu_allocations(resp) == {"GPU-abc": Allocation("ns", "p", "m")}
+    for pod, replica in (("p", 3), ("q", 4), ("p", 3)):
+        resp.pod_resources.add(name=pod, namespace="ns").containers.add(name="m").devices.add(
+            resource_name="nvidia.com/gpu", device_ids=[f"GPU-abc::{replica}"])
+    assert gpu_allocations(resp) == {"GPU-abc": [Allocation("ns", "p", "m"), Allocation("ns", "q", "m")]}
 
 
 def test_the_twin_serves_each_nodes_allocations_with_its_gpu_uuids(tmp_path) -> None:
@@ -98,7 +101,7 @@ def test_the_twin_serves_each_nodes_allocations_with_its_gpu_uuids(tmp_path) -> 
         got = wait_for(lambda: client.list() or None, "allocations", 30)
         for p in placed:
             for g in pod_gpus(p):
-                assert got[uuids[g]] == Allocation(p["metadata"]["namespace"], p["metadata"]["name"],
-                                                   p["spec"]["containers"][0]["name"])
+                assert got[uuids[g]] == [Allocation(p["metadata"]["namespace"], p["metadata"]["name"],
+                                                    p["spec"]["containers"][0]["name"])]
     finally:
         twin.stop()

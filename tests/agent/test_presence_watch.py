@@ -124,7 +124,7 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
         api.apply(pod("plain", "gpu-a", None))
         api.apply(pod("p", "gpu-a", "250"))
         wait_for(lambda: len(reasons) == 2, "the annotation change")
-        assert reasons[1] == "pod default/p modified"
+        assert reasons[1] == "pod default/p annotation changed"
         api.delete("v1", "Pod", "p")
         wait_for(lambda: len(reasons) == 3, "the deletion")
         assert reasons[2] == "pod default/p deleted"

@@ -134,7 +134,7 @@ def test_a_new_process_on_a_gpu_gets_a_pass_from_the_poll_before_any_tick(bench:
         assert bench.limits() == [700, 700]
         bench.set_pids(1, [101])  # the pod's first process starts on GPU 1
         wait_for(lambda: bench.limits() == [700, 300], "the poll's pass to cap GPU 1")
-        assert passes(bench, "process") == 1
+        wait_for(lambda: passes(bench, "process") == 1, "the pass to be counted")  # after its last write
     finally:
         rt.stop()
 

@@ -50,7 +50,7 @@ def test_every_object_passes_the_strict_kubernetes_schema(variant: tuple[str, di
 def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(variant: tuple[str, dict[str, Any]]) -> None:
     _, values = variant
     agent_namespaces = set(values.get("agent", {}).get("namespaces", []))
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for obj in objects(values):
         ns = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_scoped:

@@ -16,7 +16,7 @@ helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
 # Which adapter methods (src/powerfleet/cluster) each feature's code calls. Checked against
 # the code below: a method listed here must be called there, and vice versa.
 ROLE_METHODS: dict[str, set[str]] = {
-    "agent": {"list_pods", "list_pods_with_version", "watch_pods"},
+    "agent": {"list_pods", "list_pods_with_version", "watch_pods", "get_pod", "patch_pod_annotations"},
     "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
                "record_event", "list_nodes", "read_status", "write_status", "set_condition", "list_gpu_pods",
                "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates"},
@@ -108,7 +108,7 @@ GROUP_PERMS = {("", "nodes", "list"), ("nvidia.com", "dynamographdeployments", "
 def _bound_to(objs: list[dict[str, Any]], sa: str) -> list[dict[str, Any]]:
     """The Roles and ClusterRoles bound to ServiceAccount ``sa``."""
     refs = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
-            for b in objs if b["kind"].endswith("Binding") and any(s["name"] == sa for s in b["subjects"])}
+            for b in objs if b["kind"] in ("RoleBinding", "ClusterRoleBinding") and any(s["name"] == sa for s in b["subjects"])}
     return [r for r in objs if r["kind"] in ROLE_KINDS and (r["kind"], r["metadata"]["name"],
                                                             r["metadata"].get("namespace")) in refs]
 
@@ -145,9 +145,14 @@ def test_retune_leases_namespace_is_the_release_namespace() -> None:
         objects({**ALL_ON, "config": {"retune": {"namespace": "other"}}})
 
 
+# The agent's calls without the enforcement report annotation (agent.enforcementReport.enabled=false).
+AGENT_REPORT_METHODS = {"get_pod", "patch_pod_annotations"}
+
+
 def test_agent_grants_exactly_what_the_agent_calls(adapter: Any) -> None:
     objs = objects({})
     assert _granted(one(objs, "ClusterRole", "agent")) == _needed(adapter, "agent")
+    assert ("", "pods", "patch") in _needed(adapter, "agent")  # the report, guarded by agent-admission.yaml
     restricted = objects({"agent": {"namespaces": ["llm-a", "llm-b"]}})
     assert not find(restricted, "ClusterRole", "agent") and not find(restricted, "ClusterRoleBinding", "agent")
     roles = find(restricted, "Role", "agent")
@@ -156,6 +161,13 @@ def test_agent_grants_exactly_what_the_agent_calls(adapter: Any) -> None:
         assert _granted(role) == _needed(adapter, "agent")
     for binding in find(restricted, "RoleBinding", "agent"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pf-powerfleet-agent", "namespace": "fleet"}]
+
+
+def test_without_the_report_the_agent_may_only_read_pods(adapter: Any) -> None:
+    objs = objects({"agent": {"enforcementReport": {"enabled": False}}})
+    read_only = set().union(*(adapter.perms_of(m) for m in ROLE_METHODS["agent"] - AGENT_REPORT_METHODS))
+    assert _granted(one(objs, "ClusterRole", "agent")) == read_only == {("", "pods", "list"), ("", "pods", "watch")}
+    assert not find(objs, "ValidatingAdmissionPolicy") and not find(objs, "ValidatingAdmissionPolicyBinding")
 
 
 def test_everything_granted_is_called_and_everything_called_is_granted(adapter: Any) -> None:
@@ -206,7 +218,7 @@ def test_no_rbac_rule_uses_a_wildcard_or_reads_secrets(variant: tuple[str, dict[
 def test_only_worker_and_agent_service_accounts_are_bound() -> None:
     objs = objects({**ALL_ON, "flower": {"enabled": True, "basicAuthSecret": {"name": "a"}},
                     "rbac": {"watchAllNamespaces": True}})
-    subjects = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    subjects = {s["name"] for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in o["subjects"]}
     assert subjects == {"pf-powerfleet-worker", "pf-powerfleet-agent"}
 
 

@@ -133,7 +133,7 @@ def test_sweep_pool_consumes_only_sweep_and_calls_no_api() -> None:
     assert spec["serviceAccountName"] == "pf-powerfleet-sweep-worker"
     assert spec["terminationGracePeriodSeconds"] == 660 + 60
     assert "traces" in {v["name"] for v in spec["volumes"]}  # the shards read the window
-    bound = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    bound = {s["name"] for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in o["subjects"]}
     assert "pf-powerfleet-sweep-worker" not in bound
     assert one(objs, "PodDisruptionBudget", "sweep-worker")["spec"]["selector"] == pool["spec"]["selector"]
     # The control pool keeps its API access and a control-sized grace period.

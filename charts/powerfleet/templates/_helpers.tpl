@@ -151,7 +151,7 @@ retune per-deployment namespaces). A JSON list.
 {{- fail "config.retune.deployments lists deployments, but retune.enabled=false grants the workers no Leases: set retune.enabled=true" }}
 {{- end }}
 {{- $agent := get $cfg "agent" | default dict }}
-{{- range $key, $value := dict "safe_default_watts" "agent.safeDefaultWatts" "state_dir" "agent.stateDir" "proc_root" "agent.hostProcPath" "namespaces" "agent.namespaces" "probe_port" "agent.readinessProbe.port" "probe_address" "agent.readinessProbe.port" "kubeconfig" "the in-cluster ServiceAccount" }}
+{{- range $key, $value := dict "safe_default_watts" "agent.safeDefaultWatts" "state_dir" "agent.stateDir" "proc_root" "agent.hostProcPath" "namespaces" "agent.namespaces" "probe_port" "agent.readinessProbe.port" "probe_address" "agent.readinessProbe.port" "kubeconfig" "the in-cluster ServiceAccount" "enforcement_annotation" "agent.enforcementReport.enabled" }}
 {{- if hasKey $agent $key }}
 {{- fail (printf "config.agent.%s must not be set: use %s (the chart mounts and grants what it names)." $key $value) }}
 {{- end }}
@@ -207,6 +207,8 @@ them does not roll the agents.
 {{- /* /readyz (and the agent's own /metrics) for the kubelet and Prometheus. */}}
 {{- $_ := set $agent "probe_port" (int .Values.agent.readinessProbe.port) }}
 {{- $_ := set $agent "probe_address" "0.0.0.0" }}
+{{- /* Granted (pods get/patch) and guarded (agent-admission.yaml) only together with this. */}}
+{{- $_ := set $agent "enforcement_annotation" .Values.agent.enforcementReport.enabled }}
 {{- $_ := set $cfg "agent" $agent }}
 {{- toYaml $cfg }}
 {{- end }}

@@ -63,6 +63,16 @@ A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.gro
   resources: ["pods"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- /*
+The enforcement report annotation (agent.enforcementReport.enabled): a re-read after a 409 and
+the patch. RBAC cannot narrow a patch to one annotation or one node; the chart's
+ValidatingAdmissionPolicy (agent-admission.yaml) does, for this ServiceAccount.
+*/}}
+{{- define "powerfleet.rules.agent-report" -}}
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "patch"]
+{{- end }}
 {{- /* The union of the named rule sets, one rule per (apiGroup, resource). */ -}}
 {{- define "powerfleet.mergeRules" -}}
 {{- $verbs := dict }}

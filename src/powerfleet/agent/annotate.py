@@ -7,8 +7,10 @@ readbackOutcome, enforcedCapWatts, actuator, observedAt}]}``, JSON with sorted k
 64 KiB. A pod's report is patched only when it changed (``observedAt`` aside) or every 30 s,
 with the pod's ``uid`` and ``resourceVersion`` as preconditions, retried on 409 up to three
 times from a fresh read (the UID must stay the same). ``enforcedCapWatts`` is null when the
-write or readback failed. Off by default (``agent.enforcement_annotation``): it needs ``get``
-and ``patch`` on pods, which the chart's RBAC does not grant yet.
+write or readback failed. On by default (``agent.enforcement_annotation``). The calls go through
+the cluster adapter (``cluster/pod_annotations.py``): pods ``get`` and ``patch``, which the
+chart grants beside a ValidatingAdmissionPolicy that lets the agent change only this
+annotation, only on pods of its own node.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
-
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from powerfleet.agent.report import GpuOutcome, PassReport
 from powerfleet.clock import Clock
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.ports import ClusterError, Conflict
 
 log = logging.getLogger("powerfleet.agent")
 
@@ -33,7 +34,6 @@ REPORT_VERSION = 1
 MAX_REPORT_BYTES = 64 * 1024
 REFRESH_S = 30.0
 CONFLICT_RETRIES = 3
-PATCH_TIMEOUT_S = 5.0
 COMPONENT_LABEL = "nvidia.com/dynamo-component"
 
 
@@ -67,9 +67,18 @@ def _semantic(report: dict[str, Any]) -> str:
                       sort_keys=True)
 
 
+class PodAnnotations(Protocol):
+    """``cluster.pod_annotations.KubePodAnnotations``: the agent's only pod writes."""
+
+    def get_pod(self, namespace: str, name: str) -> PodInfo: ...
+
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str,
+                              resource_version: str | None = None) -> PodInfo: ...
+
+
 class ReportAnnotator:
-    def __init__(self, core: client.CoreV1Api, node: str, clock: Clock) -> None:
-        self.core, self.node, self.clock = core, node, clock
+    def __init__(self, pods: PodAnnotations, node: str, clock: Clock) -> None:
+        self.pods, self.node, self.clock = pods, node, clock
         self._sent: dict[str, tuple[str, float]] = {}  # pod uid -> (semantic report, monotonic time)
         self.patches = 0
 
@@ -92,24 +101,24 @@ class ReportAnnotator:
             try:
                 self._patch(pods[uid], encode(doc))
                 self._sent[uid] = (semantic, now)
-            except (ApiException, ValueError, OSError) as exc:
+            except (ClusterError, ValueError) as exc:
                 log.warning("pod %s/%s: enforcement report not written (%s)", pods[uid].namespace, pods[uid].name,
-                            getattr(exc, "status", None) or str(exc).splitlines()[0])
+                            str(exc).splitlines()[0][:200])
         for gone in [u for u in self._sent if u not in pods]:
             del self._sent[gone]
 
     def _patch(self, pod: PodInfo, text: str) -> None:
         version = pod.resource_version
         for attempt in range(CONFLICT_RETRIES + 1):
-            body = {"metadata": {"uid": pod.uid, "resourceVersion": version, "annotations": {REPORT_ANNOTATION: text}}}
             try:
-                self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _request_timeout=PATCH_TIMEOUT_S)
+                self.pods.patch_pod_annotations(pod.namespace, pod.name, {REPORT_ANNOTATION: text}, uid=pod.uid,
+                                                resource_version=version)
                 self.patches += 1
                 return
-            except ApiException as exc:
-                if exc.status != 409 or attempt == CONFLICT_RETRIES:
+            except Conflict:
+                if attempt == CONFLICT_RETRIES:
                     raise
-            fresh = self.core.read_namespaced_pod(pod.name, pod.namespace, _request_timeout=PATCH_TIMEOUT_S)
-            if fresh.metadata.uid != pod.uid:
-                raise ApiException(status=409, reason="the pod was replaced (its UID changed)")
-            version = fresh.metadata.resource_version
+            fresh = self.pods.get_pod(pod.namespace, pod.name)
+            if fresh.uid != pod.uid:
+                raise Conflict(f"pod {pod.namespace}/{pod.name} was replaced (its UID changed)", status=409)
+            version = fresh.resource_version

@@ -1,4 +1,4 @@
-"""Putting one decision on one GPU: clamp to the device's range, set, read back."""
+"""Putting one decision on one GPU: set, read back (clamping into the card's range is the pass's)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,6 @@ from typing import Literal
 from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
 
 log = logging.getLogger("powerfleet.agent")
-
-Direction = Literal["min", "max"]
-
-
-def clamp(target_mw: int, reading: GpuReading) -> tuple[int, Direction | None]:
-    """The target inside [min, max] of the device, and which bound it hit (None if neither)."""
-    if target_mw < reading.min_mw:
-        return reading.min_mw, "min"
-    if target_mw > reading.max_mw:
-        return reading.max_mw, "max"
-    return target_mw, None
 
 
 @dataclass(frozen=True)

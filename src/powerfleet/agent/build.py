@@ -36,6 +36,7 @@ from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.pod_annotations import KubePodAnnotations
 from powerfleet.cluster.ports import ClusterReader
 from powerfleet.config import FleetConfig
 
@@ -156,7 +157,7 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
         rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock, lock=rt.lock).start().stop)
         sinks.append(EvidencePublisher(client, node, heartbeat_ttl_s(config.beat.reconcile_interval_s)).publish)
     if cluster is not None and ac.enforcement_annotation:
-        sinks.append(ReportAnnotator(cluster.core, node, clock).publish)
+        sinks.append(ReportAnnotator(KubePodAnnotations(cluster), node, clock).publish)
     if sinks:
         handoff = Handoff(node, sinks).start()
         rt.reporters.append(handoff.offer)

@@ -8,6 +8,11 @@ setting caps, and answers in ``powerfleet:agent:drained:<node>``
 (``{"request", "restored", "left", "at"}``, kept a day). ``drain --undo`` deletes the request;
 the agent enforces caps again at its next pass. An agent that starts while its node is
 drained stays drained.
+
+``drain --all`` drains every node with a live agent at once and waits for all of their answers
+(the chart's pre-delete hook runs it on ``helm uninstall``, with ``--ttl``: a request with a TTL
+ends by itself, so a reinstall on the same Redis, or an uninstall that stopped after the hook,
+does not leave the nodes drained for good).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
 
+from powerfleet.agent.presence import key_suffixes
 from powerfleet.clock import Clock
 
 log = logging.getLogger("powerfleet.agent")
@@ -37,8 +45,31 @@ def drained_key(node: str) -> str:
     return DRAINED_PREFIX + node
 
 
-def request_drain(r: redis.Redis, node: str, request: str) -> None:
-    r.set(drain_key(node), request)
+def request_drain(r: redis.Redis, node: str, request: str, ttl_s: float | None = None) -> None:
+    """Ask the node's agent to drain; with ``ttl_s`` the request (and so the drain) ends by itself."""
+    r.set(drain_key(node), request, ex=max(1, int(ttl_s)) if ttl_s else None)
+
+
+def drained_nodes(r: redis.Redis) -> set[str]:
+    """Nodes with a drain request in force."""
+    return key_suffixes(r, DRAIN_PREFIX)
+
+
+def wait_for_answers(r: redis.Redis, requests: Mapping[str, str], timeout_s: float, *, poll_s: float = 0.2,
+                     monotonic: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> dict[str, dict[str, Any] | None]:
+    """Node -> its agent's answer to our request, or None where none came within ``timeout_s``."""
+    answers: dict[str, dict[str, Any] | None] = {n: None for n in requests}
+    deadline = monotonic() + timeout_s
+    while True:
+        for node, request in requests.items():
+            if answers[node] is None:
+                got = read_ack(r, node)
+                if got is not None and got.get("request") == request:
+                    answers[node] = got
+        if all(a is not None for a in answers.values()) or monotonic() >= deadline:
+            return answers
+        sleep(poll_s)  # polling the caller's own deadline, not synchronisation
 
 
 def undo_drain(r: redis.Redis, node: str) -> bool:

@@ -44,6 +44,9 @@ class GpuReading:
     # current_mw when a BMC or another out-of-band limit caps the board. None: not readable.
     enforced_mw: int | None = None
     name: str | None = None  # the product name NVML reports (nvmlDeviceGetName), for the catalog
+    # The MIG devices on this GPU (their MIG-… UUIDs) when MIG mode is on: the kubelet allocates
+    # slices by these, and their power limit is this GPU's.
+    mig_uuids: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def idle(self) -> bool:

@@ -11,7 +11,13 @@ What real drivers do and this port absorbs (docs/agent.md, "Driver failure modes
   ``NVMLLibraryMismatchError`` (a plain ``Exception``: nvidia-ml-py 13 calls the ``_v3``
   process list, missing from older drivers), for which the ``_v2`` call is used instead;
 * ``NVML_ERROR_UNINITIALIZED`` (a driver reload) re-initialises NVML once and retries;
-* ``NVML_ERROR_NOT_SUPPORTED`` on the power-limit calls is kind ``not_supported``.
+* ``NVML_ERROR_NOT_SUPPORTED`` on the power-limit calls is kind ``not_supported``;
+* MIG: the power limit is the parent GPU's (a MIG device handle has none), so the port reads
+  the limits on the parent and lists its MIG devices' UUIDs (``nvmlDeviceGetMigMode``,
+  ``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, an empty slot
+  being ``NVML_ERROR_NOT_FOUND``), which is how the agent maps a pod's MIG allocation to the
+  GPU it caps. A GPU without MIG (``NOT_SUPPORTED``) or with MIG off has none. The parent's
+  process lists include the processes of its MIG devices.
 """
 
 from __future__ import annotations
@@ -146,11 +152,26 @@ class NvmlBackend:
         draw = self._optional("nvmlDeviceGetPowerUsage", h)  # telemetry: a GPU without it is still managed
         enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
         name = self._optional("nvmlDeviceGetName", h)
+        mig = self._mig_devices(h)
         return GpuReading(index=index, uuid=uuid, min_mw=int(min_mw), max_mw=int(max_mw),
                           default_mw=int(default_mw), current_mw=int(current_mw), pids=tuple(sorted(pids)),
                           draw_mw=None if draw is None else int(draw),
                           enforced_mw=None if enforced is None else int(enforced),
-                          name=None if name is None else _text(name))
+                          name=None if name is None else _text(name), mig_uuids=mig)
+
+    def _mig_devices(self, h: Any) -> tuple[str, ...]:
+        """The UUIDs of the MIG devices on this GPU; () when it has no MIG or MIG is off. Telemetry
+        grade: a failing MIG call loses the mapping of slices, never the GPU."""
+        mode = self._optional("nvmlDeviceGetMigMode", h)
+        if not mode or int(mode[0]) != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        out: list[str] = []
+        for slot in range(int(self._optional("nvmlDeviceGetMaxMigDeviceCount", h) or 0)):
+            mig = self._optional("nvmlDeviceGetMigDeviceHandleByIndex", h, slot)  # NOT_FOUND: an empty slot
+            raw = None if mig is None else self._optional("nvmlDeviceGetUUID", mig)
+            if raw is not None:
+                out.append(normalise_uuid(raw))
+        return tuple(out)
 
     def read(self, index: int) -> GpuReading:
         return self._again(lambda: self._read(index))

@@ -12,7 +12,8 @@ exactly as a failed LIST did. So a partial view over several namespaces never re
 policy.
 
 The watch also asks for a pass (``on_change``) when a pod that carries the power annotation
-appears, goes, or changes its value or phase (docs/agent.md, "Fast path"). Calls go through
+appears, goes, changes its value or phase, flips Ready or starts a container (watcher.py;
+docs/agent.md, "Fast path"). Calls go through
 the cluster adapter (``KubeCluster.list_pods_with_version``, ``watch_pods``), whose methods the
 chart's RBAC is checked against.
 """
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from powerfleet.agent.watcher import PodState, cap_relevant_change, pod_state
+from powerfleet.agent.watcher import PodState, cap_relevant_change, change_reason, pod_state
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.ports import ClusterError, PodEvent
 
@@ -116,7 +117,7 @@ class PodCache:
             else:
                 scope.pods[uid], scope.states[uid] = event.pod, new
         if cap_relevant_change(old, new):
-            self.on_change(f"pod {event.pod.namespace}/{event.pod.name} {event.type.lower()}")
+            self.on_change(f"pod {event.pod.namespace}/{event.pod.name} {change_reason(old, new)}")
         return event.resource_version or None
 
     # -- the loop --

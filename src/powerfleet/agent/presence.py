@@ -39,13 +39,18 @@ def beat(r: redis.Redis, node: str, reconcile_interval_s: float, clock: Clock) -
     r.set(heartbeat_key(node), f"{clock.now():.3f}", ex=heartbeat_ttl_s(reconcile_interval_s))
 
 
-def live_agents(r: redis.Redis) -> set[str]:
-    """Node names whose agent has a live heartbeat (SCAN, never KEYS: safe on a busy Redis)."""
+def key_suffixes(r: redis.Redis, prefix: str) -> set[str]:
+    """What follows ``prefix`` in every key that starts with it (SCAN, never KEYS: safe on a busy Redis)."""
     out: set[str] = set()
-    for key in r.scan_iter(match=KEY_PREFIX + "*", count=1000):
+    for key in r.scan_iter(match=prefix + "*", count=1000):
         name = key.decode() if isinstance(key, bytes) else str(key)
-        out.add(name[len(KEY_PREFIX):])
+        out.add(name[len(prefix):])
     return out
+
+
+def live_agents(r: redis.Redis) -> set[str]:
+    """Node names whose agent has a live heartbeat."""
+    return key_suffixes(r, KEY_PREFIX)
 
 
 class Heartbeat:

@@ -56,7 +56,7 @@ class NodeAgent(NodeLifecycle):
         self.safe_default_fraction = safe_default_fraction
         self.complete_view = complete_view  # the pod view covers every namespace (agent.namespaces empty)
         self.may_actuate = may_actuate or (lambda: None)
-        self._allocations = allocations  # GPU UUID -> podresources.Allocation (the kubelet's PodResources)
+        self._allocations = allocations  # GPU/MIG UUID -> [podresources.Allocation] (the kubelet's PodResources)
         self._allocation_problem: str | None = None
         self.stopping = threading.Event()  # set by the runtime at shutdown: the pass stops before its next GPU
         self.metrics = metrics
@@ -139,7 +139,7 @@ class NodeAgent(NodeLifecycle):
         annotations = annotations_by_uid(pods)
         by_uid = {p.uid.lower(): p for p in pods if p.uid}
         self.last_pods = by_uid
-        allocated = self._allocated_pods(by_uid)
+        allocated = self._allocated_pods(by_uid, ok)
         outcomes = []
         for r in readings:
             if isinstance(r, GpuOutcome):
@@ -156,12 +156,13 @@ class NodeAgent(NodeLifecycle):
                 self._note(r.uuid, "range", logging.WARNING, f"GPU {r.index} ({r.uuid}): {rng.note}")
             safe = safe_default_mw(rng, fraction=self.safe_default_fraction, override_w=self.safe_default_watts)
             on_gpu = pods_of(mapped, pid_to_pod)
-            owner = allocated.get(r.uuid)
-            if owner is not None and owner not in on_gpu:
-                if r.pids and not dry_run:  # processes, but none of the pod the kubelet gave the GPU to
-                    self.metrics.podresources_mismatch.inc()
-                on_gpu = sorted(set(on_gpu) | {owner})  # idle, MPS or graphics: capped from its allocation
-            decision = decide(on_gpu, annotations, busy=not r.idle or owner is not None, safe_default_mw=safe,
+            owners = allocated.get(r.uuid, set())
+            if owners and set(on_gpu) - owners and not dry_run:  # a process of a pod the kubelet gave it not to
+                self.metrics.podresources_mismatch.inc()
+            # Idle, MPS or graphics, or a MIG slice: capped from the allocations (the pods on one
+            # parent's slices, or on a time-sliced GPU, share its cap like processes do).
+            on_gpu = sorted(set(on_gpu) | owners)
+            decision = decide(on_gpu, annotations, busy=not r.idle or bool(owners), safe_default_mw=safe,
                               unmapped=len(r.pids) - len(mapped), listed=by_uid, complete=self.complete_view)
             outcome = self._enforce(gpus, r, decision, rng.min_mw, rng.max_mw, by_uid, dry_run)
             if not dry_run:
@@ -179,8 +180,9 @@ class NodeAgent(NodeLifecycle):
         report.managed = sorted(self.managed)
         return report
 
-    def _allocated_pods(self, pods: dict[str, PodInfo]) -> dict[str, str]:
-        """GPU UUID -> UID of the pod the kubelet allocated it to; {} without PodResources."""
+    def _allocated_pods(self, pods: dict[str, PodInfo], readings: list[GpuReading]) -> dict[str, set[str]]:
+        """GPU UUID -> UIDs of the pods the kubelet allocated it (or one of its MIG slices) to; {}
+        without PodResources. A MIG UUID counts for its parent GPU, where the limit is."""
         if self._allocations is None:
             return {}
         try:
@@ -196,7 +198,15 @@ class NodeAgent(NodeLifecycle):
                 log.info("node %s: GPU allocations from the kubelet's PodResources", self.node)
             self._allocation_problem = problem
         by_name = {(p.namespace, p.name): uid for uid, p in pods.items()}
-        return {uuid: by_name[(a.namespace, a.pod)] for uuid, a in got.items() if (a.namespace, a.pod) in by_name}
+        parent = {mig: r.uuid for r in readings for mig in r.mig_uuids}
+        out: dict[str, set[str]] = {}
+        for device, owners in got.items():
+            gpu = parent.get(device, device)
+            for a in owners:
+                uid = by_name.get((a.namespace, a.pod))
+                if uid is not None:
+                    out.setdefault(gpu, set()).add(uid)
+        return out
 
     def _read(self, gpus: GpuBackend, i: int, dry_run: bool) -> GpuReading | GpuOutcome:
         try:

@@ -5,8 +5,11 @@ Three things ask for a pass:
 
 * a tick (``agent.reconcile`` task): runs at once if no pass is running, else is *dropped*
   (the running pass already reads the current state);
-* the pod watch: sets a flag the pass thread serves as soon as the lock is free, so a change
-  that lands during a pass gets its own pass afterwards (coalesced, never lost);
+* the pod watch (an annotated pod added, changed, deleted, flipping Ready or starting a
+  container): sets a flag the pass thread serves as soon as the lock is free, after a short
+  debounce (``debounce_s``) so that a burst of events (a rollout's pods turning Ready together)
+  makes one pass; a change that lands during a pass gets its own pass afterwards (coalesced,
+  never lost);
 * the local timer: when no tick has arrived for three intervals (beat or broker down), the
   pass thread runs a pass every interval until ticks come back;
 * the process poll: every ``poll_s`` between passes the GPUs' process lists are read, and a
@@ -29,11 +32,14 @@ STALE_INTERVALS = 3
 # A pass in flight stops before its next GPU; the longest call it can be in is one bounded
 # Kubernetes request (cluster.kube REQUEST_TIMEOUT_SECONDS, 25 s) or one NVML call.
 STOP_WAIT_S = 30.0
+# Watch events within this window of the first make one pass (a pod's Ready flip usually comes
+# with its container statuses in one or two MODIFIED events).
+WATCH_DEBOUNCE_S = 0.05
 
 
 class AgentRuntime:
     def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None,
-                 poll_s: float = 0.0) -> None:
+                 poll_s: float = 0.0, debounce_s: float = WATCH_DEBOUNCE_S) -> None:
         self.agent = agent
         self.node = agent.node
         self.interval_s = interval_s
@@ -41,13 +47,16 @@ class AgentRuntime:
         self.clock = clock or SystemClock()
         self.metrics = agent.metrics
         self._lock = threading.Lock()
+        self.debounce_s = debounce_s
         self._kick = threading.Event()
-        self._kick_reason = ""
+        self._kick_reasons: list[str] = []  # what asked for the next watch pass
+        self._reasons_mutex = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"agent-passes-{self.node}", daemon=True)
         self._last_tick = self.clock.monotonic()
         self._on_timer = False
         self._stopped = False
+        self.last_watch_reason = ""  # what the last watch pass was for (its log line)
         self.drained = False  # `agent drain`: defaults restored, no cap until the drain is undone
         self.lock: Any = None  # the node lock (lock.NodeLock) when the agent runs beside Redis
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
@@ -111,8 +120,17 @@ class AgentRuntime:
 
     def request_pass(self, reason: str) -> None:
         """Ask for a pass soon (from the watch); several requests before it runs make one pass."""
-        self._kick_reason = reason
+        with self._reasons_mutex:
+            self._kick_reasons.append(reason)
         self._kick.set()
+
+    def _take_reasons(self) -> str:
+        with self._reasons_mutex:
+            reasons, self._kick_reasons = self._kick_reasons, []
+        if not reasons:
+            return "a watch event"
+        more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        return reasons[0] + more
 
     def _loop(self) -> None:
         wait_s = min(self.poll_s or self.interval_s, self.interval_s)
@@ -124,8 +142,11 @@ class AgentRuntime:
                 return
             trigger = None
             if kicked:
+                if self.debounce_s > 0 and self._stop.wait(self.debounce_s):
+                    return
                 self._kick.clear()
-                log.info("node %s: pass for %s", self.node, self._kick_reason)
+                self.last_watch_reason = self._take_reasons()
+                log.info("node %s: pass for %s", self.node, self.last_watch_reason)
                 trigger = "watch"
             elif self.clock.monotonic() - self._last_tick >= STALE_INTERVALS * self.interval_s:
                 if not self._on_timer:

@@ -22,6 +22,11 @@ the twin's GPU file switches them too):
 
 ``enforced_w`` on a device is an out-of-band limit (a BMC cap): the enforced limit the
 driver reports is the lower of it and the management limit.
+
+``mig`` on a device lists the UUIDs (``MIG-…``) of its MIG devices, MIG mode on; empty: a GPU
+without MIG, whose ``nvmlDeviceGetMigMode`` raises ``NVML_ERROR_NOT_SUPPORTED``. A MIG device
+handle answers its UUID and its parent; its power-limit calls raise ``NOT_SUPPORTED`` (the
+limit is the parent's), as on real MIG devices.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class _Device(Protocol):
     draw_w: float | None
     enforced_w: float | None
     fail: list[str]
+    mig: list[str]
 
 
 class DeviceStore(Protocol):
@@ -63,6 +69,15 @@ class DeviceStore(Protocol):
 @dataclass(frozen=True)
 class Handle:
     index: int
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    index: int  # the parent GPU's
+    slot: int
+
+
+MAX_MIG_DEVICES = 7  # A100/H100/H200: up to seven GPU instances
 
 
 def _mw(w: float) -> int:
@@ -97,7 +112,9 @@ class SimulatedNvml:
 
     def _dev(self, h: Handle, op: str) -> _Device:
         devices = self.store.devices()
-        if not isinstance(h, Handle) or not 0 <= h.index < len(devices):
+        if isinstance(h, MigHandle) and op in ("limit", "set", "draw"):
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a MIG device has no power limit of its own
+        if not isinstance(h, (Handle, MigHandle)) or not 0 <= h.index < len(devices):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dev = devices[h.index]
         self._check(dev, op)
@@ -124,8 +141,43 @@ class SimulatedNvml:
 
     # -- identity and limits --
 
-    def nvmlDeviceGetUUID(self, h: Handle) -> str:
-        return self._dev(h, "uuid").uuid
+    def nvmlDeviceGetUUID(self, h: Handle | MigHandle) -> str:
+        dev = self._dev(h, "uuid")
+        return dev.mig[h.slot] if isinstance(h, MigHandle) else dev.uuid
+
+    # -- MIG --
+
+    def nvmlDeviceGetMigMode(self, h: Handle) -> list[int]:
+        if not self._dev(h, "mig").mig:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Handle) -> int:
+        return MAX_MIG_DEVICES if self._dev(h, "mig").mig else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Handle, slot: int) -> MigHandle:
+        dev = self._dev(h, "mig")
+        if not dev.mig:
+            raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= slot < len(dev.mig):
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # an empty slot
+        return MigHandle(h.index, slot)
+
+    def nvmlDeviceIsMigDeviceHandle(self, h: Handle | MigHandle) -> bool:
+        return isinstance(h, MigHandle)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: MigHandle) -> Handle:
+        if not isinstance(h, MigHandle):
+            raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return Handle(h.index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle | MigHandle:
+        for dev in self.store.devices():
+            if dev.uuid == uuid:
+                return Handle(dev.index)
+            if uuid in dev.mig:
+                return MigHandle(dev.index, dev.mig.index(uuid))
+        raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetName(self, h: Handle) -> str:
         return self._dev(h, "name").name or "NVIDIA H200"

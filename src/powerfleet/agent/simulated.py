@@ -5,9 +5,10 @@ Devices are plain JSON objects, the same shape ``agent once --gpus`` reads::
     {"index": 0, "uuid": "GPU-0a", "min_w": 200, "max_w": 700, "default_w": 700,
      "current_w": 700, "pids": [4242], "draw_w": 310.5,
      "fail": ["library_mismatch"],     # optional: driver failure modes of that GPU (simnvml.py)
-     "enforced_w": 450}                # optional: an out-of-band (BMC) limit below the set one
+     "enforced_w": 450,                # optional: an out-of-band (BMC) limit below the set one
+     "mig": ["MIG-…", "MIG-…"]}        # optional: its MIG devices' UUIDs (MIG mode on)
 
-``draw_w``, ``fail``, ``enforced_w``, ``graphics_pids`` and ``name`` are optional;
+``draw_w``, ``fail``, ``enforced_w``, ``graphics_pids``, ``name`` and ``mig`` are optional;
 ``current_w`` defaults to ``default_w``. The ``GpuBackend`` methods go through the real NVML
 port (``NvmlBackend``) over ``SimulatedNvml``, which raises nvidia-ml-py's own exceptions.
 
@@ -54,6 +55,7 @@ class SimDevice(BaseModel):
     enforced_w: float | None = Field(None, gt=0)
     name: str | None = Field(None, max_length=96)
     fail: list[str] = Field(default_factory=list)  # driver failure modes, simnvml.FAULTS
+    mig: list[str] = Field(default_factory=list, max_length=7)  # MIG devices' UUIDs (MIG mode on)
 
     @model_validator(mode="after")
     def _limits(self) -> "SimDevice":
@@ -62,6 +64,8 @@ class SimDevice(BaseModel):
         for values in (self.pids, self.graphics_pids):
             if any(p <= 0 for p in values):
                 raise ValueError("pids must be positive")
+        if any(not m.startswith("MIG-") or len(m) > 96 for m in self.mig) or len(set(self.mig)) != len(self.mig):
+            raise ValueError("mig: MIG device UUIDs start with 'MIG-', at most 96 characters, each once")
         unknown = sorted(set(self.fail) - set(FAULTS))
         if unknown:
             raise ValueError(f"unknown fail mode(s) {unknown}; known: {', '.join(FAULTS)}")
@@ -91,6 +95,8 @@ def parse_devices(data: Any) -> list[SimDevice]:
         raise ValueError(f"GPU indexes must be 0..{len(out) - 1} once each, got {sorted(indexes)}")
     if len({d.uuid for d in out}) != len(out):
         raise ValueError("GPU uuids must be unique")
+    if len({m for d in out for m in d.mig}) != sum(len(d.mig) for d in out):
+        raise ValueError("MIG device uuids must be unique across GPUs")
     return sorted(out, key=lambda d: d.index)
 
 

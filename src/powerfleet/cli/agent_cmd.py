@@ -187,62 +187,79 @@ def _take_once_lock(config: Any, node: str) -> Any:
     return lock
 
 
-@app.command()
+@app.command("drain")
 def drain(
     ctx: typer.Context,
-    node: str = typer.Option(..., "--node", help="The node whose caps go back to their defaults."),
+    node: Optional[str] = typer.Option(None, "--node", help="The node whose caps go back to their defaults."),
+    all_nodes: bool = typer.Option(False, "--all", help="Every node with a live agent (with --undo: every drained node)."),
     undo: bool = typer.Option(False, "--undo", help="End the drain: the agent enforces caps again."),
+    ttl_s: Optional[float] = typer.Option(None, "--ttl", min=1.0, max=30 * 86400.0,
+                                          help="End the drain by itself after this many seconds (default: never)."),
     timeout_s: float = typer.Option(60.0, "--timeout", min=0.0, max=3600.0,
-                                    help="Seconds to wait for the agent's answer (0: do not wait)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the agent's answer as JSON."),
+                                    help="Seconds to wait for the agents' answers (0: do not wait)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the agents' answers as JSON."),
 ) -> None:
     """Put every GPU the node's agent manages back to its default limit, and keep it there.
 
     A stop, crash or rollout of the agent leaves the caps in force; a drain is the explicit way
-    back to the defaults (run it before uninstalling). Exit 1 if no agent answered in time: the
-    request stays, and the agent acts on it when it runs.
+    back to the defaults (the chart's uninstall hook runs `drain --all`). Exit 1 if an agent did
+    not answer in time (the request stays, and the agent acts on it when it runs) or a restore
+    failed.
     """
-    import time
     import uuid
 
     import redis
 
-    from powerfleet.agent.drain import read_ack, request_drain, undo_drain
+    from powerfleet.agent.drain import drained_nodes, request_drain, undo_drain, wait_for_answers
+    from powerfleet.agent.presence import live_agents
     from powerfleet.cli.context import check_broker_reachable, require_broker
 
-    _check_node(node)
+    if (node is None) == (not all_nodes):
+        fail("--node or --all: exactly one of them")
+    if node is not None:
+        _check_node(node)
     config = fleet_config(ctx)
     url = require_broker(config)
     check_broker_reachable(url)
     r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
     if undo:
-        was = undo_drain(r, node)
-        out = {"node": node, "drain": "undone" if was else "was not drained"}
-        print_json(out) if as_json else typer.echo(f"{node}: drain {out['drain']}")
+        nodes = [node] if node is not None else sorted(n for n in drained_nodes(r) if is_node_name(n))
+        undone = {n: "undone" if undo_drain(r, n) else "was not drained" for n in nodes}
+        if node is not None:
+            print_json({"node": node, "drain": undone[node]}) if as_json else typer.echo(f"{node}: drain {undone[node]}")
+        else:
+            print_json({"nodes": undone}) if as_json else typer.echo(
+                "; ".join(f"{n}: drain {v}" for n, v in undone.items()) or "no node was drained")
         return
-    request = f"{uuid.uuid4().hex[:12]}"
-    request_drain(r, node, request)
-    deadline = time.monotonic() + timeout_s
-    ack = None
-    while True:
-        got = read_ack(r, node)
-        if got is not None and got.get("request") == request:
-            ack = got
-            break
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)  # polling a CLI's own deadline, not test synchronisation
+    nodes = [node] if node is not None else sorted(n for n in live_agents(r) if is_node_name(n))
+    requests = {n: uuid.uuid4().hex[:12] for n in nodes}
+    for n, request in requests.items():
+        request_drain(r, n, request, ttl_s)
+    answers = wait_for_answers(r, requests, timeout_s)
+    failed = any(a is None or a.get("left") for a in answers.values())
+    if node is not None:
+        _print_drain(node, requests[node], answers[node], timeout_s, as_json)
+    elif as_json:
+        print_json({"nodes": {n: ({"answered": True, **a} if a is not None else {"request": requests[n], "answered": False})
+                              for n, a in answers.items()}})
+    elif not nodes:
+        typer.echo("no live agent: nothing to drain")
+    else:
+        for n in nodes:
+            _print_drain(n, requests[n], answers[n], timeout_s, False)
+    if failed:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _print_drain(node: str, request: str, ack: dict[str, Any] | None, timeout_s: float, as_json: bool) -> None:
     if ack is None:
         msg = f"{node}: drain requested; no agent answered within {timeout_s:g} s (it acts on it when it runs)"
         print_json({"node": node, "request": request, "answered": False}) if as_json else typer.echo(msg)
-        raise typer.Exit(EXIT_FAILURE)
-    if as_json:
+    elif as_json:
         print_json({"node": node, "answered": True, **ack})
     else:
         typer.echo(f"{node}: drained; restored {', '.join(ack.get('restored') or []) or 'nothing'}"
                    + (f"; still capped (restore failed): {', '.join(ack['left'])}" if ack.get("left") else ""))
-    if ack.get("left"):
-        raise typer.Exit(EXIT_FAILURE)
 
 
 def _print_human(report: Any) -> None:

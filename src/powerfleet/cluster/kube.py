@@ -57,7 +57,19 @@ def pod_info(pod: client.V1Pod) -> PodInfo:
         annotations=dict(meta.annotations or {}),
         terminating=meta.deletion_timestamp is not None,
         resource_version=meta.resource_version or "",
+        ready=any(c.type == "Ready" and c.status == "True" for c in (status.conditions or [])) if status else False,
+        started_containers=_started_containers(status),
     )
+
+
+def _started_containers(status: client.V1PodStatus | None) -> tuple[str, ...]:
+    out = []
+    for c in (status.container_statuses or []) if status else []:
+        running = c.state.running if c.state else None
+        if running is not None:
+            since = running.started_at.isoformat() if running.started_at else f"restart {c.restart_count}"
+            out.append(f"{c.name}@{since}")
+    return tuple(sorted(out))
 
 
 def lease_info(lease: client.V1Lease) -> Lease:

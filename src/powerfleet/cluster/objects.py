@@ -19,6 +19,9 @@ class PodInfo(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     terminating: bool = False  # metadata.deletionTimestamp is set
     resource_version: str = ""
+    ready: bool = False  # the Ready condition is True
+    # "<container>@<state.running.startedAt>" per running container: a start or restart changes it
+    started_containers: tuple[str, ...] = ()
 
     @property
     def is_running_or_starting(self) -> bool:

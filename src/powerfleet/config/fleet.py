@@ -258,8 +258,8 @@ class AgentConfig(_Strict):
     watch: bool = True  # run a pass as soon as an annotated pod on the node changes
     # The kubelet's PodResources socket ({node}: the node's name); absent: map GPUs by process only.
     podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    # Write Dynamo's enforcement report annotation on annotated pods (needs pods get + patch).
-    enforcement_annotation: bool = False
+    # Write Dynamo's enforcement report annotation on annotated pods (pods get + patch; the chart guards it).
+    enforcement_annotation: bool = True
     # Between passes, read the GPUs' process lists this often; a change runs a pass (0: off).
     process_poll_s: float = Field(1.0, ge=0, le=60)
     probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)

@@ -1,8 +1,10 @@
 """The kubelet's part of the twin, pure: a pod's next status step and when a terminating pod is gone.
 
-A scheduled ``Pending`` pod starts (``Running``, ``Ready=False``, ``status.startTime`` = now); it
-turns ``Ready`` once its component's startup delay has passed since ``startTime`` (a delay of 0:
-at the next pass). A pod with ``metadata.deletionTimestamp`` is Terminating: it keeps its phase,
+A scheduled ``Pending`` pod starts (``Running``, ``Ready=False``, ``status.startTime`` = now,
+each container ``running`` since then in ``containerStatuses``); it turns ``Ready`` (and its
+containers ``ready``) once its component's startup delay has passed since ``startTime`` (a delay
+of 0: at the next pass). The node agent's watch asks for a pass on both steps of an annotated
+pod (a container start and the Ready flip, agent/watcher.py). A pod with ``metadata.deletionTimestamp`` is Terminating: it keeps its phase,
 its GPUs and its processes, gets no status step, and is removed once its deadline (the
 timestamp the API server set: deletion time + grace period) has passed.
 """
@@ -61,6 +63,14 @@ def expired(pod: Mapping[str, Any], now: float) -> bool:
     return deadline is not None and deadline <= now
 
 
+def container_statuses(pod: Mapping[str, Any], started: str, ready: bool) -> list[Obj]:
+    """Every container running since ``started``, as a kubelet reports it (each field the API
+    requires)."""
+    return [{"name": str(_map(c).get("name") or ""), "image": str(_map(c).get("image") or ""), "imageID": "",
+             "ready": ready, "started": True, "restartCount": 0, "state": {"running": {"startedAt": started}}}
+            for c in _map(pod.get("spec")).get("containers") or []]
+
+
 def next_status(pod: Mapping[str, Any], now: float, startup_delay_s: float) -> Obj | None:
     """The kubelet's step for a pod on a node; None when there is nothing to change."""
     if not _map(pod.get("spec")).get("nodeName") or terminating(pod):
@@ -68,7 +78,8 @@ def next_status(pod: Mapping[str, Any], now: float, startup_delay_s: float) -> O
     scheduled = {"type": "PodScheduled", "status": "True"}
     if phase(pod) == "Pending":
         return {"phase": "Running", "startTime": rfc3339(now),
-                "conditions": [scheduled, {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}]}
+                "conditions": [scheduled, {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+                "containerStatuses": container_statuses(pod, rfc3339(now), ready=False)}
     if phase(pod) == "Running" and not is_ready(pod):
         started = parse_time(_map(pod.get("status")).get("startTime"))
         if startup_delay_s > 0 and started is not None and now - started < startup_delay_s:
@@ -76,5 +87,6 @@ def next_status(pod: Mapping[str, Any], now: float, startup_delay_s: float) -> O
         out: Obj = {"phase": "Running", "conditions": [scheduled, {"type": "Ready", "status": "True"}]}
         if started is not None:
             out["startTime"] = _map(pod.get("status"))["startTime"]
+        out["containerStatuses"] = container_statuses(pod, str(out.get("startTime") or rfc3339(now)), ready=True)
         return out
     return None

@@ -2,7 +2,9 @@
 answered from the twin's allocations (each pod's GPU indexes, as its operator placed them).
 
 What a real kubelet answers for pods with ``nvidia.com/gpu``: per pod, per container, the
-device plugin's device IDs, which for NVIDIA GPUs are the GPU UUIDs; the agent reads it with
+device plugin's device IDs, which for NVIDIA GPUs are the GPU UUIDs, and for a MIG slice its MIG
+UUID (served under ``mig_resource``: ``nvidia.com/gpu`` as the plugin's ``single`` MIG strategy
+names it, or ``nvidia.com/mig-<profile>`` as ``mixed`` does); the agent reads it with
 ``powerfleet.agent.podresources.PodResourcesClient``. Sockets live in a short temporary
 directory (a unix socket path must stay under ~107 bytes), one ``<node>.sock`` each; point an
 agent at it with ``agent.podresources_socket: <dir>/{node}.sock``.
@@ -25,7 +27,7 @@ PodSource = Callable[[], Sequence[Mapping[str, Any]]]
 
 
 def list_response(node: str, pods: Sequence[Mapping[str, Any]], gpus_of: Callable[[Mapping[str, Any]], list[int]],
-                  uuid_of: Callable[[int], str]) -> api_pb2.ListPodResourcesResponse:
+                  uuid_of: Callable[[int], str], mig_resource: str = "nvidia.com/gpu") -> api_pb2.ListPodResourcesResponse:
     out = api_pb2.ListPodResourcesResponse()
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -36,8 +38,11 @@ def list_response(node: str, pods: Sequence[Mapping[str, Any]], gpus_of: Callabl
         for i, c in enumerate(containers):
             cr = res.containers.add(name=c.get("name", ""))
             indexes = gpus_of(pod) if i == 0 else []  # the twin gives a pod's GPUs to its first container
-            if indexes:
-                cr.devices.add(resource_name="nvidia.com/gpu", device_ids=[uuid_of(g) for g in indexes])
+            ids = [uuid_of(g) for g in indexes]
+            gpus, migs = [d for d in ids if not d.startswith("MIG-")], [d for d in ids if d.startswith("MIG-")]
+            for resource, device_ids in (("nvidia.com/gpu", gpus), (mig_resource, migs)):
+                if device_ids:
+                    cr.devices.add(resource_name=resource, device_ids=device_ids)
     return out
 
 
@@ -53,14 +58,15 @@ class PodResourcesServers:
     """One gRPC server per node, each on ``<dir>/<node>.sock``."""
 
     def __init__(self, nodes: Sequence[str], pods: PodSource, gpus_of: Callable[[Mapping[str, Any]], list[int]],
-                 uuid_of: Callable[[str, int], str]) -> None:
+                 uuid_of: Callable[[str, int], str], mig_resource: str = "nvidia.com/gpu") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="pfpr-"))
         self._servers: list[grpc.Server] = []
         self.sockets: dict[str, Path] = {}
         for node in nodes:
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
             api_pb2_grpc.add_PodResourcesListerServicer_to_server(
-                _Lister(lambda n=node: list_response(n, pods(), gpus_of, lambda g, n=n: uuid_of(n, g))), server)
+                _Lister(lambda n=node: list_response(n, pods(), gpus_of, lambda g, n=n: uuid_of(n, g), mig_resource)),
+                server)
             path = self.dir / f"{node}.sock"
             server.add_insecure_port(f"unix://{path}")
             self._servers.append(server)

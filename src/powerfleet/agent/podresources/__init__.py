@@ -3,7 +3,11 @@
 The kubelet serves ``v1.PodResourcesLister/List`` on a unix socket
 (``/var/lib/kubelet/pod-resources/kubelet.sock``), as dcgm-exporter and Dynamo's agent read
 it: per pod, per container, the device IDs of each extended resource. For ``nvidia.com/gpu``
-the NVIDIA device plugin's IDs are GPU UUIDs (``GPU-…``; ``GPU-…::N`` with time-slicing).
+the NVIDIA device plugin's IDs are GPU UUIDs (``GPU-…``; ``GPU-…::N`` with time-slicing, where
+several pods share one GPU). A MIG slice is listed by its MIG UUID (``MIG-…``), under
+``nvidia.com/gpu`` (the plugin's ``single`` strategy) or ``nvidia.com/mig-<profile>``
+(``mixed``); its power limit is the parent GPU's, so the agent maps it to the parent through
+NVML (``GpuReading.mig_uuids``) and several pods on slices of one parent share its cap.
 The agent maps an idle GPU allocated to an annotated pod to that pod (capped before its first
 kernel), covers MPS and graphics workloads whose processes NVML does not attribute, and
 cross-checks the process mapping against it. ``api_pb2*.py`` are generated from ``api.proto``
@@ -21,7 +25,8 @@ from powerfleet.agent.podresources import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 TIMEOUT_S = 5.0
-GPU_RESOURCES = ("nvidia.com/gpu",)
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 class PodResourcesUnavailable(Exception):
@@ -35,18 +40,26 @@ class Allocation:
     container: str
 
 
-def gpu_allocations(response: api_pb2.ListPodResourcesResponse) -> dict[str, Allocation]:
-    """GPU UUID -> the container it is allocated to (the first one, if a UUID appears twice)."""
-    out: dict[str, Allocation] = {}
+def is_gpu_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def gpu_allocations(response: api_pb2.ListPodResourcesResponse) -> dict[str, list[Allocation]]:
+    """GPU or MIG UUID -> the containers it is allocated to (several under time-slicing), in the
+    kubelet's order, each once."""
+    out: dict[str, list[Allocation]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             for dev in container.devices:
-                if dev.resource_name not in GPU_RESOURCES:
+                if not is_gpu_resource(dev.resource_name):
                     continue
                 for device_id in dev.device_ids:
                     uuid = device_id.split("::", 1)[0]
-                    if uuid.startswith("GPU-"):
-                        out.setdefault(uuid, Allocation(pod.namespace, pod.name, container.name))
+                    if uuid.startswith(("GPU-", "MIG-")):
+                        owners = out.setdefault(uuid, [])
+                        alloc = Allocation(pod.namespace, pod.name, container.name)
+                        if alloc not in owners:
+                            owners.append(alloc)
     return out
 
 
@@ -57,7 +70,7 @@ class PodResourcesClient:
     def available(self) -> bool:
         return os.path.exists(self.socket_path)
 
-    def list(self) -> dict[str, Allocation]:
+    def list(self) -> dict[str, list[Allocation]]:
         if not self.available():
             raise PodResourcesUnavailable(f"{self.socket_path} does not exist")
         try:
