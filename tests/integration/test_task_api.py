@@ -282,3 +282,11 @@ def test_beat_metrics_show_every_queue_depth(launcher: Launcher, app) -> None:
         return None
 
     assert wait_for(depth, "beat to export the stranded node queue's depth") == 1
+
+
+def test_a_bad_loglevel_is_one_line_even_with_a_live_broker(fleet_env) -> None:
+    # With a broker there, the level reaches Celery's own CLI, whose click error was a traceback.
+    for args in (["agent", "--node", "n1", "--loglevel", "BOGUS"], ["worker", "--loglevel", "BOGUS"]):
+        out = run_cli(*args, env=fleet_env)
+        assert out.returncode == 2, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "'BOGUS'" in out.stderr.strip().splitlines()[-1], out.stderr

@@ -56,8 +56,11 @@ def main() -> None:
     except ex.NoArgsIsHelpError as exc:
         exc.show()  # a bare group: its help is the answer
         sys.exit(exc.exit_code)
-    except ex.ClickException as exc:
-        where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "powerfleet"
+    except _usage_errors(ex) as exc:
+        # Celery's own CLI (run inside `worker`, `agent`, `beat`, `flower`) raises click's
+        # errors, not typer's vendored ones: e.g. `agent --loglevel BOGUS`.
+        ours = isinstance(exc, ex.ClickException) and getattr(exc, "ctx", None) is not None
+        where = exc.ctx.command_path if ours else "powerfleet"
         message = " ".join(exc.format_message().split())
         typer.echo(f"{where}: error: {message}", err=True)
         sys.exit(exc.exit_code)
@@ -74,6 +77,12 @@ def main() -> None:
         typer.echo(f"powerfleet: error: a number is out of range ({' '.join(str(exc).split())})", err=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_errors(ex) -> tuple[type[BaseException], ...]:  # type: ignore[no-untyped-def]
+    import click
+
+    return tuple({ex.ClickException, click.ClickException})
 
 
 def _click_exceptions():  # type: ignore[no-untyped-def]
