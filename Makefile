@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test redis venv bench clean image
+.PHONY: demo test redis venv bench mutants clean image
 
 # redis-server comes from Debian's package (see docs/embedded-broker.md for why).
 redis:
@@ -36,6 +36,12 @@ bench: redis venv
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/sim.py
 	$(BIN)/python bench/budget.py
+
+# The mutation check (bench/mutants.py; docs/benchmarks.md): plants each bug of a fixed list in
+# a copy of the tree and runs its tests. Not part of `make test`. Narrow it with
+#   make mutants MUTANTS_ARGS="--only 'planner.*' s4.group_share_ignores_own_limit"
+mutants: redis venv
+	$(BIN)/python bench/mutants.py $(MUTANTS_ARGS)
 
 # The container image (Dockerfile): the unit tests run inside it first (target test), then the
 # runtime image is tagged. Needs Docker with BuildKit.

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fuzz.py [--examples N] [--atheris-runs N] [--only NAME ...]
 
-Each target (tests/fuzz_targets.py) must answer or raise its own documented error. Phase 1
+Each target (src/powerfleet/testing/fuzz_targets.py) must answer or raise its own documented error. Phase 1
 runs hypothesis with N examples per target (default 3,000). Phase 2, where atheris imports
 (`pip install atheris`), runs coverage-guided fuzzing from the same seeds for --atheris-runs
 inputs per target, each in a child process (atheris owns the process it runs in). Prints one
@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from powerfleet.testing.fuzz_targets import SEEDS, TARGETS
 
-from tests.fuzz_targets import SEEDS, TARGETS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_hypothesis(name: str, examples: int) -> tuple[int, str | None]:
@@ -52,11 +51,10 @@ def run_hypothesis(name: str, examples: int) -> tuple[int, str | None]:
 
 ATHERIS_CHILD = """
 import sys, atheris
-sys.path.insert(0, {root!r})
 with atheris.instrument_imports():
     import powerfleet.cluster.power, powerfleet.agent.cgroup, powerfleet.sim.trace, powerfleet.agent.state
     import powerfleet.retune.state, powerfleet.cluster.dgd, powerfleet.cluster.manifests, powerfleet.config.fleet
-from tests.fuzz_targets import TARGETS
+from powerfleet.testing.fuzz_targets import TARGETS
 atheris.Setup(sys.argv, TARGETS[{name!r}])
 atheris.Fuzz()
 """
@@ -68,7 +66,7 @@ def run_atheris(name: str, runs: int, workdir: Path) -> tuple[int, str | None]:
     for i, seed in enumerate(SEEDS[name]):
         (corpus / f"seed{i}").write_bytes(seed)
     script = workdir / f"fuzz_{name}.py"
-    script.write_text(ATHERIS_CHILD.format(root=str(ROOT), name=name))
+    script.write_text(ATHERIS_CHILD.format(name=name))
     out = subprocess.run([sys.executable, str(script), f"-runs={runs}", "-max_len=4096",
                           f"-artifact_prefix={workdir}/crash-{name}-", str(corpus)],
                          capture_output=True, text=True, timeout=1800, cwd=ROOT)

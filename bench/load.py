@@ -106,10 +106,10 @@ def memory_hour(r: Any, url: str, nodes: list[str], hours: float, logs: Path) ->
 
     from powerfleet.clock import FileClock
     from powerfleet.config import load_config
+    from powerfleet.testing.retune_world import GRID, World
     from powerfleet.twin.apiserver import ApiServer
     from powerfleet.workers.app import create_app
     from powerfleet.workers.launcher import Launcher
-    from tests.retune.world import GRID, World
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-b-"))
     start = 1_800_000_000.0
@@ -179,10 +179,7 @@ def retune_many(n_dgd: int, n_sweep: int, requests: int) -> dict[str, Any]:
     from powerfleet.retune.fanin import FanIn
     from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
     from powerfleet.retune.state import parse_state
-    from powerfleet.twin.apiserver import ApiServer
-    from powerfleet.workers.app import create_app
-    from powerfleet.workers.launcher import Launcher
-    from tests.retune.world import (
+    from powerfleet.testing.retune_world import (
         BASE_K,
         GRID,
         World,
@@ -190,6 +187,9 @@ def retune_many(n_dgd: int, n_sweep: int, requests: int) -> dict[str, Any]:
         traffic_lines,
         write_segments,
     )
+    from powerfleet.twin.apiserver import ApiServer
+    from powerfleet.workers.app import create_app
+    from powerfleet.workers.launcher import Launcher
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-c-"))
     names = [f"dgd{i:02d}" for i in range(n_dgd)]

@@ -1,7 +1,10 @@
 """Does retune pay off? Consecutive windows, each judged on the *next* window (not a test).
 
-For every window i, retune sweeps window i (default 108-point grid plus the probe, objective
-mean TTFT, min improvement 1 %) starting from what it chose before, and the choice is then
+For every window i, retune sweeps window i with exactly the options the live loop uses
+(``retune.settings.sweep_options`` of the default retune settings: default 108-point grid,
+the search beyond its edge, warm start from the previous window, min improvement 1 %, the
+noise guard, the time budget; objective mean TTFT; tests/retune/test_one_path.py shows the
+live window computes the same decision) starting from what it chose before, and the choice is then
 replayed on window i+1 next to (a) the default settings held fixed and (b) the best single
 fixed setting, chosen once by a sweep of the first window. Printed per window: mean and p90
 TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a) and (b)
@@ -10,7 +13,7 @@ in mean TTFT, the worst window, and the sweep wall time per window.
 Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_trace.jsonl
 (../shared/traces beside the clone).
 
-Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2]
+Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--traces conversation,synthetic]
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
-from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.settings import resolve, sweep_options
 from powerfleet.retune.sweep import run_sweep
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.replay import replay
@@ -43,8 +47,19 @@ def _gain(base: float, new: float) -> float:
     return 100.0 * (base - new) / base if base else 0.0
 
 
-def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int, processes: int) -> None:
+def live_settings(window_s: float) -> dict:
+    """The live loop's sweep options for a deployment with ``window_s`` windows (defaults otherwise)."""
+    cfg = RetuneConfig(deployments=["bench"], window_interval_s=int(window_s),
+                       time_budget_s=min(240.0, 0.8 * window_s), shard_timeout_s=min(120.0, 0.5 * window_s))
+    s = resolve(cfg, "bench")
+    return {"grid": s.grid, "objective": s.objective, **sweep_options(s)}
+
+
+def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int,
+        processes: int) -> dict[int, float]:
+    """Print the table; returns each judged window's gain of retune over the best fixed setting."""
     n = int(-(-span_s // window_s))  # the last window may be partial
+    live = live_settings(window_s)
     wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
     print(f"\n== {name}: {len(reqs)} requests, {n} windows of {window_s:g} s, {workers} workers; "
           f"knobs shown as credit/prefill_load_scale/temperature")
@@ -54,11 +69,11 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
     gains_a, gains_b, walls = [], [], []
     points = 0
     print(f"{'win':>3} {'sweep s':>7} {'retune sets':>13} | {'(a) default':>21} | {'(b) best fixed':>21} | "
-          f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT)")
+          f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT) | requests, confidence, decision")
     for i in range(n - 1):
         t = time.perf_counter()
-        res = run_sweep(reqs, workers, "ttft", current, DEFAULT_GRID, max_shards=3, min_improvement_pct=1.0,
-                        window=wins[i], seed=0, processes=processes)
+        res = run_sweep(reqs, workers, live["objective"], current, live["grid"], window=wins[i], seed=0,
+                        processes=processes, **{k: v for k, v in live.items() if k not in ("grid", "objective")})
         walls.append(time.perf_counter() - t)
         points = max(points, len(res.candidates))
         if best_fixed is None:
@@ -74,8 +89,10 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
         gains_a.append(ga)
         gains_b.append(gb)
         cell = lambda m: f"{m[0]:7.0f} {m[1]:7.0f} {m[2]:5.1f}"  # noqa: E731
+        dec = res.decision
+        conf = f"{dec.confidence:.3f}" if dec.confidence is not None else "-"
         print(f"{i + 1:>3} {walls[-1]:7.1f} {_fmt(current):>13} | {cell(a)} | {cell(b)} | {cell(c)} | "
-              f"{ga:+6.1f}% {gb:+6.1f}%")
+              f"{ga:+6.1f}% {gb:+6.1f}% | {dec.requests}, {conf}, {dec.action}")
     print("columns per setting: mean TTFT ms, p90 TTFT ms, mean ITL ms; best fixed = "
           f"{_fmt(best_fixed or default)} (from window 0)")
     wa = min(range(len(gains_a)), key=lambda j: gains_a[j])
@@ -85,6 +102,7 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
           f"({gains_a[wa]:+.1f}%), vs best fixed: {wb + 1} ({gains_b[wb]:+.1f}%)")
     print(f"sweep wall time per window: mean {statistics.fmean(walls):.1f} s, max {max(walls):.1f} s "
           f"({processes} processes, {points} candidates + probe)")
+    return {i + 1: g for i, g in enumerate(gains_b)}
 
 
 def main() -> None:
@@ -92,15 +110,19 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=300.0)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--traces", default="conversation,synthetic")
     args = ap.parse_args()
-    conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
-    t0 = min(r.timestamp_ms for r in conv)
-    conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
-    run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes)
-    syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
-    ts = [r.timestamp_ms for r in syn]
-    span = (max(ts) - min(ts)) / 1000.0
-    run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes)
+    which = set(args.traces.split(","))
+    if "conversation" in which:
+        conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
+        t0 = min(r.timestamp_ms for r in conv)
+        conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
+        run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes)
+    if "synthetic" in which:
+        syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
+        ts = [r.timestamp_ms for r in syn]
+        span = (max(ts) - min(ts)) / 1000.0
+        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import argparse
 import time
 from pathlib import Path
 
-from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.settings import resolve, sweep_options
 from powerfleet.retune.sweep import run_sweep
 from powerfleet.sim.engine import EngineConfig
 from powerfleet.sim.policy import RouterOptions, RouterPolicy
@@ -56,10 +57,12 @@ def main() -> None:
     assert win is not None and win[0] is not None and win[1] is not None
     length = win[1] - win[0]
     t = time.perf_counter()
-    res = run_sweep(
-        trace.requests, args.workers, "ttft", RouterPolicy(), DEFAULT_GRID,
-        max_shards=3, window=win, seed=0, processes=args.processes,
-    )
+    # The live loop's options for a deployment with windows of this length (one sweep path).
+    live = resolve(RetuneConfig(deployments=["bench"], window_interval_s=int(length),
+                                time_budget_s=min(240.0, 0.8 * length), shard_timeout_s=min(120.0, 0.5 * length)),
+                   "bench")
+    res = run_sweep(trace.requests, args.workers, live.objective, RouterPolicy(), live.grid, window=win, seed=0,
+                    processes=args.processes, **sweep_options(live))
     sweep_wall = time.perf_counter() - t
     knobs = ("overlap_score_credit", "prefill_load_scale", "temperature")
     print(

@@ -74,7 +74,13 @@ class Bench:
         self.gpus.update(change)
 
 
+def host_process(proc_root: Path, pid: int = 1) -> None:
+    """A host process (init) under a fake proc root, so the root "shows the host's processes"."""
+    (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc_root / str(pid) / "cgroup").write_text("0::/init.scope\n")
+
+
 @pytest.fixture
 def bench(tmp_path: Path) -> Bench:
-    (tmp_path / "proc").mkdir()
+    host_process(tmp_path / "proc")
     return Bench(tmp=tmp_path, gpus=SimulatedGpus([device(0), device(1)]))

@@ -3,6 +3,9 @@ with simulated GPUs, and the loopback Kubernetes API server reached through the 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,6 +60,14 @@ class Fleet:
     ports: dict[str, int]
     agents: dict[str, Child]
     r: redis.Redis
+    launcher: Launcher
+    tmp: Path
+
+    def respawn(self, node: str) -> Child:
+        self.launcher.env["POWERFLEET_AGENT__PROC_ROOT"] = str(self.tmp / "proc" / node)
+        self.launcher.env["POWERFLEET_AGENT__PROBE_PORT"] = str(self.ports[node])
+        self.agents[node] = self.launcher.spawn(f"{node}-2", "agent", "--node", node)
+        return self.agents[node]
 
     def metric(self, node: str, name: str, labels: str = "") -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.ports[node]}/metrics", timeout=5).read().decode()
@@ -93,14 +104,14 @@ def fleet(tmp_path: Path, broker_url: str) -> Iterator[Fleet]:  # noqa: F811
             for node in NODES:
                 wait_worker(app, f"agent@{node}")
             r = redis.Redis.from_url(broker_url)
-            fleet = Fleet(app, api, gpus, ports, agents, r)
+            fleet = Fleet(app, api, gpus, ports, agents, r, launcher, tmp_path)
             # The startup passes (the watch's first listing) find idle GPUs: nothing to set yet.
             for node in NODES:
                 wait_for(lambda n=node: fleet.metric(n, "powerfleet_agent_passes_total", 'outcome="ok",trigger="watch"'),
                          f"{node}'s first watch pass")
             yield fleet
             for node in NODES:
-                launcher.stop_child(agents[node])
+                launcher.stop_child(fleet.agents[node])
 
 
 def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_applies_a_change(fleet: Fleet) -> None:
@@ -129,13 +140,61 @@ def test_a_tick_reaches_both_agents_each_caps_only_its_own_gpus_and_the_watch_ap
     assert fleet.limits("gpu-node-b") == [700, 450]
     assert fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="tick"') == 1
 
-    # Warm shutdown restores the agent's GPUs to their default and forgets them.
+    # A DaemonSet-style restart (SIGTERM, then a new agent): the caps stay in force throughout.
+    seen: list[list[float]] = []
     fleet.agents["gpu-node-a"].proc.send_signal(15)
-    assert fleet.agents["gpu-node-a"].proc.wait(timeout=60) == 0
-    assert fleet.limits("gpu-node-a") == [700, 700]
+    assert wait_for(lambda: seen.append(fleet.limits("gpu-node-a")) or fleet.agents["gpu-node-a"].proc.poll() is not None,
+                    "the agent to exit", timeout_s=60)
+    assert fleet.agents["gpu-node-a"].proc.returncode == 0
+    assert fleet.limits("gpu-node-a") == [250, 700]
     assert "gpu-node-a" not in live_agents(fleet.r)
     log = fleet.agents["gpu-node-a"].log.read_text()
     assert "Traceback" not in log, log
+    assert "keep their caps for the next agent" in log, log
+    successor = fleet.respawn("gpu-node-a")
+    wait_for(lambda: seen.append(fleet.limits("gpu-node-a")) or
+             fleet.metric("gpu-node-a", "powerfleet_agent_passes_total", 'outcome="ok",trigger="watch"') >= 1,
+             "the successor's first pass", timeout_s=60)
+    assert all(x == [250, 700] for x in seen), seen  # never uncapped, not even for a moment
+    assert "Traceback" not in successor.log.read_text()
+
+
+def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=fleet.launcher.child_env())
+
+
+def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fleet: Fleet) -> None:
+    node = "gpu-node-a"
+
+    def start(devs) -> None:
+        devs[0].pids = [PID]
+    fleet.gpus[node].update(start)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [300, 700]
+
+    # A second agent for the node refuses to start, in one line, and touches nothing.
+    second = cli(fleet, "agent", "--node", node, "--metrics-port", "0")
+    assert second.returncode == 1, second.stderr
+    assert second.stderr.strip().splitlines()[-1].startswith(f"powerfleet: error: another agent for node {node} is running")
+    # So does a real `agent once`.
+    once = cli(fleet, "agent", "once", "--node", node, "--proc-root", str(fleet.tmp / "proc" / node), "--json")
+    assert once.returncode == 1 and "another agent for node" in once.stderr and "Traceback" not in once.stderr
+    assert fleet.limits(node) == [300, 700]
+
+    drained = cli(fleet, "agent", "drain", "--node", node, "--json", "--timeout", "60")
+    assert drained.returncode == 0, drained.stderr + drained.stdout
+    assert json.loads(drained.stdout)["restored"] == ["GPU-0000"]
+    assert fleet.limits(node) == [700, 700]
+    result = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert result["skipped"].startswith("drained") and fleet.limits(node) == [700, 700]
+
+    assert cli(fleet, "agent", "drain", "--node", node, "--undo").returncode == 0
+    wait_for(lambda: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+             ["skipped"] is None, "the agent to notice the undo")
+    assert fleet.limits(node) == [300, 700]
+    # The other node meanwhile (same fleet, to spare a second start of two agents):
+    evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet)
 
 
 def test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding(fleet: Fleet) -> None:
@@ -164,18 +223,20 @@ def active_queues(app: FleetCelery, worker: str) -> set[str]:
 
 def restores_its_own_binding_after_flower_style_consumer_changes(fleet: Fleet) -> None:
     worker, log = "agent@gpu-node-b", fleet.agents["gpu-node-b"].log
+    restores = lambda: fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total")  # noqa: E731
     fleet.app.control.cancel_consumer("node.gpu-node-b", destination=[worker], reply=True, timeout=5)
+    # Wait on the counter, which moves after the repair, not on the queue list (seen before the log line).
+    wait_for(lambda: restores() == 1, "the binding restored once", timeout_s=30)
     wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "its own queue back", timeout_s=30)
-    assert log.read_text().count("restoring the binding") == 1
     fleet.app.control.add_consumer("control", destination=[worker], reply=True, timeout=5)
+    wait_for(lambda: restores() == 2, "the binding restored a second time", timeout_s=30)
     wait_for(lambda: active_queues(fleet.app, worker) == {"node.gpu-node-b"}, "the foreign queue dropped", timeout_s=30)
     assert log.read_text().count("restoring the binding") == 2
-    assert fleet.metric("gpu-node-b", "powerfleet_agent_binding_restores_total") == 2
     ok = fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": "gpu-node-b"}).get(timeout=30)
     assert ok["ran"] and ok["queue"] == "node.gpu-node-b"
 
 
-def test_with_the_broker_down_the_agent_keeps_enforcing_and_still_restores_on_shutdown(tmp_path: Path) -> None:
+def test_with_the_broker_down_the_agent_keeps_enforcing_and_exits_cleanly(tmp_path: Path) -> None:
     from powerfleet.broker.embedded import EmbeddedRedis
 
     node = "gpu-node-a"
@@ -198,6 +259,32 @@ def test_with_the_broker_down_the_agent_keeps_enforcing_and_still_restores_on_sh
             assert agent.proc.poll() is None  # a broker outage never ends the agent
             agent.proc.send_signal(15)
             assert agent.proc.wait(timeout=60) == 0
-            assert gpus.read_limit(0) == 700_000  # restored on the way out, broker or not
+            assert gpus.read_limit(0) == 275_000  # a stop is no drain: the cap stays for the next agent
             log = agent.log.read_text()
             assert "Traceback" not in log, log
+
+
+def evidence_reaches_redis_and_an_external_limit_change_is_corrected_within_one_pass(fleet: Fleet) -> None:
+    from powerfleet.agent.evidence import evidence_key
+
+    node = "gpu-node-b"
+
+    def start(devs) -> None:
+        devs[1].pids = [PID]
+    fleet.gpus[node].update(start)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [700, 450]
+
+    def record() -> dict | None:
+        raw = fleet.r.hget(evidence_key(node), "GPU-0001")
+        return json.loads(raw) if raw else None
+    got = wait_for(lambda: (r := record()) and r["target_w"] == 450 and r, "the evidence of the capped GPU")
+    assert (got["enforced_w"], got["write"], got["readback"], got["pods"][0]["name"]) == (450, "ok", "match", f"decode-{node}")
+    assert 0 < fleet.r.ttl(evidence_key(node)) <= 180  # three 60 s intervals
+
+    def nvidia_smi_pl(devs) -> None:
+        devs[1].current_w = 650
+    fleet.gpus[node].update(nvidia_smi_pl)
+    fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": node}).get(timeout=30)
+    assert fleet.limits(node) == [700, 450]  # corrected in that one pass
+    assert fleet.metric(node, "powerfleet_agent_readback_mismatch_total") == 1

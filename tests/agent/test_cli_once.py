@@ -52,10 +52,10 @@ def test_dry_run_prints_what_the_agent_would_do_per_gpu(node: Path) -> None:
     rows = {g["index"]: (g["decision"], g["pods"], g["requested_w"], g["cap_w"]) for g in out["gpus"]}
     assert rows == {
         0: ("single", [A], 300, 300),            # two processes, one pod
-        1: ("conflict", sorted([B, C]), 450, 450),
+        1: ("conflict", sorted([B, C]), 350, 350),  # the lowest valid cap, never the higher safe default
         2: ("idle", [], None, None),
         3: ("single", [C], 900, 700),            # clamped to max
-        4: ("release", [], 700, None),           # a host process; the GPU is not managed
+        4: ("hold", [], None, None),             # a host process: unattributed, its cap stays
     }
     assert [g["uuid"] for g in out["gpus"]] == [f"GPU-{i:04d}" for i in range(5)]
     assert json.loads((node / "gpus.json").read_text())[0]["current_w"] == 700  # touched nothing
@@ -65,7 +65,7 @@ def test_namespace_scope(node: Path) -> None:
     res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
               "--gpus", str(node / "gpus.json"), "--namespace", "llm", "--dry-run", "--json")
     rows = {g["index"]: g["decision"] for g in json.loads(res.stdout)["gpus"]}
-    assert rows[1] == "conflict" and rows[3] == "release"  # c is out of scope: not opted in here
+    assert rows[1] == "conflict" and rows[3] == "hold"  # c is out of scope: unseen, so its cap stays
 
 
 def test_a_pass_that_cannot_list_pods_says_skipped_and_exits_1(node: Path, tmp_path: Path) -> None:
@@ -117,3 +117,39 @@ def test_human_output_names_each_gpu_decision_and_cap(node: Path) -> None:
     assert lines[0] == "gpu-a: dry run, 5 GPU(s)"
     assert "GPU 3 GPU-0003: single" in lines[4] and "requested 900 -> cap 700 W (clamped to max) [hold]" in lines[4]
     assert "GPU 0 GPU-0000: single" in lines[1] and "requested 300 -> cap 300 W [would-set]" in lines[1]
+
+
+def test_hostile_files_fail_in_one_line(node: Path, tmp_path: Path, capsys) -> None:
+    import os
+
+    import typer
+
+    from powerfleet.agent.simulated import parse_devices
+    from powerfleet.cli.agent_cmd import _read_json
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "inf.json").write_text('[{"index": 0, "uuid": "GPU-0", "min_w": Infinity, "max_w": 700, "default_w": 700}]')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for path, msg in [(fifo, "is not a regular file"), (Path("/dev/zero"), "is not a regular file"),
+                      (tmp_path / "inf.json", "Infinity is not a number JSON allows"),
+                      (tmp_path / "deep.json", "nested too deeply")]:
+        with pytest.raises(typer.Exit) as exit_:
+            _read_json(path, "--gpus")  # in-process: the reader every --pods/--gpus file goes through
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.exit_code == 2 and len(err) == 1 and msg in err[0], (path, err)
+    with pytest.raises(ValueError, match="min_w"):
+        parse_devices([{**device(0), "min_w": True}])
+    # And once through the installed command: a FIFO as --pods fails in one line, nothing hangs.
+    res = run("--node", "gpu-a", "--pods", str(fifo), "--dry-run", "--json")
+    assert res.returncode == 2 and res.stderr.strip() == f"powerfleet: error: --pods: {fifo} is not a regular file"
+
+
+def test_a_fifo_as_a_cgroup_file_is_skipped_not_waited_on(node: Path) -> None:
+    import os
+
+    from powerfleet.agent.cgroup import pod_uid_for_pid
+
+    (node / "proc" / "77").mkdir()
+    os.mkfifo(node / "proc" / "77" / "cgroup")
+    assert pod_uid_for_pid(node / "proc", 77) is None

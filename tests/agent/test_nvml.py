@@ -1,18 +1,20 @@
-"""The NVML backend against a stand-in pynvml module; the read path against a real GPU where one exists."""
+"""The NVML backend against stand-in pynvml modules raising pynvml's own exception classes (a
+minimal one here, the simulated driver of simnvml.py for the failure modes); the read path
+against a real GPU where one exists."""
 
 from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
 
+import pynvml
 import pytest
+from pynvml import NVMLError
 
 from powerfleet.agent.gpu import GpuError, normalise_uuid
 from powerfleet.agent.nvml import NvmlBackend
-
-
-class NVMLError(Exception):
-    pass
+from powerfleet.agent.simulated import SimulatedGpus
+from tests.agent.conftest import device
 
 
 class FakeNvml:
@@ -24,8 +26,8 @@ class FakeNvml:
         self.devices = devices
         self.uuid_bytes = uuid_bytes
         self.calls: list[str] = []
-        self.broken: dict[tuple[int, str], str] = {}
-        self.shutdown_error: str | None = None
+        self.broken: dict[tuple[int, str], int] = {}  # (gpu, call) -> NVML error code
+        self.shutdown_error: int | None = None
 
     def _dev(self, h: int, fn: str) -> dict:
         self.calls.append(fn)
@@ -46,7 +48,7 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         if not 0 <= i < len(self.devices):
-            raise NVMLError("Invalid Argument")
+            raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return i
 
     def nvmlDeviceGetUUID(self, h: int):
@@ -72,7 +74,7 @@ class FakeNvml:
     def nvmlDeviceSetPowerManagementLimit(self, h: int, mw: int) -> None:
         d = self._dev(h, "set")
         if not d["min"] <= mw <= d["max"]:
-            raise NVMLError("Invalid Argument")
+            raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         d["limit"] = mw
 
 
@@ -100,10 +102,11 @@ def test_set_and_read_back() -> None:
 
 def test_an_nvml_error_is_a_gpu_error_for_that_gpu_only() -> None:
     nvml = FakeNvml(devs())
-    nvml.broken[(0, "constraints")] = "Not Supported"
+    nvml.broken[(0, "constraints")] = pynvml.NVML_ERROR_NOT_SUPPORTED
     b = NvmlBackend(nvml)
-    with pytest.raises(GpuError, match="GPU 0: nvmlDeviceGetPowerManagementLimitConstraints: Not Supported"):
+    with pytest.raises(GpuError, match="GPU 0: nvmlDeviceGetPowerManagementLimitConstraints: .*Not Supported") as err:
         b.read(0)
+    assert (err.value.kind, err.value.uuid) == ("not_supported", "GPU-0")
     assert b.read(1).uuid == "GPU-1"
     with pytest.raises(GpuError, match="Invalid Argument"):
         b.set_limit(1, 50_000)
@@ -111,21 +114,21 @@ def test_an_nvml_error_is_a_gpu_error_for_that_gpu_only() -> None:
 
 def test_missing_draw_is_not_an_error() -> None:
     nvml = FakeNvml(devs())
-    nvml.broken[(0, "draw")] = "Not Supported"
+    nvml.broken[(0, "draw")] = pynvml.NVML_ERROR_NOT_SUPPORTED
     assert NvmlBackend(nvml).read(0).draw_mw is None
 
 
 def test_init_failure_is_one_gpu_error() -> None:
     class Broken(FakeNvml):
         def nvmlInit(self) -> None:
-            raise NVMLError("Driver Not Loaded")
-    with pytest.raises(GpuError, match="NVML init failed: Driver Not Loaded"):
+            raise NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(GpuError, match="NVML init failed: .*Driver Not Loaded"):
         NvmlBackend(Broken([]))
 
 
 def test_close_logs_a_shutdown_error_with_its_traceback_and_does_not_raise(caplog) -> None:
     nvml = FakeNvml(devs())
-    nvml.shutdown_error = "Uninitialized"
+    nvml.shutdown_error = pynvml.NVML_ERROR_UNINITIALIZED
     b = NvmlBackend(nvml)
     with caplog.at_level(logging.ERROR):
         b.close()
@@ -133,6 +136,58 @@ def test_close_logs_a_shutdown_error_with_its_traceback_and_does_not_raise(caplo
     assert nvml.calls.count("nvmlShutdown") == 1
     rec = [r for r in caplog.records if "NVML shutdown failed" in r.getMessage()]
     assert len(rec) == 1 and rec[0].exc_info is not None
+
+
+def sim(*faults: str, index: int = 0) -> SimulatedGpus:
+    g = SimulatedGpus([device(0, pids=[11]), device(1, pids=[12])])
+    g.fail(index, *faults)
+    return g
+
+
+def test_a_library_mismatch_on_the_process_list_falls_back_to_the_older_call(caplog) -> None:
+    g = sim("library_mismatch")
+    with caplog.at_level(logging.WARNING):
+        assert g.read(0).pids == (11,) and g.read(0).pids == (11,)
+    # One warning per call family, not one per read; the other GPU was never affected.
+    assert sum("NVMLLibraryMismatchError" in m for m in caplog.messages) == 2
+    assert g.read(1).pids == (12,)
+
+
+def test_uninitialized_after_a_driver_reload_re_initialises_nvml_once() -> None:
+    g = sim()
+    port = g._port()
+    g.fail(0, "uninitialized")  # the driver was reloaded under the agent
+    assert g.read(0).uuid == "GPU-0000"
+    assert port.reinits == 1 and g.devices()[0].fail == []
+
+
+@pytest.mark.parametrize("fault,call,kind", [
+    ("gpu_lost", "read", "gpu_lost"),
+    ("not_supported", "read", "not_supported"),
+    ("no_permission", "set", "no_permission"),
+    ("set", "set", "nvml"),
+])
+def test_each_driver_failure_is_a_gpu_error_of_that_gpu_with_its_kind(fault: str, call: str, kind: str) -> None:
+    g = sim(fault)
+    with pytest.raises(GpuError) as err:
+        g.read(0) if call == "read" else g.set_limit(0, 300_000)
+    assert err.value.kind == kind
+    assert g.read(1).uuid == "GPU-0001"  # the other GPU goes on
+
+
+def test_an_out_of_band_limit_is_reported_as_the_enforced_limit() -> None:
+    g = SimulatedGpus([device(0, enforced_w=450)])
+    g.set_limit(0, 600_000)
+    assert g.read_limit(0) == 600_000 and g.read_enforced(0) == 450_000 and g.read(0).enforced_mw == 450_000
+
+
+def test_any_exception_from_the_binding_is_a_gpu_error() -> None:
+    class Odd(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, h: int):
+            raise RuntimeError("ctypes blew up")
+    with pytest.raises(GpuError, match="ctypes blew up") as err:
+        NvmlBackend(Odd(devs())).read(0)
+    assert err.value.kind == "binding"
 
 
 def test_uuid_normalisation() -> None:

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from powerfleet.agent.presence import Heartbeat, beat, heartbeat_key, heartbeat_ttl_s, live_agents
-from powerfleet.agent.watcher import PodWatcher, cap_relevant
+from powerfleet.agent.podcache import PodCache, PodViewStale
+from powerfleet.agent.watcher import cap_relevant
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
@@ -112,9 +113,13 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
     def on_change(reason: str) -> None:
         reasons.append(reason)
         got.set()
-    watcher = PodWatcher(cluster, "gpu-a", [], on_change, timeout_seconds=5).start()
+    watcher = PodCache(cluster, "gpu-a", [], on_change, watch_timeout_s=5)
+    with pytest.raises(PodViewStale, match="not listed yet"):
+        watcher.snapshot()  # no view before the first LIST: a pass is skipped, never run on nothing
+    watcher.start()
     try:
-        wait_for(lambda: reasons == ["pod default/p added"], "the initial listing")
+        wait_for(lambda: reasons == ["pod list of all namespaces (1 pods)"], "the initial listing")
+        assert [p.name for p in watcher.snapshot()] == ["p"]
         api.apply(pod("other-node", "gpu-b", "300"))
         api.apply(pod("plain", "gpu-a", None))
         api.apply(pod("p", "gpu-a", "250"))
@@ -123,28 +128,32 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
         api.delete("v1", "Pod", "p")
         wait_for(lambda: len(reasons) == 3, "the deletion")
         assert reasons[2] == "pod default/p deleted"
+        wait_for(lambda: sorted(p.name for p in watcher.snapshot()) == ["plain"], "the view to follow the watch")
+        assert watcher.calls["list"] == 1  # one LIST; everything after it came from the watch
     finally:
         watcher.stop()
 
 
 class BrokenCluster:
-    """A cluster whose watch fails the way an undecodable object does."""
+    """A cluster whose LIST fails the way an undecodable object does."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def watch_pods(self, *a, **kw):
+    def list_pods_with_version(self, *a, **kw):
         self.calls += 1
         raise ValueError("1 validation error for V1PodSpec")
 
 
-def test_a_crashing_watch_retries_and_logs_one_traceback_per_outage(caplog) -> None:
-    cluster = BrokenCluster()
+def test_a_crashing_pod_view_retries_stays_stale_and_logs_one_traceback_per_outage(caplog) -> None:
+    core = BrokenCluster()
     with caplog.at_level("WARNING", logger="powerfleet.agent"):
-        w = PodWatcher(cluster, "gpu-a", [], lambda reason: None, retry_s=0.01).start()  # type: ignore[arg-type]
-        wait_for(lambda: cluster.calls >= 5, "several retries")
+        w = PodCache(core, "gpu-a", [], lambda reason: None, retry_s=0.01).start()  # type: ignore[arg-type]
+        wait_for(lambda: core.calls >= 5, "several retries")
+        with pytest.raises(PodViewStale, match="ValueError"):
+            w.snapshot()
         w.stop()
-    crashed = [r for r in caplog.records if "pod watch on gpu-a crashed" in r.getMessage()]
+    crashed = [r for r in caplog.records if "pod view of all namespaces on gpu-a failed" in r.getMessage()]
     assert len(crashed) == 1 and crashed[0].exc_info is not None
 
 

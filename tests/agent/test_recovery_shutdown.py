@@ -56,7 +56,20 @@ def test_inconclusive_state_skips_recovery_and_is_kept_until_a_good_pass(bench: 
     assert bench.state.load().conclusive
 
 
-def test_shutdown_restores_every_managed_gpu_persists_then_closes(bench: Bench) -> None:
+def test_shutdown_leaves_the_caps_for_the_next_agent(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    agent = bench.agent()
+    agent.run_pass()
+    agent.shutdown()
+    assert bench.limits() == [300, 700] and bench.state.load().uuids == {"GPU-0000"}
+    successor = bench.agent()  # a restarted agent adopts the managed set and keeps the cap
+    successor.start()
+    assert successor.managed == {"GPU-0000"} and bench.limits() == [300, 700]
+    assert successor.run_pass().gpus[0].action == "hold" and bench.gpus.sets == [(0, 300_000)]
+
+
+def test_a_drained_shutdown_restores_every_managed_gpu_persists_then_closes(bench: Bench) -> None:
     bench.pod("p", "300", pids=(101,))
     bench.set_pids(0, [101])
     bench.set_pids(1, [101])
@@ -66,7 +79,7 @@ def test_shutdown_restores_every_managed_gpu_persists_then_closes(bench: Bench) 
     order = []
     real_close = bench.gpus.close
     bench.gpus.close = lambda: (order.append(("close", list(bench.limits()))), real_close())[1]
-    agent.shutdown()
+    agent.shutdown(restore=True)
     assert bench.limits() == [700, 700]
     assert order == [("close", [700, 700])]  # restored before the backend was closed
     assert bench.state.load().uuids == frozenset()
@@ -74,11 +87,9 @@ def test_shutdown_restores_every_managed_gpu_persists_then_closes(bench: Bench) 
 
 def test_shutdown_with_no_managed_gpu_does_nothing(bench: Bench, caplog) -> None:
     agent = bench.agent()
-    with caplog.at_level(logging.INFO, logger="powerfleet.agent"):
-        agent.shutdown()
+    agent.shutdown(restore=True)
     assert bench.gpus.sets == [] and bench.opened == 0
     assert not bench.state.path.exists()
-    assert "no managed GPU" in caplog.text
 
 
 def test_shutdown_never_raises_and_logs_failures_with_their_traceback(bench: Bench, caplog) -> None:
@@ -96,7 +107,7 @@ def test_shutdown_never_raises_and_logs_failures_with_their_traceback(bench: Ben
         raise GpuError("NVML shutdown: Uninitialized")
     bench.gpus.close = close_fails
     with caplog.at_level(logging.ERROR, logger="powerfleet.agent"):
-        agent.shutdown()  # must not raise
+        agent.shutdown(restore=True)  # must not raise
     assert bench.limits() == [300, 700]  # GPU 1 restored although GPU 0 failed
     assert agent.managed == {"GPU-0000"} and bench.state.load().uuids == {"GPU-0000"}
     tracebacks = [r for r in caplog.records if r.exc_info]

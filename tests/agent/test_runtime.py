@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from powerfleet.agent.runtime import STALE_INTERVALS, AgentRuntime
+from powerfleet.cluster.dgd import POWER_ANNOTATION
 from tests.agent.conftest import Bench
 from tests.waiting import wait_for
 
@@ -97,28 +98,51 @@ def test_readiness_follows_the_age_of_the_last_good_pass(bench: Bench) -> None:
     assert bench.metrics.value("powerfleet_agent_last_good_pass_age_seconds") == 46.0
 
 
-def test_stop_restores_only_when_the_runtime_ran(bench: Bench) -> None:
-    bench.state.save({"GPU-0000"})
-
-    def capped(devs) -> None:
-        devs[0].current_w = 300
-        devs[0].pids = [1]
-    bench.gpus.update(capped)
-    AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).stop()
-    assert bench.limits()[0] == 300  # never started: the previous run's cap stays for the next agent
+def test_stop_keeps_the_caps_and_a_drain_restores_them(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
     rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.tick_pass()
     rt.stop()
     rt.stop()  # idempotent
+    assert bench.limits()[0] == 300 and bench.state.load().uuids == {"GPU-0000"}  # the next agent adopts it
+    rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
+    rt.drain()
+    assert bench.limits()[0] == 700 and bench.state.load().uuids == frozenset()
+    assert rt.tick_pass().skipped == "drained: caps are at their defaults until the drain is undone"
     assert bench.limits()[0] == 700
+    rt.stop()
 
 
-def test_no_tick_pass_runs_after_the_restore(bench: Bench) -> None:
+def test_no_tick_pass_runs_after_the_stop(bench: Bench) -> None:
     bench.pod("p", "300", pids=(101,))
     bench.set_pids(0, [101])
     rt = AgentRuntime(bench.agent(), interval_s=60, clock=bench.clock).start()
     rt.tick_pass()
     assert bench.limits()[0] == 300
     rt.stop()
-    assert bench.limits()[0] == 700
+    bench.pods[0].annotations[POWER_ANNOTATION] = "250"
     assert rt.tick_pass() is None  # a message already received when SIGTERM came
-    assert bench.limits()[0] == 700
+    assert bench.limits()[0] == 300
+
+
+def test_a_new_process_on_a_gpu_gets_a_pass_from_the_poll_before_any_tick(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    rt = AgentRuntime(bench.agent(), interval_s=3600, clock=bench.clock, poll_s=0.01).start()
+    try:
+        rt.tick_pass()  # the GPUs are idle: nothing to cap
+        assert bench.limits() == [700, 700]
+        bench.set_pids(1, [101])  # the pod's first process starts on GPU 1
+        wait_for(lambda: bench.limits() == [700, 300], "the poll's pass to cap GPU 1")
+        assert passes(bench, "process") == 1
+    finally:
+        rt.stop()
+
+
+def test_a_blind_proc_root_fails_readiness_at_once_with_its_reason(bench: Bench, tmp_path) -> None:
+    agent = bench.agent()
+    agent.proc_root = tmp_path / "nonexistent"
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock)
+    agent.start()  # the proc-root check runs at start
+    ok, text = rt.readiness()
+    assert not ok and text.startswith("not-ready: proc root") and "hostPID" in text

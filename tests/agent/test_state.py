@@ -75,3 +75,26 @@ def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path: Path, monk
 def test_parser_never_raises(text: str) -> None:
     got = parse_state(text)
     assert got.conclusive or got.problem
+
+
+def test_save_fsyncs_the_file_then_replaces_then_fsyncs_the_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+
+    from powerfleet.agent import files
+
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append("replace")
+        real_replace(src, dst)
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    monkeypatch.setattr(files.os, "replace", replace)
+    StateStore(tmp_path).save({"GPU-1"})
+    assert calls == ["fsync-file", "replace", "fsync-dir"]

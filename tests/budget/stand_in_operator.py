@@ -1,17 +1,21 @@
 """A stand-in for the Dynamo operator in budget tests: makes a DGD's pods and status match its
 spec in one step (pods Running with the cap annotation copied verbatim, every replica ready).
 
-It writes the status with a merge patch of the operator's own keys, so ``status.budget`` (written
-by powerfleet) survives, as it does beside a real operator that patches its own fields.
+It writes the status with a merge patch of the operator's own keys, so powerfleet's condition
+survives, as beside a real operator that patches its own fields; each component's entry carries
+what Dynamo's CRD requires of it (``componentKind``, ``replicas``, ``updatedReplicas``), as the
+loopback server validates status like a real server.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from powerfleet.cluster.budget_store import status_object_name, stored_status
 from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION, parse_dgd
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver.errors import ApiError
 
 
 def dgd(name: str, prefill: int, decode: int, *, cap: str = "500", namespace: str = "default") -> dict[str, Any]:
@@ -43,12 +47,18 @@ def settle(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], names
                     "status": {"phase": "Running"}}
             if pod not in existing or api.get("v1", "Pod", pod, namespace)["metadata"].get("annotations") != c.annotations:
                 api.apply(body)
-        components[c.name] = {"replicas": c.replicas, "readyReplicas": c.replicas, "updatedReplicas": c.replicas,
-                              "rollout": {"phase": "Completed"}}
+        components[c.name] = component_status(name, c.name, c.replicas, ready=c.replicas)
     for pod in existing - wanted:
         api.delete("v1", "Pod", pod, namespace)
     kube.patch_dgd_status(namespace, name, {"observedGeneration": d.generation, "state": "successful",
                                             "rollingUpdate": {"phase": "Completed"}, "components": components})
+
+
+def component_status(dgd_name: str, component: str, replicas: int, *, ready: int) -> dict[str, Any]:
+    """One v1beta1 ``status.components`` entry as Dynamo's operator writes it (a single-node
+    component is a Deployment)."""
+    return {"componentKind": "Deployment", "componentNames": [f"{dgd_name}-{component}".lower()],
+            "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": ready, "availableReplicas": ready}
 
 
 def replicas(api: ApiServer, name: str, namespace: str = "default") -> dict[str, int]:
@@ -57,4 +67,32 @@ def replicas(api: ApiServer, name: str, namespace: str = "default") -> dict[str,
 
 
 def budget_status(api: ApiServer, name: str, namespace: str = "default") -> dict[str, Any]:
-    return (api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace).get("status") or {}).get("budget") or {}
+    """The budget's status as powerfleet persisted it in its ConfigMap (the default
+    ``budget.status_store``); empty when none was written."""
+    try:
+        cm = api.get("v1", "ConfigMap", status_object_name(name), namespace)
+    except ApiError as exc:
+        if exc.code == 404:
+            return {}
+        raise
+    return stored_status(cm).status
+
+
+def start_rollout(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], namespace: str = "default") -> None:
+    """The first half of a slow operator's step: the pods a raised spec needs are created but not
+    yet Running (startup), so status reports the new spec count with only the old ones ready."""
+    d = parse_dgd(api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace))
+    pods = [p for p in api.list("v1", "Pod", namespace) if p["metadata"].get("labels", {}).get(LABEL_DGD_NAME) == name]
+    components: dict[str, Any] = {}
+    for c in d.components:
+        mine = [p for p in pods if p["metadata"]["labels"].get(LABEL_COMPONENT) == c.name]
+        running = sum(1 for p in mine if p.get("status", {}).get("phase") == "Running")
+        for i in range(len(mine), c.replicas * c.effective_node_count):
+            api.apply({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": f"{name}-{c.name.lower()}-{i}", "namespace": namespace,
+                                    "labels": {LABEL_DGD_NAME: name, LABEL_COMPONENT: c.name},
+                                    "annotations": dict(c.annotations)},
+                       "spec": {"nodeName": nodes[i % len(nodes)], "containers": [{"name": "main", "image": "engine"}]},
+                       "status": {"phase": "Pending"}})
+        components[c.name] = component_status(name, c.name, c.replicas, ready=running // c.effective_node_count)
+    kube.patch_dgd_status(namespace, name, {"observedGeneration": d.generation, "components": components})

@@ -11,33 +11,20 @@ admission: beta fails closed, alpha keeps running; once rolled out and re-admitt
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from powerfleet.cluster.kube import KubeCluster
-from powerfleet.twin.apiserver import ApiServer
+from tests.budget.conftest import RACK_A_NODES
 from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-NODES = ["gpu-a1", "gpu-a2"]
+NODES = RACK_A_NODES
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with ApiServer() as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        kube = KubeCluster.from_kubeconfig(str(kubeconfig))
-        for n in NODES:
-            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": "rack-a"}}})
-        yield api, kube, kubeconfig
-        kube.close()
-
-
-def test_group_budget_clamps_stages_and_fails_one_deployment_closed(cluster, launcher, app):
-    api, kube, kubeconfig = cluster
+def test_group_budget_clamps_stages_and_fails_one_deployment_closed(rack_a, launcher, app):
+    api, kube, kubeconfig = rack_a
     api.apply(dgd("alpha", 1, 3))
     api.apply(dgd("beta", 1, 1))
     for name in ("alpha", "beta"):
@@ -83,7 +70,8 @@ def test_group_budget_clamps_stages_and_fails_one_deployment_closed(cluster, lau
 
     # beta's cap changes after admission: beta fails closed, alpha keeps running.
     changed = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "beta")
-    changed["spec"]["components"][2]["podTemplate"]["metadata"]["annotations"]["dynamo.nvidia.com/gpu-power-limit"] = "400"
+    decode = next(c for c in changed["spec"]["components"] if c["name"] == "decode")  # by name: the list order is not kept
+    decode["podTemplate"]["metadata"]["annotations"]["dynamo.nvidia.com/gpu-power-limit"] = "400"
     api.apply(changed)
     call("propose", deployment="default/beta", replicas={"decode": 2})
     st = tick_and_wait("beta failing closed", lambda: budget_status(api, "beta").get("reason") == "PowerInputsChanged"

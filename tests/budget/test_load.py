@@ -19,6 +19,9 @@ def test_formula():
     ({"decode": -1.0}, {"decode": 1.0}, "load.decode"),
     ({"decode": math.inf}, {"decode": 1.0}, "load.decode"),
     ({"decode": 1.0}, {"decode": 0.0}, "target_per_replica.decode"),
+    # Each finite, their ratio not: an OverflowError before it was bounded.
+    ({"decode": 1e300}, {"decode": 1e-300}, "over 100000"),
+    ({"decode": 1e6}, {"decode": 1.0}, "over 100000"),
 ])
 def test_bad_signals(load, target, match):
     with pytest.raises(ValueError, match=match):

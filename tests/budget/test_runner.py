@@ -12,30 +12,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerfleet.budget.io import answer
+from powerfleet.budget.persist import ConfigMapStatus
 from powerfleet.budget.program import DeploymentBudget
-from powerfleet.budget.runner import evaluate_deployment, is_transient
+from powerfleet.budget.runner import evaluate_deployment as run_evaluation
+from powerfleet.budget.runner import is_transient
 from powerfleet.budget.state import BudgetState
 from powerfleet.clock import FakeClock
+from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.manifests import ManifestError, load_documents
 from powerfleet.cluster.ports import ClusterError, Conflict, NotFound
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.budget import ProposeArgs
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from tests.budget.stand_in_operator import budget_status, component_status, dgd, replicas, settle
 
-NODES = ["gpu-0"]
 BUDGET = DeploymentBudget(power_limit_w=5000)
 
 
-@pytest.fixture
-def world(tmp_path: Path, broker_url: str):
-    with ApiServer() as api:
-        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
-        api.apply(dgd("llama", 1, 1))
-        settle(api, kube, "llama", NODES)
-        yield api, kube, BudgetState(redis.Redis.from_url(broker_url))
-        kube.close()
+def evaluate_deployment(kube, state, key, budget, group, clock, sink=None):
+    """The runner with the default store (a ConfigMap per deployment), as the task configures it."""
+    return run_evaluation(kube, state, key, budget, group, clock, sink or ConfigMapStatus(KubeBudgetStore(kube)))
 
 
 def test_unchanged_status_is_not_rewritten_and_emits_nothing(world):
@@ -44,10 +41,12 @@ def test_unchanged_status_is_not_rewritten_and_emits_nothing(world):
     first = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
     assert first.status_written and first.events == ["Planned", "PowerInputsAdmitted"]
     rv = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "llama")["metadata"]["resourceVersion"]
+    cm_rv = api.get("v1", "ConfigMap", "llama-powerfleet-budget")["metadata"]["resourceVersion"]
     clock.advance(30)
     again = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
     assert not again.status_written and again.events == [] and again.replicas_written == {}
     assert api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "llama")["metadata"]["resourceVersion"] == rv
+    assert api.get("v1", "ConfigMap", "llama-powerfleet-budget")["metadata"]["resourceVersion"] == cm_rv
     state.propose("default/llama", {"decode": 3}, at=clock.now(), source="test")
     scaled = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
     assert scaled.replicas_written == {"decode": 3} and "Scaled" in scaled.events
@@ -149,8 +148,9 @@ def test_aggregated_v1alpha1_deployment_end_to_end(tmp_path, broker_url):
             "spec": {"nodeName": "gpu-0", "containers": [{"name": "main"}]}, "status": {"phase": "Running"}})
         api.apply({**api.get("v1", "Pod", "agg-w-0"), "metadata": {**api.get("v1", "Pod", "agg-w-0")["metadata"],
                                                                    "name": "agg-w-1", "uid": "", "resourceVersion": ""}})
-        kube.patch_dgd_status("default", "agg", {"observedGeneration": 1, "services": {"VllmDecodeWorker": {
-            "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}}}})
+        # written through v1beta1 (KubeCluster's endpoint): its components map, as Dynamo's CRD requires it
+        kube.patch_dgd_status("default", "agg", {"observedGeneration": 1, "state": "successful", "components": {
+            "VllmDecodeWorker": component_status("agg", "VllmDecodeWorker", 2, ready=2)}})
         state = BudgetState(redis.Redis.from_url(broker_url))
         state.propose("default/agg", {"worker": 9}, at=0, source="test")
         out = evaluate_deployment(kube, state, "default/agg", DeploymentBudget(power_limit_w=5000), None, FakeClock())

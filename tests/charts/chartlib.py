@@ -36,7 +36,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "flower": {"enabled": True, "basicAuthSecret": {"name": "fleet-flower-auth"},
                    "networkPolicy": {"extraFrom": [{"namespaceSelector": {"matchLabels": {"name": "ingress"}}}]}},
         "metrics": {"port": 9100, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
-                    "dashboard": {"enabled": True}},
+                    "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}, "dashboard": {"enabled": True}},
         "retune": {"enabled": True, "traceVolume": {"persistentVolumeClaim": {"claimName": "traces"}}},
         "imagePullSecrets": [{"name": "regcred"}],
         "config": {
@@ -63,10 +63,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
                   "persistence": {"enabled": True, "storageClass": "fast"}, "maxmemory": "2gb",
                   "resources": {"requests": {"cpu": "500m", "memory": "3Gi"}, "limits": {"cpu": "2", "memory": "3Gi"}}},
     },
+    # The in-chart Redis replicated: three pods (Redis + Sentinel each), persistent.
+    "sentinel": {"redis": {"mode": "sentinel", "persistence": {"enabled": True}}},
 }
 
 # Kinds from CRDs: kubernetes-validate has no schema for them (checked by their own tests).
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 @functools.lru_cache(maxsize=1)

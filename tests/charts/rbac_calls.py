@@ -39,7 +39,12 @@ CLIENT_CALLS: dict[str, Perm | None] = {
     "patch_namespaced_event": ("", "events", "patch"),
     "list_namespaced_event": ("", "events", "list"),
     "list_node": ("", "nodes", "list"),
+    "read_namespaced_config_map": ("", "configmaps", "get"),
+    "create_namespaced_config_map": ("", "configmaps", "create"),
+    "patch_namespaced_config_map": ("", "configmaps", "patch"),
     "read_node": ("", "nodes", "get"),
+    # resource.k8s.io/v1
+    "list_namespaced_resource_claim_template": ("resource.k8s.io", "resourceclaimtemplates", "list"),
     # coordination.k8s.io/v1
     "read_namespaced_lease": ("coordination.k8s.io", "leases", "get"),
     "list_namespaced_lease": ("coordination.k8s.io", "leases", "list"),

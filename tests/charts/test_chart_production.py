@@ -145,6 +145,29 @@ def test_metrics_services_select_each_component_and_the_service_monitor_selects_
     assert not find(objects({}), "ServiceMonitor")
 
 
+def test_the_prometheus_rule_alerts_on_projected_over_budget_and_measured_near_it() -> None:
+    objs = objects({"metrics": {"prometheusRule": {"enabled": True, "measuredFraction": 0.85, "measuredFor": "15m",
+                                                   "labels": {"release": "prom"}}}})
+    [rule] = find(objs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "prom"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    projected, measured = alerts["PowerfleetGroupProjectedOverBudget"], alerts["PowerfleetGroupMeasuredNearBudget"]
+    assert "powerfleet_budget_group_current_watts" in projected["expr"]
+    assert "> max by (group) (powerfleet_budget_group_budget_watts)" in projected["expr"]
+    assert "powerfleet_budget_group_measured_watts" in measured["expr"] and "> 0.85 *" in measured["expr"]
+    assert measured["for"] == "15m" and projected["labels"]["severity"] == "critical"
+    assert "{{ $labels.group }}" in projected["annotations"]["summary"]
+    # the series the rule reads are the ones the budget exports
+    from powerfleet.budget import metrics
+
+    exported = {m._name for m in (metrics.GROUP_CURRENT, metrics.GROUP_BUDGET, metrics.GROUP_MEASURED)}
+    assert exported == {"powerfleet_budget_group_current_watts", "powerfleet_budget_group_budget_watts",
+                        "powerfleet_budget_group_measured_watts"}
+    assert not find(objects({}), "PrometheusRule")
+    assert not find(objects({"metrics": {"prometheusRule": {"enabled": True}}, "budget": {"enabled": False}}),
+                    "PrometheusRule")
+
+
 def test_without_metrics_only_the_agent_probe_is_scraped() -> None:
     services = [s for s in find(objects({"metrics": {"port": 0}}), "Service")
                 if s["metadata"]["labels"].get("powerfleet.io/metrics") == "true"]

@@ -16,16 +16,19 @@ helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
 # Which adapter methods (src/powerfleet/cluster) each feature's code calls. Checked against
 # the code below: a method listed here must be called there, and vice versa.
 ROLE_METHODS: dict[str, set[str]] = {
-    "agent": {"list_pods", "watch_pods"},
+    "agent": {"list_pods", "list_pods_with_version", "watch_pods"},
     "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
-               "record_event", "list_nodes"},
-    "retune": {"list_pods", "get_dgd_object"},
+               "record_event", "list_nodes", "read_status", "write_status", "set_condition", "list_gpu_pods",
+               "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates"},
+    "retune": {"list_pods", "get_dgd_object", "record_event"},
     "leases": {"get_lease", "create_lease", "update_lease", "delete_lease"},
 }
 # Where each feature's code lives (under src/powerfleet).
 ROLE_CODE: dict[str, list[str]] = {
     "agent": ["agent", "tasks/agent.py"],
-    "budget": ["budget", "tasks/budget.py"],
+    # The power guard (oversubscribed groups) reads what a group budget reads: the group's nodes
+    # and the pods on them, under the worker's group-budget grant.
+    "budget": ["budget", "tasks/budget.py", "power", "tasks/power.py"],
     "retune": ["retune", "tasks/retune.py"],
     "leases": ["retune", "tasks/retune.py"],
 }

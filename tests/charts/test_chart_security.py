@@ -103,8 +103,13 @@ def test_broker_url_reaches_every_process_from_a_secret(variant: tuple[str, dict
         if external:
             assert url["valueFrom"]["secretKeyRef"] == {"name": "fleet-broker", "key": "url"}
             assert env["POWERFLEET_BROKER__RESULT_BACKEND"]["valueFrom"]["secretKeyRef"]["key"] == "results"
+        elif values.get("redis", {}).get("mode") == "sentinel":  # every Sentinel, the password from the Secret
+            assert url["value"] == ";".join(f"sentinel://{':$(REDIS_PASSWORD)@' if i == 0 else ''}pf-powerfleet-redis-{i}"
+                                            ".pf-powerfleet-redis-headless.fleet.svc:26379/0" for i in range(3))
+            assert env["POWERFLEET_BROKER__SENTINEL__PASSWORD"]["value"] == "'$(REDIS_PASSWORD)'"
         else:
             assert url["value"] == "redis://:$(REDIS_PASSWORD)@pf-powerfleet-redis.fleet.svc:6379/0"
+        if not external:
             # Defined before use, or Kubernetes leaves $(REDIS_PASSWORD) unexpanded.
             names = [e["name"] for e in c["env"]]
             assert names.index("REDIS_PASSWORD") < names.index("POWERFLEET_BROKER__URL")

@@ -276,8 +276,7 @@ def test_every_command_line_parses_with_the_real_cli(variant: tuple[str, dict[st
     _, values = variant
     runner = CliRunner()
     checked = 0
-    for workload in workloads(objects(values)):
-        c = _container(workload)
+    for c in (c for workload in workloads(objects(values)) for c in pod_spec(workload)["containers"]):
         if c["command"] != ["powerfleet"]:
             continue
         result = runner.invoke(app, [*c["args"], "--help"])

@@ -35,7 +35,9 @@ def component(
 
 def dgd_obj(*components: dict[str, Any], name: str = "llama", namespace: str = "default", status: dict | None = None) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "apiVersion": "nvidia.com/v1alpha1",
+        # The components list is v1beta1's form (v1alpha1 has the services map; a real server
+        # prunes spec.components from a v1alpha1 object).
+        "apiVersion": "nvidia.com/v1beta1",
         "kind": "DynamoGraphDeployment",
         "metadata": {"name": name, "namespace": namespace, "generation": 1},
         "spec": {"components": [copy.deepcopy(c) for c in components]},

@@ -60,16 +60,24 @@ def test_services_map_form():
 def test_status_subset():
     dgd = parse_dgd(disagg(status={
         "observedGeneration": 1, "state": "pending",
-        "rollingUpdate": {"phase": "InProgress", "message": "m"},
-        "components": {"decode": {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1, "rollout": {"phase": "Failed", "message": "crash"}},
-                       "prefill": {"readyReplicas": "2", "rolloutPhase": "Completed"},
+        "rollingUpdate": {"phase": "InProgress", "updatedComponents": ["prefill"]},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "updating", "message": "rolling decode"}],
+        "components": {"decode": {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1,
+                                  "rollout": {"phase": "Failed", "message": "made up"}},
+                       "prefill": {"readyReplicas": "2"},
+                       "grove": {"replicas": 1, "availableReplicas": 1},
                        "junk": "not an object"},
     }))
     s = dgd.status
     assert s.observed_generation == 1 and s.rollout is RolloutPhase.IN_PROGRESS and s.state == "pending"
-    assert s.components["decode"].rollout is RolloutPhase.FAILED and s.components["decode"].message == "crash"
+    assert s.rollout_message == "rolling decode" and s.updated_components == ("prefill",)
+    # Fields Dynamo's CRD does not declare (a per-component rollout) are not read.
+    assert s.components["decode"].rollout is RolloutPhase.IN_PROGRESS and s.components["decode"].message == ""
     assert s.components["prefill"].ready_replicas == 2 and s.components["prefill"].rollout is RolloutPhase.COMPLETED
+    assert s.components["grove"].ready_replicas == 1 and s.components["grove"].available_replicas == 1
     assert "junk" not in s.components
+    no_list = parse_dgd(disagg(status={"rollingUpdate": {"phase": "InProgress"}, "services": {"decode": {"replicas": 1}}}))
+    assert no_list.status.rollout is RolloutPhase.IN_PROGRESS and no_list.status.components["decode"].rollout is None
 
 
 @pytest.mark.parametrize(

@@ -20,12 +20,15 @@ def real(name: str) -> dict:
     return doc
 
 
-def test_discovery_prefers_v1beta1_and_reads_both_forms(api, kube):
+def test_discovery_prefers_v1beta1_and_every_object_is_served_in_it(api, kube):
     assert kube.served_dgd_versions() == ["v1beta1", "v1alpha1"] and kube.dgd_version() == "v1beta1"
     api.apply(real("v1beta1_vllm_disagg.yaml"))
     api.apply(real("v1alpha1_vllm_agg.yaml"))
-    got = {d.name: d.form for d in kube.list_dgds("default")}
-    assert got == {"vllm-disagg": "components", "vllm-agg": "services"}
+    # Stored in v1alpha1, converted for each reader: a v1beta1 client sees components lists only.
+    got = {d.name: (d.form, d.api_version) for d in kube.list_dgds("default")}
+    assert got == {"vllm-disagg": ("components", "nvidia.com/v1beta1"), "vllm-agg": ("components", "nvidia.com/v1beta1")}
+    alpha = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", "vllm-disagg")
+    assert sorted(alpha["spec"]["services"]) == ["Frontend", "VllmDecodeWorker", "VllmPrefillWorker"]
 
 
 def test_a_cluster_serving_only_v1alpha1_is_read_through_it(tmp_path):
@@ -65,7 +68,7 @@ def test_components_replicas_are_a_json_patch_fenced_by_name_and_version(api, ku
         kube.patch_dgd_replicas("default", "vllm-disagg", {"VllmPrefillWorker": 2}, current=read,
                                 resource_version=read.resource_version)
     moved = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "vllm-disagg")
-    moved["spec"]["components"].reverse()
+    moved["spec"]["components"] = [c for c in moved["spec"]["components"] if c["name"] != "Frontend"]
     api.apply(moved)
     with pytest.raises(Conflict, match="changed since it was read"):  # the index now holds another component
         kube.patch_dgd_replicas("default", "vllm-disagg", {"VllmPrefillWorker": 2}, current=read)

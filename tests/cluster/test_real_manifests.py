@@ -154,3 +154,54 @@ def test_gpu_counts_compare_effective_values_and_report_absent():
     zero = copy.deepcopy(new)
     zero["spec"]["components"][1]["podTemplate"]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": 0}
     assert validate_dgd_update(parse_dgd(new), parse_dgd(zero)) == []  # absent = 0
+
+
+# --- GB200 / GB300 shapes (issue 18 item 7) ---------------------------------------------------
+
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
+def with_compute_domain_claim(obj: dict[str, Any], gpus: str = "4") -> dict[str, Any]:
+    """As Kimi K3's GB200 DGDs: nvidia.com/gpu on main, plus a DRA claim for an IMEX channel."""
+    out = annotate(obj)
+    for item in out["spec"]["components"]:
+        if item["type"] != "worker":
+            continue
+        spec = item["podTemplate"]["spec"]
+        spec["resourceClaims"] = [{"name": "compute-domain-channel", "resourceClaimTemplateName": "kimi-channel"}]
+        main = spec["containers"][0]
+        main["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "claims": [{"name": "compute-domain-channel"}]}
+    return out
+
+
+def test_a_compute_domain_channel_claim_leaves_the_gpu_count_readable():
+    obj = parse_dgd(with_compute_domain_claim(load("v1beta1_vllm_disagg_multinode.yaml")))
+    cfg = resolve_power_config(obj, {"kimi-channel": (CHANNEL_CLASS,)})
+    assert {r: rp.watts_per_replica for r, rp in cfg.roles.items()} == {Role.PREFILL: 300 * 4 * 2, Role.DECODE: 300 * 4 * 2}
+    # without the template looked up, the claim may allocate GPUs: refused, saying why
+    with pytest.raises(PowerInputError, match="could not be looked up"):
+        resolve_power_config(obj)
+    # a claim whose device class is a GPU cannot be counted: refused
+    with pytest.raises(PowerInputError, match="allocate GPUs and their count cannot be read"):
+        resolve_power_config(obj, {"kimi-channel": ("gpu.nvidia.com",)})
+
+
+def test_a_gpu_on_a_native_sidecar_init_container_counts():
+    obj = annotate(load("v1beta1_vllm_agg.yaml"))
+    worker = obj["spec"]["components"][1]
+    spec = worker["podTemplate"]["spec"]
+    main = spec["containers"][0]
+    sidecar = {"name": "engine", "image": "e", "restartPolicy": "Always", "resources": main.pop("resources")}
+    spec["initContainers"] = [sidecar]
+    cfg = resolve_power_config(parse_dgd(obj))
+    assert cfg.roles[Role.WORKER].gpus_per_pod == 1
+    dgd = parse_dgd(obj)
+    assert dgd.component(worker["name"]).gpu_path.endswith("initContainers[name=engine].resources.limits[nvidia.com/gpu]")
+    # a plain init container runs before main and releases its GPU: the component has none
+    del sidecar["restartPolicy"]
+    with pytest.raises(PowerInputError, match="requests no nvidia.com/gpu"):
+        resolve_power_config(parse_dgd(obj))
+    # main and a native sidecar both holding GPUs: the pod holds both
+    main["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+    sidecar["restartPolicy"] = "Always"
+    assert resolve_power_config(parse_dgd(obj)).roles[Role.WORKER].gpus_per_pod == 3

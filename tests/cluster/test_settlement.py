@@ -6,14 +6,15 @@ from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.cluster.errors import PowerInputError
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.power import Role
+from powerfleet.cluster.dgd import RolloutPhase
 from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
 from tests.cluster.builders import disagg, pod_obj
 
 
 def done(**overrides):
     comps = {
-        "prefill": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "rollout": {"phase": "Completed"}},
-        "decode": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "rollout": {"phase": "Completed"}},
+        "prefill": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2},
+        "decode": {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1},
     }
     comps.update(overrides)
     return {"observedGeneration": 1, "rollingUpdate": {"phase": "Completed"}, "components": comps}
@@ -51,19 +52,24 @@ def test_verbatim_annotation_is_required():
 
 
 def test_failed_rollout_is_reported_at_once():
-    s = settle(parse_dgd(disagg(status=done(decode={"readyReplicas": 0, "rollout": {"phase": "Failed", "message": "ImagePullBackOff"}}))), [])
-    assert s.state is SettlementState.FAILED and s.reasons == ("component 'decode': rollout failed: ImagePullBackOff",)
-    st = done()
-    st["rollingUpdate"] = {"phase": "Failed", "message": "quota"}
-    assert settle(parse_dgd(disagg(status=st)), pods()).state is SettlementState.FAILED
+    # Dynamo reports a failure deployment-wide (rollingUpdate.phase) with the Ready condition's message.
+    st = {**done(decode={"readyReplicas": 0}), "rollingUpdate": {"phase": "Failed", "updatedServices": ["prefill"]},
+          "conditions": [{"type": "Ready", "status": "False", "reason": "pods_not_ready", "message": "ImagePullBackOff"}]}
+    s = settle(parse_dgd(disagg(status=st)), [])
+    assert s.state is SettlementState.FAILED and s.reasons == ("deployment rollout failed: ImagePullBackOff",)
+    dgd = parse_dgd(disagg(status=st))
+    assert dgd.status.components["decode"].rollout is RolloutPhase.FAILED
+    assert dgd.status.components["decode"].message == "ImagePullBackOff"
+    assert dgd.status.components["prefill"].rollout is RolloutPhase.COMPLETED
 
 
 @pytest.mark.parametrize(
     ("status", "pod_list", "reason"),
     [
         (None, pods(), "component 'prefill': no status yet"),
-        (done(prefill={"replicas": 2, "readyReplicas": 2, "rollout": {"phase": "InProgress"}}), pods(), "rollout InProgress"),
-        (done(prefill={"replicas": 2, "readyReplicas": 1, "rollout": {"phase": "Completed"}}), pods(), "1 of 2 replicas ready"),
+        ({**done(), "rollingUpdate": {"phase": "InProgress", "updatedComponents": ["decode"]}}, pods(),
+         "component 'prefill': rollout InProgress"),
+        (done(prefill={"replicas": 2, "readyReplicas": 1}), pods(), "1 of 2 replicas ready"),
         ({**done(), "observedGeneration": 0}, pods(), "observedGeneration 0 is behind generation 1"),
         ({**done(), "rollingUpdate": {"phase": "Pending"}}, pods(), "deployment rollout Pending"),
         (done(), pods()[1:], "component 'prefill': 1 live pods, expected 2"),

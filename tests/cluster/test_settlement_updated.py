@@ -10,7 +10,7 @@ from tests.cluster.test_settlement import done, pods
 
 def test_updated_replicas_below_replicas_is_still_rolling() -> None:
     # Every replica ready, but one of the two prefill pods still runs the old template.
-    status = done(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1, "rollout": {"phase": "Completed"}})
+    status = done(prefill={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 1})
     s = settle(parse_dgd(disagg(status=status)), pods())
     assert s.state is SettlementState.PENDING
     assert "component 'prefill': 1 of 2 replicas updated" in s.reasons

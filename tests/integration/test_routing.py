@@ -1,4 +1,10 @@
-"""A task routed to node.a runs on the agent consuming node.a, never on node.b's."""
+"""A task routed to node.a runs on the agent consuming node.a, never on node.b's; a tick's pass
+for a node nobody serves expires within one interval."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import redis
 
 from powerfleet.workers.launcher import Launcher
 from tests.integration.conftest import wait_worker
@@ -23,3 +29,25 @@ def test_control_and_sweep_families_route_to_their_queues(app) -> None:
     assert route({}, "powerfleet.budget.tick", (), {})["queue"].name == "control"
     assert route({}, "powerfleet.sweep.shard", (), {})["queue"].name == "sweep"
     assert route({}, "powerfleet.agent.reconcile", (), {"node": "gpu-7"})["queue"].name == "node.gpu-7"
+
+
+def test_a_ticks_pass_for_a_node_without_an_agent_expires_within_one_interval(launcher: Launcher, app,
+                                                                                 broker_url) -> None:
+    """The value, not only its presence: a pass queued for a node nobody serves must be dropped
+    once the next tick has replaced it, never run hours later when an agent comes back."""
+    interval = 7.0  # neither the default (15) nor any other tick's interval
+    launcher.spawn("ctl", "worker", "--queues", "control", "--name", "ctl@tick",
+                   env={"POWERFLEET_BEAT__RECONCILE_INTERVAL_S": str(interval)})
+    wait_worker(app, "ctl@tick")
+
+    before = datetime.now(timezone.utc)
+    assert app.send_task("powerfleet.fleet.reconcile", kwargs={}).get(timeout=30)["dispatched"] == ["a", "b"]
+    after = datetime.now(timezone.utc)
+
+    r = redis.Redis.from_url(broker_url)
+    for node in ("a", "b"):  # configured, no agent: the passes wait in their queues
+        queued = [json.loads(m) for m in r.lrange(f"node.{node}", 0, -1)]
+        assert [m["headers"]["task"] for m in queued] == ["powerfleet.agent.reconcile"]
+        expires = datetime.fromisoformat(queued[0]["headers"]["expires"])
+        assert before + timedelta(seconds=interval) <= expires <= after + timedelta(seconds=interval), \
+            (before, expires, after)

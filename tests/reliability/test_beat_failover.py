@@ -24,11 +24,11 @@ from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config import load_config
 from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
 from powerfleet.retune.state import parse_state
+from powerfleet.testing.retune_world import BASE_K, GRID, INTERVAL, World, start_of
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import create_app
 from powerfleet.workers.launcher import Launcher
 from tests.integration.conftest import wait_worker
-from tests.retune.world import BASE_K, GRID, INTERVAL, World, start_of
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import Fenced
 from powerfleet.retune.windows import dedupe_key
+from powerfleet.testing.retune_world import BASE_K, start_of
 from tests.retune.conftest import Outbox, make_ports, retune_config
-from tests.retune.world import BASE_K, start_of
 
 pytestmark = pytest.mark.integration
 K = BASE_K

@@ -15,9 +15,9 @@ import pytest
 from powerfleet.clock import FakeClock
 from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
+from powerfleet.testing.retune_world import START_POLICY, frontend_pod
 from powerfleet.twin.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import START_POLICY, frontend_pod
 
 pytestmark = pytest.mark.integration
 T0 = 1_800_000_000.0

@@ -21,20 +21,22 @@ from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.reconcile import NodeAgent
 from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from powerfleet.agent.state import StateStore
+from powerfleet.budget.persist import ConfigMapStatus
 from powerfleet.budget.program import DeploymentBudget
-from powerfleet.budget.runner import evaluate_deployment
+from powerfleet.budget.runner import evaluate_deployment as run_evaluation
 from powerfleet.budget.state import BudgetState
 from powerfleet.clock import FakeClock
 from powerfleet.cluster import kube as kube_module
+from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.retune import control
 from powerfleet.retune.windows import dedupe_key
+from powerfleet.testing.retune_world import BASE_K, World, start_of
 from tests.agent.conftest import device
 from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.reliability.faults import FaultyApiServer
 from tests.retune.conftest import Outbox, make_ports, retune_config
-from tests.retune.world import BASE_K, World, start_of
 
 pytestmark = pytest.mark.integration
 FAULTS = ("500", "timeout", "409")
@@ -77,6 +79,11 @@ def test_an_agent_changes_nothing_while_the_api_fails_and_caps_once_it_heals(api
     with server.failing("409"):
         assert agent.run_pass().skipped is None
     assert [d.current_w for d in gpus.devices()] == [250, 700]
+
+
+def evaluate_deployment(kube, state, key, budget, group, clock):
+    """The runner with the configured default store (its status ConfigMap), as the task builds it."""
+    return run_evaluation(kube, state, key, budget, group, clock, ConfigMapStatus(KubeBudgetStore(kube)))
 
 
 def test_the_planner_holds_while_the_api_fails_and_scales_once_it_heals(api, broker_url: str) -> None:

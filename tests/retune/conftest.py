@@ -13,8 +13,8 @@ from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.router import RouterClient
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.context import Ports
+from powerfleet.testing.retune_world import GRID, INTERVAL, World
 from powerfleet.twin.apiserver import ApiServer
-from tests.retune.world import GRID, INTERVAL, World
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,9 @@ def retune_config(world: World, deployments: list[str], **over: Any) -> RetuneCo
     base: dict[str, Any] = dict(deployments=deployments, window_interval_s=INTERVAL, trace_dir=str(world.trace_dir),
                                 kubeconfig=str(world.kubeconfig), grid=GRID, objective="ttft",
                                 min_improvement_percentage=0.0, max_shards=2, time_budget_s=40, shard_timeout_s=30,
-                                lease_duration_s=30, lease_renew_s=5)
+                                lease_duration_s=30, lease_renew_s=5,
+                                # the tests' windows are small: the noise guard is tested on its own
+                                min_requests=0, confidence=0.0, dwell_windows=0, search_rounds=0)
     base.update(over)
     return RetuneConfig.model_validate(base)
 

@@ -103,3 +103,31 @@ def test_fuzzed_segments_never_leak_out_of_window_or_corrupt_records(tmp_path_fa
     assert all(1000 <= t < 15_000 for t in got)
     everything = sorted(t for m in members for t in m if 1000 <= t < 15_000)
     assert set(got) <= set(everything) and len(got) <= len(everything)
+
+
+@pytest.mark.parametrize("cut_bytes", [1, 4, 8, 12, "half"])
+def test_a_member_cut_short_at_the_end_of_a_segment_stays_out_of_the_window(tmp_path: Path, cut_bytes) -> None:
+    """What a frontend killed mid-write (or a segment still being written) leaves: the last
+    member lacks its trailer or part of its deflate stream. Its lines decompress, but none of
+    them may reach the window; everything before it, and the next segment, is kept."""
+    last = member(3000, 3500)
+    n = len(last) // 2 if cut_bytes == "half" else cut_bytes
+    seg(tmp_path, "llama", "fe-0", "a.jsonl.gz", member(1000, 2000) + last[: len(last) - n])
+    seg(tmp_path, "llama", "fe-0", "b.jsonl.gz", member(4000))
+    res = cut_window(tmp_path, "llama", 0, 0.0, 10.0)
+    assert res.path is not None and timestamps(res.path) == [1000, 2000, 4000]
+    assert res.corrupt_members == 1 and "a.jsonl.gz" in res.issues[0]
+
+
+def test_a_cut_reads_only_segments_written_since_its_warm_up_and_prunes_expired_ones(tmp_path: Path) -> None:
+    old = seg(tmp_path, "llama", "fe-0", "old.jsonl.gz", member(500))
+    expired = seg(tmp_path, "llama", "fe-0", "expired.jsonl.gz", member(600))
+    live = seg(tmp_path, "llama", "fe-0", "live.jsonl.gz", member(4000, 9000))
+    os.utime(old, (3.0, 3.0))  # last written at 3 s: before the warm-up span [4 s, 10 s)
+    os.utime(expired, (1.0, 1.0))
+    os.utime(live, (20.0, 20.0))
+    res = cut_window(tmp_path, "llama", 1, 7.0, 10.0, warmup_s=3.0, retention_s=60.0, now_s=62.0)
+    assert (res.segments, res.segments_skipped, res.segments_pruned) == (1, 1, 1)
+    assert not expired.exists() and old.exists()
+    assert timestamps(res.path) == [4000, 9000] and (res.requests, res.warmup_requests) == (1, 1)
+    assert res.first_ms == 4000

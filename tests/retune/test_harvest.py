@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 
 from powerfleet.clock import FakeClock
-from powerfleet.retune import control, live
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
+from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
+from powerfleet.retune.state import Moved
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import start_of, traffic_lines, write_segments
 
-K = 30_000_100
+K = 29_000_100
 
 
 def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]
@@ -26,7 +27,8 @@ def _launch(world, kube, redis_url, **over):  # type: ignore[no-untyped-def]
     ports.r.flushdb()  # the Redis server is shared by the module's tests
     assert control.tick_deployment(cfg, ports, "llama", start_of(K) + 1)["status"] == "leader"
     write_segments(world.trace_dir, "llama", sorted(fes), traffic_lines(60, start_of(K + 1)))
-    t = control.tick_deployment(cfg, ports, "llama", start_of(K + 2) + 1)["term"]
+    clock.advance(start_of(K + 2) - start_of(K + 1))  # window K+1 has closed
+    t = control.tick_deployment(cfg, ports, "llama", clock.now())["term"]
     (win,) = ports.send.of(control.WINDOW_TASK)
     out = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
                              generation=win["generation"])
@@ -51,9 +53,9 @@ def test_a_shard_that_fails_fails_only_its_candidates_and_the_deadline_decides(w
     failed = _run(ports, sid, first)
     assert failed["status"] == "failed"
     os.rename(first["window_file"] + ".moved", first["window_file"])
-    assert live.harvest(cfg, ports, sid)["status"] == "waiting"  # before the deadline
+    assert harvest.harvest(cfg, ports, sid)["status"] == "waiting"  # before the deadline
     clock.advance(cfg.time_budget_s + 1)
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "abandoned" and "time budget" in out["reason"]  # no candidate scored
     state = Deployment.open(cfg, ports, "llama").store.read()[0]
     rec = state.history[-1]
@@ -67,12 +69,12 @@ def test_partial_results_at_the_deadline_still_decide(world, kube, redis_url) ->
     _run(ports, sid, probe)
     _run(ports, sid, first)
     clock.advance(cfg.time_budget_s + 1)
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "decided", out
     state = Deployment.open(cfg, ports, "llama").store.read()[0]
     rec = state.history[-1]
     assert rec.candidates == 4 and rec.candidates_failed == 2 and rec.replicas_verified
-    assert live.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
+    assert harvest.harvest(cfg, ports, sid)["status"] == "decided"  # a second harvest changes nothing
     assert len(Deployment.open(cfg, ports, "llama").store.read()[0].history) == len(state.history)
 
 
@@ -83,7 +85,36 @@ def test_a_window_kept_in_redis_needs_no_shared_volume(world, kube, redis_url) -
     assert not any((world.trace_dir / "windows" / "llama").iterdir())  # nothing left on the volume
     for kw in shards:
         assert _run(ports, sid, kw["spec"])["status"] == "computed"
-    out = live.harvest(cfg, ports, sid)
+    out = harvest.harvest(cfg, ports, sid)
     assert out["status"] == "decided" and out["outcome"] == "apply"
     assert all(fe.policy.temperature == 0.0 for fe in fes.values())
     assert not ports.r.exists(ref[len("redis:"):])  # removed with the final sweep
+    rec = Deployment.open(cfg, ports, "llama").store.read()[0].history[-1]
+    assert rec.requests == 60 and rec.confidence is not None and rec.runner_up_margin_pct is not None
+    assert rec.ranking and rec.ranking[0]["params"] == rec.params and len(rec.ranking) <= 5
+    applied = [e for e in kube.list_events("default", involved_name="llama") if e.reason == "RetuneApplied"]
+    assert len(applied) == 1 and "temperature=0" in applied[0].message
+    moved = Deployment.open(cfg, ports, "llama").store.read()[0].moves["temperature"]
+    assert (moved.window, moved.previous) == (K + 1, 1.0)  # the dwell's memory of this move
+
+
+def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, _ = _launch(world, kube, redis_url, min_requests=61)
+    for kw in shards:
+        _run(ports, sid, kw["spec"])
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["outcome"] == "keep" and "only 60 requests" in out["reason"]
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+
+
+def test_the_dwell_keeps_a_parameter_that_would_move_back_too_soon(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_windows=3)
+    dep = Deployment.open(cfg, ports, "llama")
+    term = dep.leadership.claim()[0]
+    # temperature moved 0 -> 1 at window K: the sweep's wish to go back to 0 must wait.
+    dep.store.update(term, lambda s: s.model_copy(update={"moves": {"temperature": Moved(window=K, previous=0.0)}}))
+    for kw in shards:
+        _run(ports, sid, kw["spec"])
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["outcome"] == "keep" and "moving it back" in out["reason"], out
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())

@@ -11,17 +11,18 @@ from typing import Any
 import pytest
 
 from powerfleet.clock import FakeClock
+from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.cluster.objects import Lease
-from powerfleet.retune import control, live
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.fanin import SweepRecord
 from powerfleet.retune.settings import resolve
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
 from powerfleet.retune.state import RetuneState, parse_state
+from powerfleet.testing.retune_world import frontend_pod
 from powerfleet.twin.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
-from tests.retune.world import frontend_pod
 
 T0 = 1_800_000_000.0
 DECIDED = {"overlap_score_credit": 1.0, "overlap_score_credit_decay": 0.0, "prefill_load_scale": 4.0,
@@ -140,6 +141,9 @@ def test_disabling_retune_rolls_back_then_deletes_state_and_leases(world, kube, 
     fes, cfg, ports = _applied(world, kube, redis_url)
     off = retune_config(world, ["llama"], per_deployment={"llama": {"enabled": False}})
     out = control.tick(off, ports, T0 + 10)
+    assert out[0]["status"] == "rolling-back" and all(r["converged"] for r in out[0]["routers"])  # verifying
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    out = control.tick(off, ports, T0 + 20)
     assert out[0]["status"] == "cleaned"
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())
     for name in (leader_lease_name("llama"), state_lease_name("llama")):
@@ -153,6 +157,11 @@ def test_switching_to_advisory_rolls_routers_back(world, kube, redis_url) -> Non
     out = control.tick_deployment(adv, ports, "llama", T0 + 10)
     assert out["mode"] == "advisory" and all(r["converged"] for r in out["routers"])
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+    dep = Deployment.open(adv, ports, "llama")
+    assert dep.store.read()[0].rollback == "intent"  # converged once; verified after the PATCH timeout
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    control.tick_deployment(adv, ports, "llama", T0 + 15)
+    assert dep.store.read()[0].rollback == "done"
     writes = sum(len(fe.writes) for fe in fes.values())
     manual = fes[sorted(fes)[0]]
     manual.patch(b'{"revision": %d, "policy": {"temperature": 0.25}}' % manual.revision, "operator")
@@ -182,10 +191,15 @@ def test_work_from_a_superseded_generation_or_term_is_dropped(world, kube, redis
             current=dict(DECIDED), shards=[]))
 
     sweep("old-gen", t, "0123456789abcdef")
+    assert harvest.harvest(cfg, ports, "old-gen")["status"] == "dropped"
+    state = Deployment.open(cfg, ports, "llama").store.read()[0]
+    (rec,) = [h for h in state.history if h.window == 5]  # the drop is an outcome of its own
+    assert (rec.outcome, rec.failure_reason) == ("dropped", "configuration-change")
+    # A harvest on a worker that is not the leader leaves the sweep to the leader's harvest.
+    other = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
     sweep("old-term", t - 1 if t > 1 else 99, gen)
-    assert live.harvest(cfg, ports, "old-gen")["status"] == "dropped"
-    assert live.harvest(cfg, ports, "old-term")["status"] == "dropped"
-    assert Deployment.open(cfg, ports, "llama").store.read()[0].last_window is None  # nothing decided
+    assert harvest.harvest(cfg, other, "old-term")["status"] == "not-leader"
+    assert ports.fanin.sweep("old-term").status == "running"
     # A window step launched under another configuration is dropped before it does anything.
     out = live.launch_window(cfg, ports, "llama", 5, leader="ctl-a", term=t, generation="0123456789abcdef")
     assert out["status"] == "dropped" and not ports.send.sent
@@ -202,8 +216,10 @@ def test_a_frontend_that_appears_later_gets_its_initials_saved_before_its_first_
     assert state.initial["llama-frontend-9"]["temperature"] == 0.25
     standby = make_ports(redis_url, kube, "ctl-b", FakeClock(T0, 1.0))
     assert control.promote(cfg, standby, "llama")["status"] == "not-leader"
-    assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
+    assert control.rollback(cfg, ports, "llama")["status"] == "rolling-back"  # converged, verifying
     assert late.policy.temperature == 0.25
+    ports.clock.advance(PATCH_TIMEOUT_S)
+    assert control.rollback(cfg, ports, "llama")["status"] == "rolled-back"
 
 
 def test_a_leadership_lease_deleted_by_hand_continues_above_the_saved_term(world, kube, redis_url) -> None:
@@ -215,3 +231,20 @@ def test_a_leadership_lease_deleted_by_hand_continues_above_the_saved_term(world
     out = control.tick_deployment(cfg, ports, "llama", T0 + 10)
     assert (out["status"], out["term"]) == ("leader", 3)
     assert Deployment.open(cfg, ports, "llama").store.read()[0].term == 3
+
+
+def test_a_superseded_term_of_the_same_identity_is_fenced(world, kube, redis_url) -> None:
+    # The holder check alone passes a restarted leader's old term: same identity, later term.
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    dep = Deployment.open(cfg, make_ports(redis_url, kube, "ctl-a", FakeClock(T0, 1.0)), "llama")
+    old, _, _ = dep.leadership.claim()
+    assert old is not None and old.term == 1
+    assert dep.leadership.release()
+    new, _, acquired = dep.leadership.claim()
+    assert new is not None and acquired and (new.identity, new.term) == (old.identity, 2)
+    dep.leadership.check(new)
+    with pytest.raises(Fenced, match="term 1 of ctl-a is superseded"):
+        dep.leadership.check(old)
+    with pytest.raises(Fenced):
+        dep.store.update(old, lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1}))

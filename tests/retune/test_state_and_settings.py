@@ -9,13 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.context import Deployment
+from powerfleet.retune.leadership import Fenced, leader_lease_name
 from powerfleet.retune.premises import Frontend, Snapshot, check
 from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
 from powerfleet.sim.policy import RouterPolicy
-from tests.retune.world import dgd_object
+from powerfleet.testing.retune_world import dgd_object
+from powerfleet.twin.manifests import dgd_manifests
+from powerfleet.twin.topology import TwinSpec
+from tests.retune.conftest import make_ports, retune_config
 
 POLICY = RouterPolicy().model_dump()
 
@@ -168,3 +174,32 @@ def test_the_dgd_annotation_parses_or_is_one_settings_error(raw: str) -> None:
         assert "\n" not in str(exc)
         return
     assert over is not None
+
+
+def test_a_write_below_the_saved_states_term_is_refused_even_by_a_lower_reclaimed_lease(world, kube, redis_url) -> None:
+    """StateStore.update's own term check: the Lease was deleted and re-claimed at term 1 while
+    the saved state carries term 5; a write under term 1 must not pass, though the Lease check does."""
+    world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    ports = make_ports(redis_url, kube, "ctl-a", FakeClock(1_800_000_000.0, 1.0))
+    dep = Deployment.open(cfg, ports, "llama")
+    t, _, _ = dep.leadership.claim()
+    assert t is not None and t.term == 1
+    high = dep.leadership.raise_term(t, 5)
+    dep.store.update(high, lambda s: s.model_copy(update={"last_window": 7}))
+    kube.delete_lease("default", leader_lease_name("llama"))
+    low, _, acquired = dep.leadership.claim()
+    assert acquired and low is not None and low.term == 1
+    dep.leadership.check(low)  # the Lease itself names this holder at term 1
+    with pytest.raises(Fenced, match="saved state carries term 5"):
+        dep.store.update(low, lambda s: s.model_copy(update={"last_window": 99}))
+    assert dep.store.read()[0].last_window == 7 and dep.store.read()[0].term == 5
+
+
+def test_a_disaggregated_deployment_is_refused_by_a_premise(tmp_path) -> None:
+    """The twin's llm-disagg shape: prefill and decode workers (subComponentType)."""
+    s = resolve(RetuneConfig(deployments=["llm-disagg"], trace_dir=str(tmp_path)), "llm-disagg")
+    disagg = next(m for m in dgd_manifests(TwinSpec()) if m["metadata"]["name"] == "llm-disagg")
+    failed = {p.code: str(p) for p in check(s, _snap(disagg))}
+    assert "disaggregated" in failed and "prefill" in failed["disaggregated"] and "decode" in failed["disaggregated"]
+    assert "disaggregated" not in {p.code for p in check(s, _snap(dgd_object("llama")))}

@@ -29,6 +29,8 @@ def test_status_shows_leader_mode_decisions_and_convergence(world, kube, redis_u
     assert [r["converged"] for r in d["routers"]] == [None, None]  # nothing decided yet: no target
     text = run_cli("--config", str(path), "retune", "status")
     assert text.returncode == 0 and "leader ctl-a (term 1)" in text.stdout
+    assert "desired none" in text.stdout and "windows ended: 0 decided, 0 abandoned, 0 dropped" in text.stdout
+    assert "None" not in text.stdout and "{" not in text.stdout
 
 
 def test_status_without_a_cluster_is_one_line_exit_1(tmp_path) -> None:
@@ -36,3 +38,18 @@ def test_status_without_a_cluster_is_one_line_exit_1(tmp_path) -> None:
     path.write_text(yaml.safe_dump({"retune": {"deployments": ["x"], "kubeconfig": str(tmp_path / "missing")}}))
     out = run_cli("--config", str(path), "retune", "status")
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "cannot reach the cluster" in out.stderr
+
+
+def test_status_says_not_found_for_a_missing_dgd_and_exits_1_when_the_cluster_is_down(tmp_path) -> None:
+    from powerfleet.twin.apiserver import ApiServer
+
+    with ApiServer() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        path = tmp_path / "fleet.yaml"
+        path.write_text(yaml.safe_dump({"retune": {"deployments": ["ghost"], "kubeconfig": str(kubeconfig)}}))
+        out = run_cli("--config", str(path), "retune", "status", "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["deployments"][0]["dgd"] == "not found"
+        text = run_cli("--config", str(path), "retune", "status")
+        assert "ghost: enabled" in text.stdout and "DGD not found" in text.stdout
+    down = run_cli("--config", str(path), "retune", "status")  # the API server is gone now
+    assert down.returncode == 1 and "cannot reach the cluster" in down.stderr and "Traceback" not in down.stderr

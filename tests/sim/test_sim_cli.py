@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,12 @@ def test_hostile_files_are_one_line_exit_2_never_a_traceback(tmp_path: Path) -> 
             assert r.returncode == 2, (name, args, r.stderr)
             assert "Traceback" not in r.stderr and len(lines) == 1, (name, args, r.stderr)
             assert lines[0].startswith("powerfleet: error: "), (name, args, r.stderr)
+
+
+def test_sweep_refuses_more_processes_than_cpus_and_an_empty_window() -> None:
+    many = run("retune", "sweep", "--trace", str(TINY), "--workers", "2", "--objective", "ttft", "--current", "{}",
+               "--processes", str((os.cpu_count() or 1) + 1))
+    assert many.returncode == 2 and "--processes must be at most" in many.stderr and many.stderr.count("\n") == 1
+    empty = run("retune", "sweep", "--trace", str(TINY), "--workers", "2", "--objective", "ttft", "--current", "{}",
+                "--window", "99999:")
+    assert empty.returncode == 2 and "no request of the trace" in empty.stderr

@@ -249,3 +249,13 @@ def test_sweep_starts_no_search_round_once_its_budget_is_spent(tiny_requests) ->
     assert res.search_points == 0 and len(res.candidates) == 4
     free = run_sweep(tiny_requests, 3, "ttft", RouterPolicy(), grid, seed=2, window=(10, 20), processes=1)
     assert free.search_points > 0
+
+
+def test_a_decisions_reason_names_the_objectives_unit() -> None:
+    """A score without its unit reads as a bare number ("best 3323.31 vs probe 3528.13")."""
+    from powerfleet.retune.decision import Candidate, decide
+
+    probe = Candidate(params={"temperature": 1.0}, score=120.0)
+    best = Candidate(params={"temperature": 0.0}, score=100.0)
+    d = decide([best], probe, "ttft")
+    assert "best 100 vs probe 120 ms (mean TTFT) (minimize)" in d.reason, d.reason

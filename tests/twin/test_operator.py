@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from powerfleet.cluster.dgd import LABEL_COMPONENT, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver.options import ServerOptions
+from powerfleet.twin.dgdstatus import CRD_STATUS_KEYS
+from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
 from powerfleet.twin.operator import GPUS_ANNOTATION, HASH_LABEL, components, pod_gpus, reconcile
 from powerfleet.twin.topology import TwinSpec, node_objects
@@ -70,8 +73,11 @@ def test_pods_go_pending_running_ready_and_status_settles() -> None:
     assert not final.creates and not final.deletes and not final.pod_status
     st = final.dgd_status[AGG]
     assert st["observedGeneration"] == 1 and st["state"] == "successful"
-    assert st["services"]["worker"] == {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
-                                        "componentType": "worker", "rollout": {"phase": "Completed"}}
+    assert st["services"]["worker"] == {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2,
+                                        "componentKind": "Deployment", "componentName": "llm-agg-worker",
+                                        "componentNames": ["llm-agg-worker"]}
+    assert st["rollingUpdate"]["phase"] == "Completed" and st["rollingUpdate"]["updatedServices"] == ["worker"]
+    assert st["conditions"][0]["reason"] == "all_resources_are_ready"
     assert [e.reason for e in final.status_events[AGG]] == ["RolloutCompleted"]
 
 
@@ -146,12 +152,31 @@ def test_writer_persists_through_the_official_client_and_skips_unchanged_status(
         loop.stop()
 
 
-def test_status_keys_other_controllers_own_are_kept() -> None:
+def test_foreign_status_keys_are_kept_only_while_the_fidelity_switch_says_so() -> None:
     dgds = _with_generation(dgd_manifests(SPEC))
     dgds[0]["status"] = {"budget": {"ready": "True", "reason": "Planned"}, "state": "stale"}
-    plan = reconcile(dgds, [], NODES)
-    status = plan.dgd_status[DISAGG]
+    status = reconcile(dgds, [], NODES, settings=OperatorSettings(keep_foreign_status=True)).dgd_status[DISAGG]
     assert status["budget"] == {"ready": "True", "reason": "Planned"} and status["state"] == "pending"
+    # As Dynamo's typed Status().Update: the whole status is the operator's; a foreign key vanishes.
+    typed = reconcile(dgds, [], NODES, settings=OperatorSettings(keep_foreign_status=False)).dgd_status[DISAGG]
+    assert "budget" not in typed and set(typed) <= CRD_STATUS_KEYS
+
+
+def test_pods_turn_ready_only_after_their_startup_delay() -> None:
+    dgds = _with_generation(dgd_manifests(SPEC))
+    slow = OperatorSettings(startup_delay_s={"worker": 5.0, "*": 0.0})
+    pods, now = [], 1_000.0
+    for _ in range(4):  # create, start, Ready (frontend), then the status shows it
+        pods = _apply(reconcile(dgds, pods, NODES, now=now, settings=slow), pods, dgds)
+        now += 1.0
+    agg = dgds[1]["status"]["services"]["worker"]
+    assert agg["replicas"] == 2 and agg["readyReplicas"] == 0  # a scale-up in flight: spec 2, ready 0
+    assert dgds[1]["status"]["state"] == "pending"
+    assert dgds[1]["status"]["services"]["frontend"]["readyReplicas"] == 1
+    for _ in range(5):
+        pods = _apply(reconcile(dgds, pods, NODES, now=now, settings=slow), pods, dgds)
+        now += 1.0
+    assert dgds[1]["status"]["services"]["worker"]["readyReplicas"] == 2 and dgds[1]["status"]["state"] == "successful"
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-5, 50) | st.text(max_size=8),
@@ -186,3 +211,19 @@ def test_a_full_cluster_rolls_out_by_replacing_in_place() -> None:
     decode = [p for p in pods if p["metadata"]["labels"][LABEL_COMPONENT] == "decode"]
     assert len(decode) == 1 and decode[0]["metadata"]["annotations"][POWER_ANNOTATION] == "380"
     assert dgds[0]["status"]["state"] == "successful"
+
+
+def test_the_operators_status_passes_the_real_status_schema(tmp_path: Path) -> None:
+    # With status pruning and validation on (the faithful server), every status write is
+    # accepted and nothing foreign is left: the operator writes only what Dynamo's CRD declares.
+    with ApiServer(options=ServerOptions(prune_dgd_status=True)) as api:
+        for obj in node_objects(SPEC) + dgd_manifests(SPEC):
+            api.apply(obj)
+        loop = OperatorLoop(str(api.write_kubeconfig(tmp_path / "kc")), settings=OperatorSettings(keep_foreign_status=False))
+        try:
+            results = [loop.run_once() for _ in range(4)]
+        finally:
+            loop.stop()
+        assert not [e for r in results for e in r.errors]
+        status = api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", AGG)["status"]
+        assert status["state"] == "successful" and set(status) <= CRD_STATUS_KEYS

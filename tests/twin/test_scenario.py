@@ -46,3 +46,24 @@ def test_a_refused_send_fails_only_its_step(twin) -> None:
     states = sc.states()
     assert states["scale_up_clamped"].startswith("failed: ValueError: powerfleet.budget.readmit: deployment: bad shape")
     assert states["cap_change"] == "running" and states["retune_applied"] == "running"
+
+
+def test_the_scale_step_reads_the_budgets_reasons_from_its_status_configmap(twin) -> None:
+    from powerfleet.cluster.budget_store import KubeBudgetStore, Owner
+    from powerfleet.cluster.kube import KubeCluster
+    from powerfleet.twin.manifests import DISAGG
+
+    sc = Scenario(twin, lambda name, kw: None, lambda name: True, lambda line: None)
+    scale = next(s for s in sc.steps if s.name == "scale_up_clamped")
+    assert scale.start() is None and sc.budget_status(DISAGG) == {}  # nothing written yet
+    kube = KubeCluster.from_kubeconfig(str(twin.kubeconfig))
+    try:
+        dgd = twin.api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", DISAGG, twin.spec.namespace)
+        written = {"ready": "True", "reason": "Planned", "reasons": ["power_budget_clamped", "power_rebalance_staged"]}
+        KubeBudgetStore(kube).write_status(Owner.of(dgd), written, None)
+    finally:
+        kube.close()
+    assert sc.budget_status(DISAGG) == written
+    holds, seen = scale.poll()
+    assert not holds  # decode has not grown
+    assert "staged; planner reasons seen ['power_budget_clamped', 'power_rebalance_staged']" in seen

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz_targets import SEEDS, TARGETS
+from powerfleet.testing.fuzz_targets import SEEDS, TARGETS
 
 
 def _inputs(name: str) -> st.SearchStrategy[bytes]:

@@ -4,10 +4,10 @@ import pytest
 
 from powerfleet.cli.context import redact
 from powerfleet.config import load_config
+from powerfleet.queues import RoutingError, family_of, is_fleet_queue, route_task, worker_prefetch
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.retune import WindowArgs
 from powerfleet.workers.app import beat_schedule, create_app
-from powerfleet.workers.routes import RoutingError, family_of, route_task, worker_prefetch
 
 
 def test_decode_args_accepts_valid_keywords() -> None:
@@ -38,6 +38,19 @@ def test_routes() -> None:
     assert route_task("celery.chord_unlock", (), {}, {}) is None
     with pytest.raises(RoutingError, match="needs a 'node' keyword argument"):
         route_task("powerfleet.agent.reconcile", (), {}, {})
+
+
+@pytest.mark.parametrize("bad", ["Bad Node", "gpu_01", "a/../b", "-gpu", "x" * 254, "gpu-1\n"])
+def test_queue_names_are_built_only_from_valid_node_names(bad: str) -> None:
+    # A node name becomes a queue, a Redis key and a consumer binding: nothing else may.
+    with pytest.raises(RoutingError, match="is not a valid Kubernetes node name"):
+        route_task("powerfleet.agent.reconcile", (), {"node": bad}, {})
+    assert not is_fleet_queue(f"node.{bad}")
+
+
+def test_fleet_queues_are_control_sweep_and_valid_node_queues() -> None:
+    assert all(is_fleet_queue(q) for q in ("control", "sweep", "node.gpu-7", "node.a.b-c"))
+    assert not any(is_fleet_queue(q) for q in ("node.", "celery", "Control", "nodes.gpu-7", "node"))
 
 
 def test_app_is_json_only_with_late_acks_and_limits_from_config() -> None:
@@ -73,3 +86,18 @@ def test_beat_schedule_uses_configured_intervals() -> None:
 )
 def test_redact_hides_passwords(url, shown) -> None:
     assert redact(url) == shown
+
+
+def test_queue_names_sit_on_the_bottom_floor_and_tasks_and_the_agent_import_them_downward() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import powerfleet.queues\n"
+            "print(sorted(m for m in sys.modules if m.startswith('powerfleet.')))\n"
+            "import powerfleet.agent.worker, powerfleet.tasks.agent, powerfleet.tasks.budget\n"
+            "import powerfleet.tasks.fleet, powerfleet.tasks.retune\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('powerfleet.workers', 'powerfleet.cli'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["['powerfleet.config', 'powerfleet.config.broker_urls', 'powerfleet.config.fleet', 'powerfleet.queues']", "[]"]

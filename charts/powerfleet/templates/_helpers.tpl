@@ -302,7 +302,7 @@ checksum/config: {{ include "powerfleet.fleetConfig" .root | sha256sum }}
 {{- else if eq .config "agent" }}
 checksum/config: {{ include "powerfleet.agentConfig" .root | sha256sum }}
 {{- end }}
-{{- if and .secret .root.Values.redis.enabled (not .root.Values.redis.auth.existingSecret) }}
+{{- if and .secret (include "powerfleet.redisInChart" .root) (not .root.Values.redis.auth.existingSecret) }}
 checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
 {{- end }}
 {{- end }}
@@ -330,7 +330,8 @@ checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
 
 {{/* POWERFLEET_BROKER__URL (and the result backend) from a Secret; never a literal URL with a password. */}}
 {{- define "powerfleet.brokerEnv" -}}
-{{- if and .Values.broker.existingSecret.name .Values.redis.enabled }}
+{{- $inChart := include "powerfleet.redisInChart" . }}
+{{- if and .Values.broker.existingSecret.name $inChart }}
 {{- fail "set either broker.existingSecret.name (an external broker) or redis.enabled=true (the in-chart Redis), not both" }}
 {{- else if .Values.broker.existingSecret.name }}
 - name: POWERFLEET_BROKER__URL
@@ -345,18 +346,52 @@ checksum/secret: {{ include "powerfleet.redisSecret" .root | sha256sum }}
       name: {{ .Values.broker.existingSecret.name }}
       key: {{ .Values.broker.existingSecret.resultBackendKey }}
 {{- end }}
-{{- else if .Values.redis.enabled }}
+{{- else if $inChart }}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ include "powerfleet.redisSecretName" . }}
       key: {{ include "powerfleet.redisSecretKey" . }}
+{{- if eq .Values.redis.mode "sentinel" }}
+# Every Sentinel, so a client finds the master while any one of them answers. The password in
+# the first entry is the Redis nodes'; the Sentinels' own (the same one here) is a variable.
+- name: POWERFLEET_BROKER__URL
+  value: {{ include "powerfleet.sentinelUrls" . | quote }}
+# Single-quoted: POWERFLEET_* values are read as YAML, where 0123 or true would not be strings.
+- name: POWERFLEET_BROKER__SENTINEL__MASTER_NAME
+  value: {{ printf "'%s'" .Values.redis.sentinel.masterName | quote }}
+- name: POWERFLEET_BROKER__SENTINEL__PASSWORD
+  value: "'$(REDIS_PASSWORD)'"
+{{- else }}
 # Kubernetes expands $(REDIS_PASSWORD) when it starts the container; the pod spec holds no password.
 - name: POWERFLEET_BROKER__URL
   value: {{ printf "redis://:$(REDIS_PASSWORD)@%s.%s.svc:6379/0" (include "powerfleet.componentName" (dict "root" . "component" "redis")) .Release.Namespace | quote }}
-{{- else }}
-{{- fail "no broker: set broker.existingSecret.name to a Secret holding the broker URL, or redis.enabled=true" }}
 {{- end }}
+{{- else if .Values.redis.external.url }}
+{{- if regexMatch "@" .Values.redis.external.url }}
+{{- fail "redis.external.url must not carry a password (it would sit in the pod spec): put the URL in a Secret and set broker.existingSecret.name" }}
+{{- end }}
+- name: POWERFLEET_BROKER__URL
+  value: {{ .Values.redis.external.url | quote }}
+{{- else }}
+{{- fail "no broker: set broker.existingSecret.name to a Secret holding the broker URL, redis.external.url (redis.mode=external), or redis.enabled=true" }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the chart runs Redis itself (redis.enabled and redis.mode standalone or sentinel), else "". */}}
+{{- define "powerfleet.redisInChart" -}}
+{{- if and .Values.redis.enabled (ne .Values.redis.mode "external") }}true{{ end }}
+{{- end }}
+
+{{/* The in-chart Sentinels as a broker URL: sentinel://:$(REDIS_PASSWORD)@<pod>.<headless>:26379/0;... */}}
+{{- define "powerfleet.sentinelUrls" -}}
+{{- $name := include "powerfleet.componentName" (dict "root" . "component" "redis") }}
+{{- $urls := list }}
+{{- range $i := until 3 }}
+{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (eq $i 0) }}
+{{- $urls = append $urls (printf "sentinel://%s%s-%d.%s-headless.%s.svc:26379/0" $auth $name $i $name $.Release.Namespace) }}
+{{- end }}
+{{- join ";" $urls }}
 {{- end }}
 
 {{/* Env shared by every powerfleet container: config file, broker. */}}

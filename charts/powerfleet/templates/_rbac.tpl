@@ -16,6 +16,15 @@ tests/charts/test_chart_rbac.py compares them with the adapter's client calls.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeploymentscalingadapters"]
+  verbs: ["list", "patch"]
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["list"]
 {{- end }}
 {{- /*
 Group (rack) budgets: one LIST of the nodes (their group label), and of every DGD and
@@ -40,6 +49,9 @@ A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.gro
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}
 {{- define "powerfleet.rules.leases" -}}
 - apiGroups: ["coordination.k8s.io"]

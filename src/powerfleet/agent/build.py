@@ -11,18 +11,28 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kubernetes import client
+from kubernetes import config as kube_config
+
 import redis
 
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.nvml import NvmlBackend
-from powerfleet.agent.presence import Heartbeat
+from powerfleet.agent.drain import DrainWatcher
+from powerfleet.agent.annotate import ReportAnnotator
+from powerfleet.agent.evidence import EvidencePublisher, Handoff, Sink
+from powerfleet.agent.lock import NodeLock
+from powerfleet.agent.presence import Heartbeat, heartbeat_ttl_s
 from powerfleet.agent.probe import ProbeServer
 from powerfleet.agent.reconcile import NodeAgent, PodLister
 from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
-from powerfleet.agent.watcher import PodWatcher
+from powerfleet.agent.podcache import PodCache
+from powerfleet.agent.throttle import FallbackWatch, OverlayStore
+from powerfleet.broker.clients import redis_client
+from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
@@ -63,14 +73,30 @@ def open_backend(config: FleetConfig, node: str) -> Callable[[], GpuBackend]:
     return NvmlBackend
 
 
-def connect_cluster(config: FleetConfig) -> tuple[ClusterReader | None, str]:
-    """The cluster reader from ``agent.kubeconfig`` or the in-cluster account; (None, why) if neither works."""
+def connect_cluster(config: FleetConfig) -> tuple[KubeCluster | None, str]:
+    """The cluster from ``agent.kubeconfig`` or the in-cluster account; (None, why) if neither works.
+
+    The client makes no retries (urllib3 ``retries=0``): every call's deadline is its own, so a
+    server that accepts and never answers costs one timeout, not four."""
     try:
+        cfg = client.Configuration()
         if config.agent.kubeconfig:
-            return KubeCluster.from_kubeconfig(config.agent.kubeconfig, component="powerfleet-agent"), ""
-        return KubeCluster.in_cluster(component="powerfleet-agent"), ""
+            kube_config.load_kube_config(config_file=config.agent.kubeconfig, client_configuration=cfg)
+        else:
+            kube_config.load_incluster_config(client_configuration=cfg)
+        cfg.retries = 0
+        return KubeCluster(client.ApiClient(cfg), component="powerfleet-agent"), ""
     except Exception as exc:  # kubernetes.config raises several types; any means "no cluster"
         return None, f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+
+def pod_view(cluster: KubeCluster | None, node: str, namespaces: Sequence[str], on_change: Callable[[str], None],
+             unavailable: str) -> tuple[PodLister, PodCache | None]:
+    """The watch-backed pod view and its lister; without a cluster, a lister that says why."""
+    if cluster is None:
+        return node_pod_lister(None, node, namespaces, unavailable), None
+    cache = PodCache(cluster, node, namespaces, on_change)
+    return cache.snapshot, cache
 
 
 def endpoint(config: FleetConfig, override_port: int | None = None) -> tuple[str, int]:
@@ -83,6 +109,18 @@ def endpoint(config: FleetConfig, override_port: int | None = None) -> tuple[str
     return config.metrics.address, config.metrics.port
 
 
+def take_lock(client: redis.Redis, node: str, interval_s: float) -> NodeLock:
+    """The node lock, or ``LockHeld`` when another live agent has it. With Redis unreachable the
+    agent starts without it and sets nothing until a heartbeat takes it (its caps stay meanwhile)."""
+    lock = NodeLock(client, node, heartbeat_ttl_s(interval_s))
+    try:
+        lock.acquire()
+    except (redis.RedisError, OSError) as exc:
+        lock.why = f"Redis unreachable at start ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        log.warning("agent %s: cannot take the node lock: %s; no limit is set until it is taken", node, lock.why)
+    return lock
+
+
 def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = None,
                   metrics: AgentMetrics | None = None, clock: Clock | None = None,
                   probe: tuple[str, int] | None = None) -> AgentRuntime:
@@ -93,16 +131,36 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
     cluster, why = connect_cluster(config)
     if cluster is None:
         log.error("agent %s: %s; every pass is skipped until it is fixed", node, why)
-    agent = NodeAgent(node, open_gpus=open_backend(config, node),
-                      list_pods=node_pod_lister(cluster, node, ac.namespaces, why),
+    kicks: list[Callable[[str], None]] = []  # the runtime's request_pass, once it exists
+    list_pods, cache = pod_view(cluster, node, ac.namespaces, lambda reason: [k(reason) for k in kicks], why)
+    agent = NodeAgent(node, open_gpus=open_backend(config, node), list_pods=list_pods,
                       proc_root=ac.proc_root, state=StateStore(node_state_dir(ac.state_dir, node)), clock=clock,
-                      safe_default_watts=ac.safe_default_watts, metrics=metrics)
-    rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock)
-    if cluster is not None and ac.watch:
-        rt.stoppers.append(PodWatcher(cluster, node, ac.namespaces, rt.request_pass).start().stop)
+                      safe_default_watts=ac.safe_default_watts, safe_default_fraction=ac.safe_default_fraction,
+                      complete_view=not ac.namespaces, metrics=metrics,
+                      allocations=PodResourcesClient(ac.podresources_socket.replace("{node}", node)).list)
+    rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
+    agent.overlays = OverlayStore(clock, metrics.registry)  # the power guard's overlays (agent/throttle.py)
+    rt.stoppers.append(FallbackWatch(agent.overlays, rt.request_pass).start().stop)
+    if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
+        client = redis_client(broker_url, config.broker, socket_timeout=5, socket_connect_timeout=5)
+        rt.lock = take_lock(client, node, config.beat.reconcile_interval_s)  # LockHeld: refuse to start
+    if cache is not None:
+        if ac.watch:
+            kicks.append(rt.request_pass)
+        rt.stoppers.append(cache.start().stop)
+    sinks: list[Sink] = []
     if broker_url is not None:
-        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
-        rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock).start().stop)
+        drain = DrainWatcher(client, rt, clock)
+        drain.check_once()  # a node drained before this agent started stays drained from its first pass
+        rt.stoppers.append(drain.start().stop)
+        rt.stoppers.append(Heartbeat(client, node, config.beat.reconcile_interval_s, clock, lock=rt.lock).start().stop)
+        sinks.append(EvidencePublisher(client, node, heartbeat_ttl_s(config.beat.reconcile_interval_s)).publish)
+    if cluster is not None and ac.enforcement_annotation:
+        sinks.append(ReportAnnotator(cluster.core, node, clock).publish)
+    if sinks:
+        handoff = Handoff(node, sinks).start()
+        rt.reporters.append(handoff.offer)
+        rt.stoppers.append(handoff.stop)
     address, port = probe if probe is not None else endpoint(config)
     if port:
         rt.stoppers.append(ProbeServer(address, port, rt.readiness, metrics.registry).start().stop)

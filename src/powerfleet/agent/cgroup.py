@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 _SYSTEMD = re.compile(r"kubepods(?:-burstable|-besteffort)?-pod([0-9a-fA-F_]+)\.slice")
@@ -53,8 +54,16 @@ def pod_uid_from_cgroup(text: str) -> str | None:
 def pod_uid_for_pid(proc_root: str | os.PathLike[str], pid: int) -> str | None:
     """Read ``<proc_root>/<pid>/cgroup``; None when unreadable, vanished, or not in a pod."""
     try:
-        with open(Path(proc_root) / str(int(pid)) / "cgroup", "rb") as f:
-            data = f.read(MAX_CGROUP_BYTES)
+        # O_NONBLOCK and a regular-file check: a FIFO or device planted there must not hang the pass.
+        fd = os.open(Path(proc_root) / str(int(pid)) / "cgroup", os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError):
         return None  # the process exited, or /proc is not mounted as expected: skip it
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_CGROUP_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return pod_uid_from_cgroup(data.decode("utf-8", errors="replace"))

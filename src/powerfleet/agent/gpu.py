@@ -13,7 +13,19 @@ from typing import Protocol, runtime_checkable
 
 
 class GpuError(Exception):
-    """A GPU call failed (for one GPU, or for the backend as a whole)."""
+    """A GPU call failed (for one GPU, or for the backend as a whole).
+
+    ``kind`` names the failure so the agent can count and act on it: ``not_supported`` (no
+    power-limit support: the GPU is reported and left out of readiness), ``uninitialized``
+    (NVML lost its state, e.g. a driver reload: the backend re-initialises), ``no_permission``,
+    ``gpu_lost``, ``library_mismatch`` (binding newer than the driver), ``invalid_argument``,
+    ``nvml`` (any other NVML code), ``binding`` (any other exception from the binding).
+    """
+
+    def __init__(self, message: str, *, kind: str = "nvml", uuid: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.uuid = uuid
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,10 @@ class GpuReading:
     current_mw: int
     pids: tuple[int, ...] = field(default_factory=tuple)
     draw_mw: int | None = None
+    # What the driver enforces after every limiter (nvmlDeviceGetEnforcedPowerLimit): below
+    # current_mw when a BMC or another out-of-band limit caps the board. None: not readable.
+    enforced_mw: int | None = None
+    name: str | None = None  # the product name NVML reports (nvmlDeviceGetName), for the catalog
 
     @property
     def idle(self) -> bool:
@@ -46,6 +62,10 @@ class GpuBackend(Protocol):
 
     def read_limit(self, index: int) -> int:
         """The limit now in force as the driver reports it (for read-back after a set)."""
+        ...
+
+    def read_enforced(self, index: int) -> int | None:
+        """The enforced limit after all limiters; None when the driver cannot tell."""
         ...
 
     def close(self) -> None: ...

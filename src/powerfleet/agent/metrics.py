@@ -39,6 +39,73 @@ class AgentMetrics:
         self.binding_restores = Counter(p + "binding_restores_total",
                                         "Times the agent found its queue binding changed and restored it", registry=r)
 
+        # Per GPU with dcgm-exporter's label names, so a panel can plot DCGM_FI_DEV_POWER_USAGE
+        # against them by joining on UUID; namespace/pod/container are empty when unmapped.
+        gl = ["gpu", "UUID", "Hostname", "namespace", "pod", "container"]
+        self.requested = Gauge(p + "gpu_power_limit_requested_watts", "Cap the GPU's pods ask for", gl, registry=r)
+        self.target = Gauge(p + "gpu_power_limit_target_watts", "The requested cap clamped into the card's range",
+                            gl, registry=r)
+        self.enforced = Gauge(p + "gpu_power_limit_enforced_watts",
+                              "Enforced limit read back from the GPU after all limiters (nvmlDeviceGetEnforcedPowerLimit)",
+                              gl, registry=r)
+        self.readback_time = Gauge(p + "gpu_power_limit_readback_timestamp_seconds",
+                                   "Epoch time of the last successful readback (age: time() - this)", gl, registry=r)
+        dl = ["gpu", "UUID", "Hostname"]
+        self.unsupported = Gauge(p + "gpu_power_limit_unsupported", "1 for a GPU without power-limit support "
+                                 "(left out of readiness)", dl, registry=r)
+        self.unattributed = Gauge(p + "gpu_unattributed_processes", "Processes on the GPU the agent cannot map to a "
+                                  "pod it sees (its cap is kept)", dl, registry=r)
+        self.gpu_errors = Counter(p + "gpu_errors_total", "GPU calls that failed, by kind", ["kind"], registry=r)
+        self.readback_mismatch = Counter(p + "readback_mismatch_total", "Limits found different from the target this "
+                                         "agent set (an external nvidia-smi -pl or a reset), re-applied", registry=r)
+        self.enforced_below = Counter(p + "enforced_below_target_total", "Passes where the enforced limit was below "
+                                      "the target (an out-of-band or BMC limit)", registry=r)
+        self.podresources_mismatch = Counter(p + "podresources_mismatch_total", "GPUs whose processes belong to "
+                                             "no pod the kubelet allocated them to (PodResources cross-check)",
+                                             registry=r)
+        self._series: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # uuid -> (gpu labels, device labels)
+
+    def gpu_labels(self, uuid: str, gl: tuple[str, ...], dl: tuple[str, ...]) -> None:
+        """Remember a GPU's label sets; the series of its old labels go when they change."""
+        old = self._series.get(uuid)
+        if old is not None and old != (gl, dl):
+            self._remove(old)
+        self._series[uuid] = (gl, dl)
+
+    def series_labels(self, uuid: str) -> tuple[str, ...] | None:
+        got = self._series.get(uuid)
+        return None if got is None else got[0]
+
+    def retire_gpus(self, present: set[str]) -> None:
+        """Remove the series of GPUs no longer on the node (after a complete scan)."""
+        indexes = {self._series[u][1][0] for u in present if u in self._series}
+        for uuid in [u for u in self._series if u not in present]:
+            gone = self._series.pop(uuid)
+            self._remove(gone)
+            if gone[1][0] not in indexes:
+                self.retire_index(gone[1][0])
+
+    def _remove(self, labels: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
+        gl, dl = labels
+        for g in (self.requested, self.target, self.enforced, self.readback_time):
+            try:
+                g.remove(*gl)
+            except KeyError:
+                pass
+        for g in (self.unsupported, self.unattributed):
+            try:
+                g.remove(*dl)
+            except KeyError:
+                pass
+
+    def retire_index(self, index: str) -> None:
+        """The index-only series of a GPU index no longer on the node."""
+        for g in (self.applied_limit, self.draw):
+            try:
+                g.remove(index)
+            except KeyError:
+                pass
+
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 when absent); for tests and the CLI."""
         got = self.registry.get_sample_value(name, labels or {})

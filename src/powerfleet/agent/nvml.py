@@ -1,15 +1,26 @@
 """The GPU port on NVML through nvidia-ml-py (``import pynvml``).
 
-The module object is injectable so the backend can be tested against a stand-in (there is
-no GPU where powerfleet is developed). Only this file calls NVML; importing pynvml loads no
-library (that happens in ``nvmlInit``), so this module imports anywhere.
+The module object is injectable: the simulated backend (``simnvml.SimulatedNvml``) is a
+pynvml-shaped object raising pynvml's own exception classes, so the tests and the twin run
+this very code. Only this file calls NVML; importing pynvml loads no library (that happens
+in ``nvmlInit``), so this module imports anywhere.
+
+What real drivers do and this port absorbs (docs/agent.md, "Driver failure modes"):
+
+* any exception from the binding is a ``GpuError`` of that GPU, never the pass's, including
+  ``NVMLLibraryMismatchError`` (a plain ``Exception``: nvidia-ml-py 13 calls the ``_v3``
+  process list, missing from older drivers), for which the ``_v2`` call is used instead;
+* ``NVML_ERROR_UNINITIALIZED`` (a driver reload) re-initialises NVML once and retries;
+* ``NVML_ERROR_NOT_SUPPORTED`` on the power-limit calls is kind ``not_supported``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -17,52 +28,146 @@ from powerfleet.agent.gpu import GpuError, GpuReading, normalise_uuid
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+_KINDS = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "not_supported",
+    pynvml.NVML_ERROR_UNINITIALIZED: "uninitialized",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no_permission",
+    pynvml.NVML_ERROR_GPU_IS_LOST: "gpu_lost",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "library_mismatch",
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid_argument",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "driver_not_loaded",
+}
+
+
+def error_kind(exc: BaseException) -> str:
+    """The ``GpuError.kind`` for an exception raised by the binding."""
+    if isinstance(exc, pynvml.NVMLLibraryMismatchError):
+        return "library_mismatch"
+    if isinstance(exc, pynvml.NVMLError):
+        return _KINDS.get(getattr(exc, "value", None), "nvml")
+    return "binding"
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+# Process lists, newest call first; an older driver lacks the newest symbol.
+_PROCESS_CALLS = {
+    "compute": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    "mps": ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
+}
+
 
 class NvmlBackend:
     def __init__(self, nvml: ModuleType | Any | None = None) -> None:
         self._nvml = nvml if nvml is not None else pynvml
-        self._error: type[BaseException] = getattr(self._nvml, "NVMLError", Exception)
+        self._mutex = threading.Lock()
+        self._fallbacks: set[str] = set()  # process-list families served by the older call
+        self._open = False
+        self.reinits = 0  # re-initialisations after Uninitialized, for tests and the probe
+        self._init()
+
+    def _init(self) -> None:
         try:
             self._nvml.nvmlInit()
-        except self._error as exc:
-            raise GpuError(f"NVML init failed: {exc}") from None
-        except OSError as exc:  # libnvidia-ml.so missing: pynvml raises its own error or OSError
-            raise GpuError(f"NVML init failed: {exc}") from None
+        except Exception as exc:  # pynvml raises NVMLError, OSError or its own errors when the library is absent
+            raise GpuError(f"NVML init failed: {describe(exc)}", kind=error_kind(exc)) from None
         self._open = True
 
-    def _call(self, what: str, fn: str, *args: Any) -> Any:
+    def _again(self, op: Callable[[], T]) -> T:
+        """Run ``op``; after ``Uninitialized`` (driver reload) re-initialise NVML once and retry."""
+        try:
+            return op()
+        except GpuError as exc:
+            if exc.kind != "uninitialized":
+                raise
+        with self._mutex:
+            log.warning("NVML reports Uninitialized (driver reloaded?); re-initialising")
+            self._init()
+            self.reinits += 1
+        return op()
+
+    def _call(self, what: str, fn: str, *args: Any, uuid: str | None = None) -> Any:
         try:
             return getattr(self._nvml, fn)(*args)
-        except self._error as exc:
-            raise GpuError(f"{what}: {fn}: {exc}") from None
+        except Exception as exc:  # anything from the binding is this GPU's error, never the pass's
+            raise GpuError(f"{what}: {fn}: {describe(exc)}", kind=error_kind(exc), uuid=uuid) from None
+
+    def _optional(self, fn: str, *args: Any) -> Any:
+        """Telemetry calls: None when the GPU cannot answer (never an error of the GPU)."""
+        try:
+            return getattr(self._nvml, fn)(*args)
+        except Exception:
+            return None
 
     def _handle(self, index: int) -> Any:
         return self._call(f"GPU {index}", "nvmlDeviceGetHandleByIndex", index)
 
     def device_count(self) -> int:
-        return int(self._call("GPU count", "nvmlDeviceGetCount"))
+        return self._again(lambda: int(self._call("GPU count", "nvmlDeviceGetCount")))
 
-    def read(self, index: int) -> GpuReading:
+    def _processes(self, h: Any, what: str, family: str, uuid: str) -> set[int]:
+        newest, older = _PROCESS_CALLS[family]
+        calls = [older] if family in self._fallbacks else [newest, older]
+        for fn in calls:
+            if not hasattr(self._nvml, fn):
+                continue
+            try:
+                return {int(p.pid) for p in getattr(self._nvml, fn)(h) or ()}
+            except Exception as exc:
+                kind = error_kind(exc)
+                if kind == "library_mismatch" and fn == newest:
+                    log.warning("%s: %s: %s; using %s from now on", what, fn, describe(exc), older)
+                    self._fallbacks.add(family)
+                    continue
+                if family != "compute" and kind in ("not_supported", "library_mismatch"):
+                    return set()  # graphics/MPS lists are extra coverage; compute is the one that must work
+                raise GpuError(f"{what}: {fn}: {describe(exc)}", kind=kind, uuid=uuid) from None
+        if family == "compute":
+            raise GpuError(f"{what}: no usable process-list call in the binding", kind="library_mismatch", uuid=uuid)
+        return set()
+
+    def _read(self, index: int) -> GpuReading:
         h = self._handle(index)
         what = f"GPU {index}"
         uuid = normalise_uuid(self._call(what, "nvmlDeviceGetUUID", h))
-        min_mw, max_mw = self._call(what, "nvmlDeviceGetPowerManagementLimitConstraints", h)
-        default_mw = self._call(what, "nvmlDeviceGetPowerManagementDefaultLimit", h)
-        current_mw = self._call(what, "nvmlDeviceGetPowerManagementLimit", h)
-        procs = self._call(what, "nvmlDeviceGetComputeRunningProcesses", h)
-        pids = tuple(sorted({int(p.pid) for p in procs or ()}))
-        try:
-            draw: int | None = int(self._nvml.nvmlDeviceGetPowerUsage(h))
-        except self._error:
-            draw = None  # draw is telemetry; a GPU without it is still managed
+        min_mw, max_mw = self._call(what, "nvmlDeviceGetPowerManagementLimitConstraints", h, uuid=uuid)
+        default_mw = self._call(what, "nvmlDeviceGetPowerManagementDefaultLimit", h, uuid=uuid)
+        current_mw = self._call(what, "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
+        pids: set[int] = set()
+        for family in _PROCESS_CALLS:
+            pids |= self._processes(h, what, family, uuid)
+        draw = self._optional("nvmlDeviceGetPowerUsage", h)  # telemetry: a GPU without it is still managed
+        enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
+        name = self._optional("nvmlDeviceGetName", h)
         return GpuReading(index=index, uuid=uuid, min_mw=int(min_mw), max_mw=int(max_mw),
-                          default_mw=int(default_mw), current_mw=int(current_mw), pids=pids, draw_mw=draw)
+                          default_mw=int(default_mw), current_mw=int(current_mw), pids=tuple(sorted(pids)),
+                          draw_mw=None if draw is None else int(draw),
+                          enforced_mw=None if enforced is None else int(enforced),
+                          name=None if name is None else _text(name))
+
+    def read(self, index: int) -> GpuReading:
+        return self._again(lambda: self._read(index))
 
     def set_limit(self, index: int, milliwatts: int) -> None:
-        self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit", self._handle(index), int(milliwatts))
+        self._again(lambda: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit", self._handle(index),
+                                       int(milliwatts)))
 
     def read_limit(self, index: int) -> int:
-        return int(self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", self._handle(index)))
+        return self._again(lambda: int(self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit",
+                                                  self._handle(index))))
+
+    def read_enforced(self, index: int) -> int | None:
+        def op() -> int | None:
+            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", self._handle(index))
+            return None if got is None else int(got)
+        return self._again(op)
 
     def close(self) -> None:
         """Shut NVML down. Errors are logged with their traceback, never swallowed silently."""
@@ -71,5 +176,11 @@ class NvmlBackend:
         self._open = False
         try:
             self._nvml.nvmlShutdown()
-        except self._error:
+        except Exception:
             log.exception("NVML shutdown failed")
+
+
+def _text(raw: object) -> str:
+    if isinstance(raw, (bytes, bytearray)):
+        return bytes(raw).decode("ascii", errors="replace").strip("\x00 ")
+    return str(raw)

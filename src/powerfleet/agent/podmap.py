@@ -33,3 +33,21 @@ def annotations_by_uid(pods: Iterable[PodInfo]) -> dict[str, str]:
 def pods_of(pids: Iterable[int], pid_to_pod: Mapping[int, str]) -> list[str]:
     """The distinct pods (by UID, sorted) of a GPU's processes: a pod with ten processes counts once."""
     return sorted({pid_to_pod[p] for p in pids if p in pid_to_pod})
+
+
+def proc_root_problem(proc_root: str | os.PathLike[str]) -> str | None:
+    """Why ``proc_root`` cannot show the host's processes, or None. Checked at start: a missing
+    or empty root (a wrong mount) would make every GPU process look unattributable."""
+    root = os.fspath(proc_root)
+    try:
+        entries = os.listdir(root)
+    except OSError as exc:
+        return f"proc root {root} cannot be listed ({exc.strerror or exc}); mount the host's /proc or use hostPID"
+    if not any(e.isdigit() for e in entries):
+        return f"proc root {root} shows no processes; mount the host's /proc or use hostPID"
+    return None
+
+
+def visible(proc_root: str | os.PathLike[str], pids: Iterable[int]) -> set[int]:
+    """The pids that exist under ``proc_root`` (NVML reports host PIDs)."""
+    return {p for p in set(pids) if os.path.isdir(os.path.join(os.fspath(proc_root), str(int(p))))}

@@ -1,27 +1,35 @@
-"""The cap policy for one GPU: pure, from the pods on it to one decision.
+"""The cap policy for one GPU: pure, from what is known about its processes to one decision.
 
-Input per GPU: its distinct pods (by UID), which of them carry the power annotation (raw
-value), whether the agent manages the GPU, and the safe default. Caps come only from pod
-annotations; nothing here knows about budgets.
+Input per GPU: the distinct pods (by UID) its processes map to, how many processes map to
+no pod (unreadable, vanished, host processes), which pods the pod view holds and which of
+them carry the power annotation (raw value), whether that view covers every namespace, the
+card's range and the safe default. Caps come only from pod annotations; nothing here knows
+about budgets.
 
-=================  =========================================================  ============
-decision           when                                                       requested
-=================  =========================================================  ============
-``idle``           no process on the GPU: keep whatever cap it has            none
-``release``        processes, but no pod on it carries the annotation         default (*)
-``single``         one pod, valid annotation                                  its watts
-``safe_default``   one pod, annotation present but invalid                    safe default
-``agree``          several pods, all annotated, all valid, all equal          that value
-``conflict``       several pods, one opted in, any missing/invalid/different  safe default
-=================  =========================================================  ============
+=================  ===========================================================  =====================
+decision           when                                                         requested
+=================  ===========================================================  =====================
+``idle``           no process on the GPU: keep whatever cap it has              none
+``hold``           processes the agent cannot attribute (unmapped PIDs, or a    none: the cap stays
+                   pod outside the namespaces it sees) and no opted-in pod
+``release``        every process belongs to a known pod and none opted in       default (*)
+                   (a pod gone from a complete view counts as gone)
+``single``         one pod, valid annotation, nothing unattributed              its watts
+``safe_default``   one pod, annotation present but invalid                      safe default
+``agree``          several pods, all annotated, all valid, all equal            that value
+``conflict``       an opted-in pod shares the GPU with a different, missing or  the lowest valid cap,
+                   invalid value, or with unattributed processes                and the safe default
+                                                                                when a value is missing
+=================  ===========================================================  =====================
 
 (*) ``release`` restores the GPU's default limit only when this agent manages it (it set a
-cap there before); an unmanaged GPU is left alone.
+cap there before); an unmanaged GPU is left alone. Requested values are milliwatts and are
+clamped into the card's range by the caller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,6 +39,7 @@ from powerfleet.cluster.power import parse_power_annotation
 
 class Kind(StrEnum):
     IDLE = "idle"
+    HOLD = "hold"
     RELEASE = "release"
     SINGLE = "single"
     SAFE_DEFAULT = "safe_default"
@@ -42,49 +51,74 @@ class Kind(StrEnum):
 class Decision:
     kind: Kind
     pods: tuple[str, ...]
-    watts: int | None  # the requested cap; None for idle and release (release uses the default)
+    requested_mw: int | None  # None for idle, hold and release (release uses the default)
     reason: str = ""
+    unattributed: int = 0  # processes on the GPU mapped to no pod the agent can see
+    safe_default: bool = False  # the requested value is the safe default
 
     @property
     def uses_safe_default(self) -> bool:
-        return self.kind in (Kind.SAFE_DEFAULT, Kind.CONFLICT)
+        return self.safe_default
 
 
-def _parse(raw: str | None) -> int | None:
+def _parse_mw(raw: str | None) -> int | None:
     if raw is None:
         return None
     try:
-        return parse_power_annotation(raw).watts
+        return parse_power_annotation(raw).watts * 1000
     except PowerInputError:
         return None
 
 
-def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, safe_default_watts: int) -> Decision:
-    """One GPU's decision. ``pods``: distinct pod UIDs of its processes; ``annotations``: raw values
-    of the pods that carry the key (pods absent from it did not opt in, or were not listed)."""
+def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, safe_default_mw: int,
+           unmapped: int = 0, listed: Collection[str] | None = None, complete: bool = True) -> Decision:
+    """One GPU's decision.
+
+    ``pods``: distinct pod UIDs of its mapped processes; ``unmapped``: how many of its processes
+    map to no pod; ``annotations``: raw values of the listed pods that carry the key; ``listed``:
+    UIDs of every listed pod (None: take ``annotations`` as the whole view, for callers that
+    only know annotated pods); ``complete``: the view covers every namespace, so a pod absent
+    from it is gone rather than unseen.
+    """
     uids = tuple(sorted(set(pods)))
     if not busy:
         return Decision(Kind.IDLE, uids, None)
-    opted = [u for u in uids if u in annotations]
+    seen = set(annotations) if listed is None else set(listed) | set(annotations)
+    unseen = [u for u in uids if u not in seen]
+    present = [u for u in uids if u in seen]
+    unknown = unmapped + (0 if complete else len(unseen))  # gone pods (complete view) count for nothing
+    opted = [u for u in present if u in annotations]
     if not opted:
-        return Decision(Kind.RELEASE, uids, None, "no pod on the GPU carries the annotation")
-    if len(uids) == 1:
-        watts = _parse(annotations[uids[0]])
-        if watts is None:
-            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_watts,
-                            f"invalid annotation {annotations[uids[0]]!r}")
-        return Decision(Kind.SINGLE, uids, watts)
-    values = {u: _parse(annotations.get(u)) for u in uids}
-    missing = [u for u, w in values.items() if u not in annotations]
-    invalid = [u for u, w in values.items() if u in annotations and w is None]
-    distinct = {w for w in values.values() if w is not None}
-    if not missing and not invalid and len(distinct) == 1:
-        return Decision(Kind.AGREE, uids, distinct.pop())
+        if unknown:
+            return Decision(Kind.HOLD, uids, None, f"{unknown} process(es) or pod(s) the agent cannot attribute; "
+                                                   "the cap stays", unattributed=unknown)
+        why = "no pod on the GPU carries the annotation" if present else "its pods are gone from a complete list"
+        return Decision(Kind.RELEASE, uids, None, why)
+    values = {u: _parse_mw(annotations.get(u)) for u in present}
+    if len(present) == 1 and not unknown:
+        mw = values[present[0]]
+        if mw is None:
+            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_mw, f"invalid annotation {annotations[present[0]]!r}",
+                            safe_default=True)
+        return Decision(Kind.SINGLE, uids, mw)
+    missing = [u for u in present if u not in annotations]
+    invalid = [u for u in opted if values[u] is None]
+    distinct = sorted({w for w in values.values() if w is not None})
+    if not missing and not invalid and not unknown and len(distinct) == 1:
+        return Decision(Kind.AGREE, uids, distinct[0])
     why = []
     if missing:
         why.append(f"{len(missing)} pod(s) without the annotation")
     if invalid:
         why.append(f"{len(invalid)} invalid")
+    if unknown:
+        why.append(f"{unknown} unattributed")
     if len(distinct) > 1:
-        why.append(f"values differ: {sorted(distinct)}")
-    return Decision(Kind.CONFLICT, uids, safe_default_watts, "; ".join(why))
+        why.append(f"values differ: {[w / 1000 for w in distinct]} W")
+    # The lowest valid cap involved; a pod without a valid value brings the safe default in.
+    candidates = list(distinct)
+    if missing or invalid or unknown:
+        candidates.append(safe_default_mw)
+    chosen = min(candidates)
+    return Decision(Kind.CONFLICT, uids, chosen, "; ".join(why), unattributed=unknown,
+                    safe_default=chosen == safe_default_mw and bool(missing or invalid or unknown))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import redis
 
@@ -50,8 +51,10 @@ def live_agents(r: redis.Redis) -> set[str]:
 class Heartbeat:
     """A daemon thread that keeps one node's key alive; Redis errors are one warning per outage."""
 
-    def __init__(self, r: redis.Redis, node: str, reconcile_interval_s: float, clock: Clock) -> None:
+    def __init__(self, r: redis.Redis, node: str, reconcile_interval_s: float, clock: Clock,
+                 lock: Any = None) -> None:
         self.r, self.node, self.interval, self.clock = r, node, reconcile_interval_s, clock
+        self.lock = lock  # lock.NodeLock: renewed with every beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"agent-heartbeat-{node}", daemon=True)
         self._failing = False
@@ -63,6 +66,8 @@ class Heartbeat:
     def beat_once(self) -> bool:
         try:
             beat(self.r, self.node, self.interval, self.clock)
+            if self.lock is not None:
+                self.lock.renew()
         except (redis.RedisError, OSError) as exc:
             if not self._failing:
                 log.warning("heartbeat for %s failed (%s); retrying every %gs", self.node,

@@ -8,7 +8,9 @@ Three things ask for a pass:
 * the pod watch: sets a flag the pass thread serves as soon as the lock is free, so a change
   that lands during a pass gets its own pass afterwards (coalesced, never lost);
 * the local timer: when no tick has arrived for three intervals (beat or broker down), the
-  pass thread runs a pass every interval until ticks come back.
+  pass thread runs a pass every interval until ticks come back;
+* the process poll: every ``poll_s`` between passes the GPUs' process lists are read, and a
+  change (a new workload's first process, an exit) gets a pass at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from powerfleet.agent.reconcile import NodeAgent, PassReport
 from powerfleet.clock import Clock, SystemClock
@@ -23,13 +26,18 @@ from powerfleet.clock import Clock, SystemClock
 log = logging.getLogger("powerfleet.agent")
 
 STALE_INTERVALS = 3
+# A pass in flight stops before its next GPU; the longest call it can be in is one bounded
+# Kubernetes request (cluster.kube REQUEST_TIMEOUT_SECONDS, 25 s) or one NVML call.
+STOP_WAIT_S = 30.0
 
 
 class AgentRuntime:
-    def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None) -> None:
+    def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None,
+                 poll_s: float = 0.0) -> None:
         self.agent = agent
         self.node = agent.node
         self.interval_s = interval_s
+        self.poll_s = poll_s  # GPU process poll between passes (agent.process_poll_s); 0: off
         self.clock = clock or SystemClock()
         self.metrics = agent.metrics
         self._lock = threading.Lock()
@@ -40,15 +48,50 @@ class AgentRuntime:
         self._last_tick = self.clock.monotonic()
         self._on_timer = False
         self._stopped = False
+        self.drained = False  # `agent drain`: defaults restored, no cap until the drain is undone
+        self.lock: Any = None  # the node lock (lock.NodeLock) when the agent runs beside Redis
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
+        self.reporters: list[Callable[[PassReport, dict[str, Any]], None]] = []  # evidence publishers
+        agent.may_actuate = self.actuation_refusal
 
     def serves(self, node: str) -> bool:
         return node == self.node
 
+    def actuation_refusal(self) -> str | None:
+        """None while this agent may set limits; else why not (drained, or not the lock holder)."""
+        if self.lock is not None and not self.lock.held:
+            return f"not the holder of the node lock ({self.lock.why})"
+        if self.drained:
+            return "drained: caps are at their defaults until the drain is undone"
+        return None
+
+    def drain(self) -> frozenset[str]:
+        """Restore every managed GPU's default and stop capping (``powerfleet agent drain``).
+        Returns the GPUs still managed (a restore that failed). Only the lock holder restores."""
+        with self._lock:
+            if self.lock is not None and not self.lock.held:
+                log.error("node %s: drain requested but this agent does not hold the node lock; nothing restored",
+                          self.node)
+                return frozenset(self.agent.managed)
+            self.drained = True
+            return self.agent.restore("drain")
+
+    def undrain(self) -> None:
+        if self.drained:
+            self.drained = False
+            log.info("node %s: drain undone; caps are enforced again", self.node)
+            self.request_pass("drain undone")
+
     # -- passes --
 
     def _run(self, trigger: str) -> PassReport:
-        return self.agent.run_pass(trigger)
+        report = self.agent.run_pass(trigger)
+        for hand_over in self.reporters:
+            try:
+                hand_over(report, self.agent.last_pods)
+            except Exception:
+                log.exception("node %s: handing the pass report over failed", self.node)
+        return report
 
     def tick_pass(self) -> PassReport | None:
         """A pass for a tick; None when one is already running (the tick is dropped, not queued)."""
@@ -72,8 +115,11 @@ class AgentRuntime:
         self._kick.set()
 
     def _loop(self) -> None:
+        wait_s = min(self.poll_s or self.interval_s, self.interval_s)
+        waited = 0.0  # real time slept since the last timer pass (the clock may be a test's)
         while not self._stop.is_set():
-            kicked = self._kick.wait(timeout=self.interval_s)
+            kicked = self._kick.wait(timeout=wait_s)
+            waited += 0.0 if kicked else wait_s
             if self._stop.is_set():
                 return
             trigger = None
@@ -86,7 +132,10 @@ class AgentRuntime:
                     log.warning("node %s: no tick for %d intervals; running passes on a local timer every %gs",
                                 self.node, STALE_INTERVALS, self.interval_s)
                     self._on_timer = True
-                trigger = "timer"
+                if waited >= self.interval_s - 1e-9:
+                    trigger, waited = "timer", 0.0
+            if trigger is None and self.poll_s and self._processes_changed():
+                trigger = "process"
             if trigger is None:
                 continue
             with self._lock:
@@ -97,9 +146,24 @@ class AgentRuntime:
                 except Exception:
                     log.exception("node %s: %s pass failed", self.node, trigger)
 
+    def _processes_changed(self) -> bool:
+        """Between passes: did a process start or stop on a GPU since the last pass? A new
+        workload's cap then follows within one poll (agent.process_poll_s), not one tick."""
+        if not self._lock.acquire(blocking=False):
+            return False  # a pass is running: it reads the processes itself
+        try:
+            return self.agent.processes_changed()
+        except Exception:
+            log.exception("node %s: polling the GPU processes failed", self.node)
+            return False
+        finally:
+            self._lock.release()
+
     # -- readiness --
 
     def readiness(self) -> tuple[bool, str]:
+        if self.agent.blind:  # at once, with the reason: a blind agent enforces nothing new
+            return False, f"not-ready: {self.agent.blind}"
         last = self.agent.last_good_mono
         if last is None:
             self.metrics.last_good_pass_age.set(-1)
@@ -117,12 +181,13 @@ class AgentRuntime:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the threads, wait for a running pass, then restore every managed GPU. Never raises."""
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """Stop the threads and a pass in flight (it stops before its next GPU), then close with
+        the caps left in force for the next agent, under the pass lock. Never raises."""
         if self._stopped:
             return
         self._stopped = True
-        started = self._thread.is_alive()
+        self.agent.stopping.set()
         self._stop.set()
         self._kick.set()
         for stop in self.stoppers:
@@ -130,14 +195,14 @@ class AgentRuntime:
                 stop()
             except Exception:
                 log.exception("node %s: stopping a helper failed", self.node)
-        if not started:
-            return  # never ran a pass: no cap of this run to restore
         got = self._lock.acquire(timeout=timeout_s)
         try:
-            self.agent.shutdown()
+            self.agent.shutdown(restore=False)
         finally:
             if got:
                 self._lock.release()
+            if self.lock is not None:
+                self.lock.release()  # after the last write: the next agent may take over
 
 
 # -- the one runtime of an agent worker process --

@@ -4,9 +4,12 @@ Devices are plain JSON objects, the same shape ``agent once --gpus`` reads::
 
     {"index": 0, "uuid": "GPU-0a", "min_w": 200, "max_w": 700, "default_w": 700,
      "current_w": 700, "pids": [4242], "draw_w": 310.5,
-     "fail": ["read", "set"]}          # optional fault injection for that GPU
+     "fail": ["library_mismatch"],     # optional: driver failure modes of that GPU (simnvml.py)
+     "enforced_w": 450}                # optional: an out-of-band (BMC) limit below the set one
 
-``draw_w`` and ``fail`` are optional; ``current_w`` defaults to ``default_w``.
+``draw_w``, ``fail``, ``enforced_w``, ``graphics_pids`` and ``name`` are optional;
+``current_w`` defaults to ``default_w``. The ``GpuBackend`` methods go through the real NVML
+port (``NvmlBackend``) over ``SimulatedNvml``, which raises nvidia-ml-py's own exceptions.
 
 **Sharing across processes** (the twin drives the GPUs, the agent worker caps them): give
 both the same file, one per node, e.g. ``<dir>/<node>.json`` holding ``{"devices": [...]}``.
@@ -31,40 +34,42 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerfleet.agent.files import write_atomic
-from powerfleet.agent.gpu import GpuError, GpuReading, normalise_uuid
+from powerfleet.agent.gpu import GpuError, GpuReading
+from powerfleet.agent.simnvml import FAULTS, SimulatedNvml
 
 
 class SimDevice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: no true for a number; no inf/nan; watts up to 100 kW (a GPU board, not a data centre)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    index: int = Field(ge=0)
-    uuid: str = Field(min_length=1)
-    min_w: float = Field(gt=0)
-    max_w: float = Field(gt=0)
-    default_w: float = Field(gt=0)
-    current_w: float | None = None
+    index: int = Field(ge=0, le=1023)
+    uuid: str = Field(min_length=1, max_length=96)
+    min_w: float = Field(gt=0, le=100_000)
+    max_w: float = Field(gt=0, le=100_000)
+    default_w: float = Field(gt=0, le=100_000)
+    current_w: float | None = Field(None, gt=0, le=100_000)
     pids: list[int] = Field(default_factory=list)
-    draw_w: float | None = None
-    fail: list[str] = Field(default_factory=list)  # "read", "set", "readback"
+    graphics_pids: list[int] = Field(default_factory=list)
+    draw_w: float | None = Field(None, ge=0)
+    enforced_w: float | None = Field(None, gt=0)
+    name: str | None = Field(None, max_length=96)
+    fail: list[str] = Field(default_factory=list)  # driver failure modes, simnvml.FAULTS
 
     @model_validator(mode="after")
     def _limits(self) -> "SimDevice":
         if not self.min_w <= self.default_w <= self.max_w:
             raise ValueError("need min_w <= default_w <= max_w")
+        for values in (self.pids, self.graphics_pids):
+            if any(p <= 0 for p in values):
+                raise ValueError("pids must be positive")
+        unknown = sorted(set(self.fail) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fail mode(s) {unknown}; known: {', '.join(FAULTS)}")
         if self.current_w is None:
             self.current_w = self.default_w
         return self
 
-    def reading(self) -> GpuReading:
-        return GpuReading(
-            index=self.index, uuid=normalise_uuid(self.uuid), min_mw=_mw(self.min_w), max_mw=_mw(self.max_w),
-            default_mw=_mw(self.default_w), current_mw=_mw(self.current_w or self.default_w),
-            pids=tuple(sorted(set(self.pids))), draw_mw=None if self.draw_w is None else _mw(self.draw_w),
-        )
 
-
-def _mw(w: float) -> int:
-    return int(round(w * 1000))
 
 
 def parse_devices(data: Any) -> list[SimDevice]:
@@ -105,8 +110,10 @@ class SimulatedGpus:
         """In memory from ``devices``; with ``path`` (see ``shared``) the file is the truth."""
         self._path = path
         self._mutex = threading.RLock()
+        self._pin = threading.local()  # a snapshot pinned for the duration of one read (this thread)
         self._devices = [] if path is not None else parse_devices(_as_dicts(devices))
         self.sets: list[tuple[int, int]] = []  # (index, mW) of every set this object made, for tests
+        self._nvml_port: Any = None
 
     @classmethod
     def shared(cls, path: str | os.PathLike[str], devices: Iterable[SimDevice | Mapping[str, Any]] | None = None) -> "SimulatedGpus":
@@ -140,8 +147,23 @@ class SimulatedGpus:
                 with _flock(self._path):
                     yield
 
+    @contextlib.contextmanager
+    def _pinned(self) -> Iterator[None]:
+        """One snapshot for the dozen driver calls of one GPU read (one file read, not twelve)."""
+        if getattr(self._pin, "devices", None) is not None:
+            yield
+            return
+        self._pin.devices = self.devices()
+        try:
+            yield
+        finally:
+            self._pin.devices = None
+
     def devices(self) -> list[SimDevice]:
         """A snapshot of the devices."""
+        pinned = getattr(self._pin, "devices", None)
+        if pinned is not None:
+            return pinned
         with self._locked():
             if self._path is not None:
                 self._devices = self._read(self._path)
@@ -156,36 +178,61 @@ class SimulatedGpus:
             self._devices = parse_devices([d.model_dump() for d in self._devices])
             if self._path is not None:
                 write_devices(self._path, self._devices)
+            if getattr(self._pin, "devices", None) is not None:  # a read in progress sees the change
+                self._pin.devices = [d.model_copy(deep=True) for d in self._devices]
 
-    def _device(self, devices: list[SimDevice], index: int, op: str) -> SimDevice:
-        if not 0 <= index < len(devices):
-            raise GpuError(f"GPU {index}: no such device")
-        dev = devices[index]
-        if op in dev.fail:
-            raise GpuError(f"GPU {index}: simulated {op} failure")
-        return dev
+    # -- the store SimulatedNvml reads and writes --
 
-    # -- GpuBackend --
-
-    def device_count(self) -> int:
-        return len(self.devices())
-
-    def read(self, index: int) -> GpuReading:
-        return self._device(self.devices(), index, "read").reading()
-
-    def set_limit(self, index: int, milliwatts: int) -> None:
+    def set_current(self, index: int, milliwatts: int, *, applied: bool) -> None:
+        """A set through the simulated driver; ``applied=False``: accepted but without effect."""
         def change(devices: list[SimDevice]) -> None:
-            dev = self._device(devices, index, "set")
-            if not _mw(dev.min_w) <= milliwatts <= _mw(dev.max_w):
-                raise GpuError(f"GPU {index}: {milliwatts} mW outside [{_mw(dev.min_w)}, {_mw(dev.max_w)}] (invalid argument)")
-            dev.current_w = milliwatts / 1000
+            if applied:
+                devices[index].current_w = milliwatts / 1000
 
         self.update(change)
         self.sets.append((index, milliwatts))
 
+    def clear_fault(self, fault: str) -> None:
+        if not any(fault in d.fail for d in self.devices()):
+            return  # no write when there is nothing to clear
+
+        def change(devices: list[SimDevice]) -> None:
+            for d in devices:
+                d.fail = [f for f in d.fail if f != fault]
+
+        self.update(change)
+
+    def fail(self, index: int, *faults: str) -> None:
+        """Switch driver failure modes on for one GPU (tests); ``fail(i)`` switches them off."""
+        def change(devices: list[SimDevice]) -> None:
+            devices[index].fail = list(faults)
+
+        self.update(change)
+
+    # -- GpuBackend, through the real NVML port --
+
+    def _port(self) -> Any:
+        if self._nvml_port is None:
+            from powerfleet.agent.nvml import NvmlBackend  # nvml imports nothing of this module
+
+            self._nvml_port = NvmlBackend(SimulatedNvml(self))
+        return self._nvml_port
+
+    def device_count(self) -> int:
+        return int(self._port().device_count())
+
+    def read(self, index: int) -> GpuReading:
+        with self._pinned():
+            return self._port().read(index)  # type: ignore[no-any-return]
+
+    def set_limit(self, index: int, milliwatts: int) -> None:
+        self._port().set_limit(index, milliwatts)
+
     def read_limit(self, index: int) -> int:
-        dev = self._device(self.devices(), index, "readback")
-        return _mw(dev.current_w or dev.default_w)
+        return int(self._port().read_limit(index))
+
+    def read_enforced(self, index: int) -> int | None:
+        return self._port().read_enforced(index)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         return None

@@ -1,8 +1,8 @@
 """The agent as a Celery worker: solo pool, its own queue only, the runtime around it.
 
-Why the solo pool: the NVML handle, the managed set, the pod watch and the shutdown restore
-must live in the one process that receives SIGTERM. With prefork the pass would run in a
-child that the pool kills without running the restore. A pass is milliseconds of work, so a
+Why the solo pool: the NVML handle, the managed set, the pod watch, the node lock and the
+shutdown must live in the one process that receives SIGTERM. With prefork the pass would run
+in a child that the pool kills mid-write. A pass is milliseconds of work, so a
 single process loses nothing; Celery's time limits are not enforced by the solo pool, and
 the calls that can hang carry their own timeouts (pod LIST 20 s server / 25 s client).
 """
@@ -19,12 +19,12 @@ from celery import bootsteps, signals
 from powerfleet.agent import runtime as agent_runtime
 from powerfleet.agent.build import build_runtime
 from powerfleet.config import FleetConfig
-from powerfleet.workers.routes import node_queue
+from powerfleet.queues import node_queue
 
 log = logging.getLogger("powerfleet.agent")
 
 BINDING_CHECK_S = 2.0
-FORCED_EXIT_AFTER_S = 15.0  # well inside the chart's 60 s grace period, after the restore
+FORCED_EXIT_AFTER_S = 15.0  # after the stop (at most STOP_WAIT_S), inside the chart's grace period
 
 
 def check_binding(consumer: Any, node: str) -> bool:
@@ -82,11 +82,11 @@ def binding_guard_step(node: str, interval_s: float) -> type[bootsteps.StartStop
     return BindingGuard
 
 
-def _restore_then_exit(rt: agent_runtime.AgentRuntime, grace_s: float) -> None:
-    rt.stop()  # waits for a running pass, restores every managed GPU, persists; never raises
+def _stop_then_exit(rt: agent_runtime.AgentRuntime, grace_s: float) -> None:
+    rt.stop()  # stops a pass in flight, persists, closes NVML with the caps in force; never raises
     if threading.Event().wait(grace_s):
         return  # never set: this is a bounded wait for Celery's own shutdown
-    log.warning("agent %s: the worker did not finish its shutdown within %gs of the restore (broker "
+    log.warning("agent %s: the worker did not finish its shutdown within %gs of the agent's stop (broker "
                 "unreachable?); exiting now", rt.node, grace_s)
     logging.shutdown()
     os._exit(0)
@@ -94,7 +94,7 @@ def _restore_then_exit(rt: agent_runtime.AgentRuntime, grace_s: float) -> None:
 
 def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
                      probe: tuple[str, int] | None = None) -> None:
-    """Build and start the runtime, run the worker until shutdown, then restore caps."""
+    """Build and start the runtime, run the worker until shutdown, then stop the agent (caps stay)."""
     rt = build_runtime(config, node, broker_url=app.broker_url_resolved, probe=probe)
     agent_runtime.install(rt)
     # The check is a local look at the consumer (no I/O unless it must repair), so it runs more
@@ -107,8 +107,8 @@ def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
     def on_shutting_down(**_: Any) -> None:
         # Celery's SIGTERM/SIGINT handler only sets a flag that its loop checks; while the broker
         # is unreachable the loop sits in its reconnect retries and never gets there. So the
-        # restore starts now, on its own thread, and the process exits if Celery cannot.
-        threading.Thread(target=_restore_then_exit, args=(rt, FORCED_EXIT_AFTER_S), name="agent-shutdown",
+        # agent's stop starts now, on its own thread, and the process exits if Celery cannot.
+        threading.Thread(target=_stop_then_exit, args=(rt, FORCED_EXIT_AFTER_S), name="agent-shutdown",
                          daemon=True).start()
 
     def on_setup(**_: Any) -> None:

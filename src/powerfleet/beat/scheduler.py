@@ -18,6 +18,8 @@ from redis.exceptions import LockError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redbeat import RedBeatScheduler
 
+from powerfleet.broker.follow import follow_switches
+from powerfleet.broker.metrics import reconnects
 from powerfleet.workers.logging import one_line
 
 logger = logging.getLogger("powerfleet.beat")
@@ -26,19 +28,30 @@ BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 class FleetScheduler(RedBeatScheduler):
     _standing_by = False
+    _broker_lost = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        reconnects()  # the series exists, at 0, from the start
+        super().__init__(*args, **kwargs)
+        follow_switches(self.app.conf.broker_url, self.app.fleet_config.broker)
 
     def tick(self, min: Any = min, **kwargs: Any) -> float:
         retry_s = float(self.max_interval)
         try:
             if self._standing_by and not self._retake_lock():
                 return retry_s
-            return super().tick(min=min, **kwargs)
+            next_s = super().tick(min=min, **kwargs)
+            if self._broker_lost:
+                self._broker_lost = False
+                reconnects().labels(kind="consumer").inc()
+            return next_s
         except LockError:
             logger.warning("beat: lost the RedBeat lock (Redis restarted or the outage outlasted it); "
                            "standing by until it is free, retrying every %gs", retry_s)
             self._standing_by = True
             return retry_s
         except BROKER_ERRORS as exc:
+            self._broker_lost = True
             logger.warning("beat: broker unreachable (%s); retrying in %gs", one_line(exc), retry_s)
             return retry_s
 

@@ -41,6 +41,17 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM (Redis saves and exits), then SIGKILL if it has not exited within ``timeout_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class EmbeddedRedis:
     """Start/stop a redis-server bound to 127.0.0.1 with its own temporary directory.
 
@@ -97,13 +108,8 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc)
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from powerfleet.budget.groups import Member, allocate
+from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.errors import DGDInputError
@@ -32,36 +33,38 @@ class DeploymentView:
     budget: DeploymentBudget
     proposal: Mapping[str, int] | None
     pods: Sequence[PodInfo]  # this deployment's pods (others are ignored)
+    claim_classes: Mapping[str, tuple[str, ...]] | None = None  # its namespace's ResourceClaimTemplates (DRA)
+
+    def resolved(self) -> PowerConfig | DGDInputError:
+        try:
+            return resolve_power_config(self.dgd, self.claim_classes)
+        except DGDInputError as exc:
+            return exc
 
 
 def _power(view: DeploymentView) -> PowerConfig | None:
     if view.admitted is not None:
         return view.admitted.power
-    try:
-        return resolve_power_config(view.dgd)
-    except DGDInputError:
-        return None
+    got = view.resolved()
+    return None if isinstance(got, DGDInputError) else got
 
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
-    """Minimum, demand and current watts; current counts the desired, ready and live-pod replicas."""
+    """Minimum, demand and current watts; current charges what holds GPUs (budget/ledger.py): the
+    max of desired, ready, updated and existing-pod replicas, surge and Terminating pods included."""
     by_comp = partition_pods(view.dgd, view.pods)
     # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
     # claims no share of the group.
-    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd))
+    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
+                                                                              resolved=view.resolved()))
     minimum = demand = current = 0
     for role, rp in power.roles.items():
-        comp = view.dgd.component(rp.component)
-        st = view.dgd.status.components.get(rp.component)
-        ready = (st.ready_replicas if st else None) or 0
-        live = sum(1 for p in by_comp.get(rp.component, []) if p.is_running_or_starting)
-        pods_as_replicas = -(-live // rp.node_count)
-        desired = comp.replicas if comp else 0
+        charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
         proposed = None if frozen else (view.proposal or {}).get(role.value)
-        demand += (ready if proposed is None else proposed) * w
-        current += max(desired, ready, pods_as_replicas) * w
+        demand += (charged if proposed is None else proposed) * w
+        current += charged * w
     return Member(minimum_w=minimum, demand_w=max(demand, minimum), current_w=current,
                   own_limit_w=view.budget.power_limit_w)
 
@@ -79,9 +82,19 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
     return out
 
 
+UNMANAGED = "(unmanaged)"  # the member that stands for every GPU pod on a group no listed deployment owns
+
+
+def unmanaged_member(watts: int) -> Member:
+    """Pods no listed deployment owns draw what they draw: their whole charge is fixed (granted
+    first, never grown or shrunk), so it only lowers what the listed deployments may grow into."""
+    return Member(minimum_w=watts, demand_w=watts, current_w=watts, own_limit_w=watts)
+
+
 def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
-                 group_label: str) -> dict[str, GroupLimit]:
-    """The GroupLimit of every deployment (``GroupLimit(None, None)`` when it is on no budgeted group)."""
+                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> dict[str, GroupLimit]:
+    """The GroupLimit of every deployment (``GroupLimit(None, None)`` when it is on no budgeted group).
+    ``unmanaged_w``: group -> the ledger's charge for the GPU pods on it that no listed deployment owns."""
     members: dict[str, Member] = {}
     touched: dict[str, set[str]] = {}
     for view in views:
@@ -95,9 +108,11 @@ def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
         on = {k: members[k] for k, gs in touched.items() if group in gs}
         if not on:
             continue
-        result = allocate(budget_w, on)
+        tenants = (unmanaged_w or {}).get(group, 0)
+        result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
         for k, a in result.allowances.items():
-            limits[k].append(a.limit_w)
+            if k in limits:
+                limits[k].append(a.limit_w)
     out: dict[str, GroupLimit] = {}
     for view in views:
         k = view.key

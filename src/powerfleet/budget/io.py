@@ -29,6 +29,8 @@ class RoleIn(_Strict):
     gpus_per_replica: StrictInt = Field(ge=0)
     min_replicas: StrictInt = Field(1, ge=0)
     ready: StrictInt | None = Field(None, ge=0)
+    desired: StrictInt | None = Field(None, ge=0)  # spec replicas (default: ready)
+    updated: StrictInt | None = Field(None, ge=0)  # replicas at the current revision (default: ready)
     proposed: StrictInt | None = Field(None, ge=0)
     rolling: StrictBool = False
 

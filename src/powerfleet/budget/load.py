@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+MAX_REPLICAS = 100_000  # the bound budget.propose puts on a replica count
+
 
 def replicas_for_load(load: Mapping[str, float], target_per_replica: Mapping[str, float]) -> dict[str, int]:
     out: dict[str, int] = {}
@@ -22,5 +24,8 @@ def replicas_for_load(load: Mapping[str, float], target_per_replica: Mapping[str
             raise ValueError(f"load.{role}: {value!r} must be a finite non-negative number")
         if not (math.isfinite(target) and target > 0):
             raise ValueError(f"target_per_replica.{role}: {target!r} must be a finite positive number")
-        out[role] = max(1, math.ceil(value / target))
+        ratio = value / target
+        if not ratio <= MAX_REPLICAS:  # also inf (1e300 / 1e-300) and nan: a count no role can have
+            raise ValueError(f"load.{role} / target_per_replica.{role} = {ratio:.3g} replicas, over {MAX_REPLICAS}")
+        out[role] = max(1, math.ceil(ratio))
     return out

@@ -23,11 +23,18 @@ OUTCOMES = Counter("powerfleet_budget_evaluations_total", "Evaluations by outcom
                    ["deployment", "outcome"])
 GROUP_BUDGET = Gauge("powerfleet_budget_group_budget_watts", "A group's budget", ["group"], multiprocess_mode=_MODE)
 GROUP_CURRENT = Gauge("powerfleet_budget_group_current_watts",
-                      "Watts the deployments on a group draw or may draw at their current counts",
+                      "The group's ledger: projected watts of every GPU pod on its nodes at current counts "
+                      "(listed deployments and unmanaged pods)",
                       ["group"], multiprocess_mode=_MODE)
 GROUP_PEAK = Gauge("powerfleet_budget_group_projected_peak_watts",
                    "Bound on a group's transition peak: sum over its deployments of max(current, planning limit)",
                    ["group"], multiprocess_mode=_MODE)
+GROUP_UNMANAGED = Gauge("powerfleet_budget_group_unmanaged_watts",
+                        "Part of the ledger charged for GPU pods no listed deployment owns", ["group"],
+                        multiprocess_mode=_MODE)
+GROUP_MEASURED = Gauge("powerfleet_budget_group_measured_watts",
+                       "Draw the node agents report for the group's GPUs (absent while no agent reports)",
+                       ["group"], multiprocess_mode=_MODE)
 GROUP_UTILISATION = Gauge("powerfleet_budget_group_utilization_ratio", "Group current watts / group budget",
                           ["group"], multiprocess_mode=_MODE)
 
@@ -46,8 +53,12 @@ def record_evaluation(deployment: str, outcome: str, limit_w: int | None, settle
         DECISIONS.labels(deployment=deployment, reason=reason).inc()
 
 
-def record_group(group: str, budget_w: int, current_w: int, peak_w: int) -> None:
+def record_group(group: str, budget_w: int, current_w: int, peak_w: int, *, unmanaged_w: int = 0,
+                 measured_w: float | None = None) -> None:
     GROUP_BUDGET.labels(group=group).set(budget_w)
     GROUP_CURRENT.labels(group=group).set(current_w)
+    GROUP_UNMANAGED.labels(group=group).set(unmanaged_w)
+    if measured_w is not None:
+        GROUP_MEASURED.labels(group=group).set(measured_w)
     GROUP_PEAK.labels(group=group).set(peak_w)
     GROUP_UTILISATION.labels(group=group).set(current_w / budget_w if budget_w else 0.0)

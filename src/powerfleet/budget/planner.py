@@ -4,10 +4,14 @@ Order (docs/budget.md): GPU clamp (ceiling, then the optional floor), rollout ho
 clamp, staging of opposing rebalances, a final refill. Where the GPU floor and the power
 ceiling conflict the power ceiling wins and the floor violation is reported.
 
-Vocabulary: ``ready`` is the role's ready count (missing = baseline 0), ``proposed`` the
-count someone asked for (None = no opinion). A role without a proposal keeps its count, is
-charged at its ready count and answers None. A held scale-up answers None too ("leave as
-is"), so a hold never patches an in-flight rollout's desired count down.
+Vocabulary: ``ready`` is the role's ready count (missing = baseline 0), ``desired`` its spec
+count, ``updated`` its count at the current revision, ``pods`` the replicas its existing pods
+make up (surge and Terminating pods included), ``proposed`` the count someone asked for (None =
+no opinion). A role is *charged* at the largest of ready, desired, updated and pods: what
+physically holds GPUs now or will once in-flight replicas start. A role with replicas not yet
+ready or not yet updated counts as rolling. A role without a proposal keeps its count, is
+charged at its charge and answers None. A held scale-up answers None too ("leave as is"), so a
+hold never patches an in-flight rollout's desired count down.
 """
 
 from __future__ import annotations
@@ -34,7 +38,15 @@ class Reason(StrEnum):
     POWER_OVER_BUDGET_SHRINK = "power_over_budget_shrink"
     POWER_SCALE_UP_SUPPRESSED = "power_budget_scale_up_suppressed"
     POWER_STAGED = "power_rebalance_staged"
+    GPU_STAGED = "gpu_rebalance_staged"
     OVER_BUDGET_UNREMEDIED = "power_over_budget_unremedied"
+
+
+def charged_count(ready: int | None, desired: int | None, updated: int | None, pods: int | None) -> int:
+    """The replicas a role is charged for: the largest of its ready, desired (spec) and updated
+    counts and the replicas its existing pods make up (None: the ready count; ready None: 0)."""
+    base = ready or 0
+    return max(base, base if desired is None else desired, base if updated is None else updated, pods or 0)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,20 @@ class RoleFacts:
     ready: int | None = None
     proposed: int | None = None
     rolling: bool = False
+    desired: int | None = None  # spec replicas (None: the ready count)
+    updated: int | None = None  # replicas at the current revision (None: the ready count)
+    pods: int | None = None  # replicas the role's existing pods make up, surge and Terminating included
+
+    @property
+    def charged(self) -> int:
+        """What the role holds or is about to hold: max(ready, desired, updated, pods)."""
+        return charged_count(self.ready, self.desired, self.updated, self.pods)
+
+    @property
+    def in_flight(self) -> bool:
+        """Replicas not yet ready or not yet updated: counts as rolling (scale-ups held)."""
+        charged = self.charged
+        return (self.ready or 0) < charged or (self.updated is not None and self.updated < charged)
 
 
 @dataclass(frozen=True)
@@ -63,10 +89,11 @@ class Plan:
     gpus: int
     held: frozenset[str] = field(default_factory=frozenset)  # roles whose scale-up was held
     staged_goal: dict[str, int] | None = None  # a staged rebalance's clamped goal (reached over evaluations)
+    peak_gpus: int = 0  # GPUs held during the transition: per role max(current, target)
 
     def to_json(self) -> dict[str, object]:
         return {"targets": self.targets, "reasons": list(self.reasons), "settled_w": self.settled_w,
-                "peak_w": self.peak_w, "gpus": self.gpus}
+                "peak_w": self.peak_w, "gpus": self.gpus, "peak_gpus": self.peak_gpus}
 
 
 def _validate(roles: Mapping[str, RoleFacts], budget: Budget) -> None:
@@ -76,9 +103,12 @@ def _validate(roles: Mapping[str, RoleFacts], budget: Budget) -> None:
         raise PlanError(f"budget.power_limit_w: {budget.power_limit_w} is negative")
     for name, f in roles.items():
         for what, v in (("watts_per_replica", f.watts_per_replica), ("gpus_per_replica", f.gpus_per_replica),
-                        ("min_replicas", f.min_replicas), ("ready", f.ready), ("proposed", f.proposed)):
+                        ("min_replicas", f.min_replicas), ("ready", f.ready), ("proposed", f.proposed),
+                        ("desired", f.desired), ("updated", f.updated), ("pods", f.pods)):
             if v is not None and v < 0:
                 raise PlanError(f"roles.{name}.{what}: {v} is negative")
+    if 0 <= budget.max_gpus < budget.min_gpus:
+        raise PlanError(f"budget.min_gpus: {budget.min_gpus} is above budget.max_gpus ({budget.max_gpus})")
     min_w = sum(f.min_replicas * f.watts_per_replica for f in roles.values())
     if min_w > budget.power_limit_w:
         raise PlanError(f"the minimum footprint ({min_w} W) exceeds the power limit ({budget.power_limit_w} W)")
@@ -92,7 +122,7 @@ class _State:
 
     def __init__(self, roles: Mapping[str, RoleFacts]) -> None:
         self.roles = roles
-        self.cur = {r: f.ready or 0 for r, f in roles.items()}
+        self.cur = {r: f.charged for r, f in roles.items()}
         self.proposed = [r for r, f in roles.items() if f.proposed is not None]
         self.t = {r: self.cur[r] for r in roles}
         self.reasons: list[str] = []
@@ -138,9 +168,18 @@ class _State:
         self.t.update(got)
         self.note(clamped if current_fits else shrink)
 
+    def usage(self, attr: str) -> tuple[int, int]:
+        """(settled, transition peak) of ``attr`` (watts or GPUs); the peak is per role max(current, target)."""
+        c = self.cost(attr)
+        return weighted(self.t, c), sum(max(self.cur[r], self.t[r]) * c[r] for r in self.roles)
+
     def watts(self) -> tuple[int, int]:
-        w = self.cost("watts_per_replica")
-        return weighted(self.t, w), sum(max(self.cur[r], self.t[r]) * w[r] for r in self.roles)
+        return self.usage("watts_per_replica")
+
+    def settled_fits(self, budget: Budget) -> bool:
+        """The targets' settled watts and GPUs within both ceilings."""
+        return (self.watts()[0] <= budget.power_limit_w
+                and (budget.max_gpus < 0 or self.usage("gpus_per_replica")[0] <= budget.max_gpus))
 
 
 def _gpu_floor(s: _State, budget: Budget) -> None:
@@ -158,46 +197,57 @@ def _gpu_floor(s: _State, budget: Budget) -> None:
         s.note(Reason.GPU_FLOOR_RAISED)
 
 
-def _stage(s: _State, limit: int) -> None:
-    """An opposing rebalance whose transition peak does not fit: scale-downs now, scale-ups next time."""
+def _stage(s: _State, budget: Budget) -> None:
+    """An opposing rebalance whose transition peak (watts, or GPUs against the ceiling) does not
+    fit: scale-downs now, scale-ups next time."""
     ups = [r for r in s.proposed if s.t[r] > s.cur[r]]
     downs = [r for r in s.proposed if s.t[r] < s.cur[r]]
-    if ups and downs and s.watts()[1] > limit:
+    if not (ups and downs):
+        return
+    power_over = s.watts()[1] > budget.power_limit_w
+    gpus_over = 0 <= budget.max_gpus < s.usage("gpus_per_replica")[1]
+    if power_over or gpus_over:
         s.staged = dict(s.t)
         for r in ups:
             s.t[r] = s.cur[r]
             s.held.add(r)
-        s.note(Reason.POWER_STAGED)
+        s.note(Reason.POWER_STAGED if power_over else Reason.GPU_STAGED)
 
 
 def _final_refill(s: _State, budget: Budget, upper: Mapping[str, int], rolling: bool) -> None:
-    """Give back replicas a later stage freed (e.g. the power clamp lowered a peer below what the
-    GPU clamp assumed), while every limit still holds. Skipped for a staged rebalance."""
-    if s.staged is not None:
-        return
-    g = s.cost("gpus_per_replica")
-    _, peak_now = s.watts()
-    peak_cap = max(budget.power_limit_w, peak_now)
-    for r in s.proposed:
-        while r not in s.held and s.t[r] < upper[r] and not (rolling and s.t[r] + 1 > s.cur[r]):
+    """Hand back every replica that still fits both ceilings once settled (e.g. the power clamp
+    lowered a peer below what the GPU clamp assumed): one replica at a time to the role furthest
+    below its proposal, until none fits, so afterwards no proposed role could take one more. A
+    transition peak this creates is staged afterwards (``_stage``)."""
+    while True:
+        best: str | None = None
+        best_key: tuple[float, int] | None = None
+        for i, r in enumerate(s.proposed):
+            if r in s.held or s.t[r] >= upper[r] or (rolling and s.t[r] + 1 > s.cur[r]):
+                continue
             s.t[r] += 1
-            settled, peak = s.watts()
-            if settled > budget.power_limit_w or peak > peak_cap or (0 <= budget.max_gpus < weighted(s.t, g)):
-                s.t[r] -= 1
-                break
+            ok = s.settled_fits(budget)
+            s.t[r] -= 1
+            key = (s.t[r] / upper[r], i)
+            if ok and (best_key is None or key < best_key):
+                best, best_key = r, key
+        if best is None:
+            return
+        s.t[best] += 1
 
 
 def plan(roles: Mapping[str, RoleFacts], budget: Budget) -> Plan:
     """Targets for ``roles`` under ``budget``. Raises PlanError when it cannot be planned."""
     _validate(roles, budget)
     s = _State(roles)
+    upper = {r: s.t[r] for r in s.proposed}  # the proposals (raised to minimums): the refill's ceiling
     if budget.max_gpus >= 0:
         s.clamp("gpus_per_replica", budget.max_gpus, Reason.GPU_BUDGET_CLAMPED, Reason.GPU_BUDGET_CLAMPED,
                 Reason.GPU_SCALE_UP_SUPPRESSED)
     if budget.min_gpus >= 0:
         _gpu_floor(s, budget)
-    upper = {r: s.t[r] for r in s.proposed}
-    rolling = any(f.rolling for f in roles.values())
+        upper = {r: max(upper[r], s.t[r]) for r in s.proposed}
+    rolling = any(f.rolling or f.in_flight for f in roles.values())
     if rolling:
         for r in s.proposed:
             if s.t[r] > s.cur[r]:
@@ -206,12 +256,12 @@ def plan(roles: Mapping[str, RoleFacts], budget: Budget) -> Plan:
                 s.note(Reason.ROLLOUT_HOLD)
     s.clamp("watts_per_replica", budget.power_limit_w, Reason.POWER_CLAMPED, Reason.POWER_OVER_BUDGET_SHRINK,
             Reason.POWER_SCALE_UP_SUPPRESSED)
-    _stage(s, budget.power_limit_w)
     _final_refill(s, budget, upper, rolling)
+    _stage(s, budget)
     settled, peak = s.watts()
     if settled > budget.power_limit_w:
         s.note(Reason.OVER_BUDGET_UNREMEDIED)
-    gpus = weighted(s.t, s.cost("gpus_per_replica"))
+    gpus, peak_gpus = s.usage("gpus_per_replica")
     if 0 <= budget.min_gpus and gpus < budget.min_gpus:
         s.note(Reason.GPU_FLOOR_VIOLATED)
     targets: dict[str, int | None] = {}
@@ -219,8 +269,8 @@ def plan(roles: Mapping[str, RoleFacts], budget: Budget) -> Plan:
         t = s.t[r]
         unproposed = f.proposed is None
         held = r in s.held and t >= s.cur[r]
-        empty_hold = f.ready is None and t == 0  # a hold at a missing baseline never patches 0
+        empty_hold = f.ready is None and t == 0 == s.cur[r]  # a hold at a missing baseline never patches 0
         targets[r] = None if unproposed or held or empty_hold else t
     held_roles = frozenset(r for r in s.held if targets[r] is None)
     return Plan(targets=targets, reasons=tuple(s.reasons), settled_w=settled, peak_w=peak, gpus=gpus, held=held_roles,
-                staged_goal=s.staged)
+                staged_goal=s.staged, peak_gpus=peak_gpus)

@@ -1,9 +1,10 @@
 """One deployment's budget evaluation as a pure program (the reconcile contract, docs/budget.md).
 
 ``evaluate(snapshot)`` takes everything read for one evaluation (one DGD read, one pod LIST,
-the admitted record, the pending proposal, the group allowance) and returns a ``Result``: the
-complete desired ``status.budget``, the replica counts to write, an admission record to
-persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
+the admitted record, the pending proposal, the group allowance, the scaling adapters' counts,
+whether another writer was seen, the DRA claims' device classes and, when required, the agents'
+enforcement reports) and returns a ``Result``: the complete desired status, the replica counts
+to write, an admission record to persist, and the events to emit. It performs no I/O; ``powerfleet.budget.runner`` persists it:
 replicas first (events about them only after that write changed something), then the status
 once, skipped when unchanged, then the status-transition events.
 """
@@ -11,14 +12,17 @@ once, skipped when unchanged, then the status-transition events.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from powerfleet.budget.evidence import Evidence, stale_evidence
+from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
-from powerfleet.cluster.dgd import DGD, RolloutPhase
+from powerfleet.cluster.dgd import DGD, ComponentType, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.power import PowerConfig, Role, resolve_power_config
 from powerfleet.cluster.settlement import SettlementState, partition_pods, settle
 
 ROLLING = (RolloutPhase.PENDING, RolloutPhase.IN_PROGRESS, RolloutPhase.FAILED)
@@ -30,6 +34,7 @@ class DeploymentBudget:
     max_gpus: int = -1
     min_gpus: int = -1
     min_replicas: Mapping[str, int] = field(default_factory=dict)  # role -> minimum (default 1)
+    sole_writer: bool = False  # scale even beside another writer of the replicas
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class Snapshot:
     group: GroupLimit | None = None
     was_rolling: bool = False
     now: str = ""  # RFC 3339, for lastTransitionTime
+    adapters: Mapping[str, int] = field(default_factory=dict)  # component -> its scaling adapter's spec.replicas
+    other_writer: str | None = None  # why another writer of the replicas was detected (None: none seen)
+    claim_classes: Mapping[str, tuple[str, ...]] | None = None  # ResourceClaimTemplate -> device classes (DRA)
+    evidence: Evidence | None = None  # the agents' enforcement reports, when they are required
 
 
 @dataclass(frozen=True)
@@ -90,15 +99,18 @@ def _finish(snap: Snapshot, previous: Mapping[str, Any], res: Result) -> Result:
     return res
 
 
-def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, rolling: bool) -> dict[str, RoleFacts]:
+def _facts(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, list[PodInfo]] | None,
+           rolling: bool) -> dict[str, RoleFacts]:
+    """Each role's planner input, charged for what holds GPUs (budget/ledger.py)."""
     facts: dict[str, RoleFacts] = {}
     for role, rp in admitted.power.roles.items():
-        st = snap.dgd.status.components.get(rp.component)
-        proposed = (snap.proposal or {}).get(role.value)
+        n = role_counts(snap.dgd, rp, None if by_comp is None else by_comp.get(rp.component, []),
+                        snap.adapters.get(rp.component))
         facts[role.value] = RoleFacts(
             watts_per_replica=rp.watts_per_replica, gpus_per_replica=rp.gpus_per_pod * rp.node_count,
-            min_replicas=snap.budget.min_replicas.get(role.value, 1),
-            ready=st.ready_replicas if st is not None else None, proposed=proposed, rolling=rolling)
+            min_replicas=snap.budget.min_replicas.get(role.value, 1), ready=n.ready,
+            proposed=(snap.proposal or {}).get(role.value), rolling=rolling, desired=n.desired, updated=n.updated,
+            pods=n.pods)
     return facts
 
 
@@ -109,9 +121,11 @@ class Rolling:
     failed: list[str]  # the Failed rollouts among ``why``, reported at once
 
 
-def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence[str]) -> Rolling:
-    """Rolling covers rollout phases InProgress, Pending and Failed and terminating pods; an
-    unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
+def rolling_state(dgd: DGD, by_comp: Mapping[str, list[PodInfo]] | None, components: Sequence[str],
+                  facts: Mapping[str, RoleFacts] | None = None, by_role: Mapping[str, str] | None = None) -> Rolling:
+    """Rolling covers rollout phases InProgress, Pending and Failed, terminating pods, and
+    replicas not yet ready or not yet updated (a Grove rollout writes no rollingUpdate phase);
+    an unreadable pod list counts as rolling (scale-ups blocked for this evaluation)."""
     why: list[str] = []
     failed: list[str] = []
     phases = [("deployment", dgd.status.rollout)]
@@ -122,27 +136,40 @@ def rolling_state(dgd: DGD, pods: Sequence[PodInfo] | None, components: Sequence
             why.append(f"{name} rollout {phase.value}")
             if phase is RolloutPhase.FAILED:
                 failed.append(why[-1])
-    if pods is None:
+    if by_comp is None:
         why.append("pods could not be read")
     else:
-        by = partition_pods(dgd, pods)
-        why.extend(f"{name} has terminating pods" for name in components if any(p.terminating for p in by.get(name, [])))
+        why.extend(f"{name} has terminating pods" for name in components
+                   if any(p.terminating for p in by_comp.get(name, [])))
+    for role, f in (facts or {}).items():
+        if f.in_flight:
+            name = (by_role or {}).get(role, role)
+            why.append(f"{name}: {f.ready or 0} ready, {f.updated if f.updated is not None else f.ready or 0} updated "
+                       f"of {f.charged} charged")
     return Rolling(bool(why), why, failed)
+
+
+def _resolve(dgd: DGD, claim_classes: Mapping[str, tuple[str, ...]] | None = None) -> PowerConfig | DGDInputError:
+    """The DGD's power inputs, derived once per evaluation (or the error that refuses them)."""
+    try:
+        return resolve_power_config(dgd, claim_classes)
+    except DGDInputError as exc:
+        return exc
 
 
 def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPowerInputs | None, bool, Result | None]:
     """(admitted inputs, admitted just now, or the Result that ends this evaluation early)."""
     dgd = snap.dgd
+    power = _resolve(dgd, snap.claim_classes)
     if snap.admitted is not None:
-        violations = check_power_inputs_unchanged(snap.admitted, dgd)
+        violations = check_power_inputs_unchanged(snap.admitted, dgd, resolved=power)
         if not violations:
             return snap.admitted, False, None
         msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
         return None, False, _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
-    try:
-        settlement = settle(dgd, snap.pods) if snap.pods is not None else None
-    except DGDInputError as exc:
-        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(exc))))
+    if isinstance(power, DGDInputError):
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(power))))
+    settlement = settle(dgd, snap.pods, power=power) if snap.pods is not None else None
     if settlement is None or settlement.state is SettlementState.PENDING:
         why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
         msg = f"caps are admitted only from a settled deployment: {why}"
@@ -150,7 +177,7 @@ def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPow
     if settlement.state is SettlementState.FAILED:
         msg = "; ".join(settlement.reasons)
         return None, False, _finish(snap, previous, Result(_status(snap, False, "RolloutFailed", msg)))
-    return admit_power_inputs(dgd), True, None
+    return admit_power_inputs(dgd, power=power), True, None
 
 
 def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, bool]:
@@ -171,8 +198,43 @@ def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, boo
             g.current_w < minimum)
 
 
+def _other_writer(snap: Snapshot) -> str | None:
+    """Who else writes this DGD's replicas: a Planner component, or a change seen between evaluations."""
+    planners = [c.name for c in snap.dgd.components if c.type is ComponentType.PLANNER]
+    if planners:
+        return f"component {planners[0]!r} is a Dynamo Planner, a second writer of the replicas"
+    return snap.other_writer
+
+
+def rejected(snap: Snapshot, previous: Mapping[str, Any], res: Result, message: str) -> Result:
+    """The replica write was refused by the server (schema, CEL rule, webhook): not a conflict to
+    re-plan but an error to show, with the server's message."""
+    res.status.update(ready="False", reason="ReplicaWriteRejected", message=f"replica write rejected: {message}")
+    res.status_events = [e for e in res.status_events if e.reason == "PowerInputsAdmitted"]
+    res.status.pop("lastTransitionTime", None)
+    return _finish(snap, previous, res)
+
+
+def _evidence(snap: Snapshot, admitted: AdmittedPowerInputs, by_comp: Mapping[str, list[PodInfo]] | None
+              ) -> tuple[dict[str, str], dict[str, str]]:
+    """(role -> charge basis, role -> why its enforcement evidence is stale)."""
+    ev = snap.evidence
+    if ev is None:
+        return {r.value: "requested_cap" for r in admitted.power.roles}, {}
+    basis: dict[str, str] = {}
+    stale: dict[str, str] = {}
+    for role, rp in admitted.power.roles.items():
+        pods = None if by_comp is None else by_comp.get(rp.component, [])
+        why = "pods could not be read" if pods is None else stale_evidence(
+            pods, ev.reports, ev.now, ev.fresh_s, rp.cap.watts, rp.gpus_per_pod)
+        basis[role.value] = "max_settable" if why else "enforced"
+        if why:
+            stale[role.value] = why
+    return basis, stale
+
+
 def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Result:
-    """The whole desired outcome of one evaluation. ``previous``: the DGD's current status.budget."""
+    """The whole desired outcome of one evaluation. ``previous``: the status persisted last."""
     previous = previous or {}
     dgd = snap.dgd
     admitted, admitted_now, early = _admission(snap, previous)
@@ -181,9 +243,17 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     assert admitted is not None
     admit_now = admitted if admitted_now else None
     by_role = {role.value: rp.component for role, rp in admitted.power.roles.items()}
-    roll = rolling_state(dgd, snap.pods, list(by_role.values()))
+    by_comp = partition_pods(dgd, snap.pods) if snap.pods is not None else None
     limit, group_note, hold_ups = _limit(snap, admitted)
-    facts = _facts(snap, admitted, roll.rolling or hold_ups)
+    counted = _facts(snap, admitted, by_comp, False)
+    roll = rolling_state(dgd, by_comp, list(by_role.values()), counted, by_role)
+    basis, stale = _evidence(snap, admitted, by_comp)
+    for role, why in stale.items():  # no fresh evidence: the GPU's maximum settable limit, scale-ups held
+        rp = admitted.power.roles[Role(role)]
+        assert snap.evidence is not None
+        unenforced = snap.evidence.max_settable_w * rp.gpus_per_pod * rp.node_count
+        counted[role] = replace(counted[role], watts_per_replica=max(counted[role].watts_per_replica, unenforced))
+    facts = {r: replace(f, rolling=roll.rolling or hold_ups or bool(stale)) for r, f in counted.items()}
     try:
         result = plan(facts, Budget(limit, snap.budget.max_gpus, snap.budget.min_gpus))
     except PlanError as exc:
@@ -191,24 +261,36 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     res = Result(status={}, admit=admit_now, rolling=roll.rolling, plan=result)
     for role, target in result.targets.items():
         comp = dgd.component(by_role[role])
-        if target is not None and comp is not None and comp.replicas != target:
+        current = snap.adapters.get(comp.name, comp.replicas) if comp is not None else None
+        if target is not None and comp is not None and current != target:
             res.replicas[comp.name] = target
-            res.scale_events.append(Event("Scaled", f"{comp.name} replicas {comp.replicas} -> {target} ({role})"))
+            res.scale_events.append(Event("Scaled", f"{comp.name} replicas {current} -> {target} ({role})"))
+    writer = None if snap.budget.sole_writer else _other_writer(snap)
+    if writer is not None:
+        res.replicas, res.scale_events = {}, []
     if roll.rolling and result.held and not snap.was_rolling:
         res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
-    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons]
+    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons,
+             *(f"enforcement_evidence_stale: {why}" for why in stale.values())]
     if group_note:
         notes.append(group_note)
     unknown = sorted(set(snap.proposal or {}) - set(facts))
     if unknown:
         notes.append(f"proposal for {', '.join(unknown)} ignored: the deployment has no such role")
+    reason = "RolloutFailed" if roll.failed else "OtherWriter" if writer else "Planned"
+    if writer:
+        notes.insert(0, f"not scaled: {writer} (budget.deployments.<key>.sole_writer: true lets powerfleet scale it)")
     res.status = _status(
-        snap, not roll.failed, "RolloutFailed" if roll.failed else "Planned", "; ".join(notes) or "within budget",
+        snap, not roll.failed and not writer, reason, "; ".join(notes) or "within budget",
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
-        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus,
+        settledWatts=result.settled_w, peakWatts=result.peak_w, gpus=result.gpus, peakGpus=result.peak_gpus,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
-        held=sorted(by_role[r] for r in result.held), reasons=list(result.reasons), rolling=roll.rolling)
+        held=sorted(by_role[r] for r in result.held),
+        reasons=[*result.reasons, *(["enforcement_evidence_stale"] if stale else [])], rolling=roll.rolling,
+        # what each role's watts are charged at: requested_cap (reports not required), enforced
+        # (fresh, matching reports) or max_settable (none fresh: budget/evidence.py)
+        chargeBasis={by_role[r]: b for r, b in basis.items()})
     if admit_now is not None:
         res.status_events.append(Event("PowerInputsAdmitted", "caps admitted from a settled deployment: " + ", ".join(
             f"{rp.component}={rp.cap.raw.strip()}W/GPU" for rp in admitted.power.roles.values())))

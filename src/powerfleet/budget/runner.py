@@ -2,10 +2,9 @@
 
 ``evaluate_deployment``: one DGD GET feeds the drift check and the plan; one pod LIST; the
 replicas are written first (a merge/JSON patch of the counts only, fenced on the version read)
-and their events emitted only after that write changed something; then ``status.budget`` is
-written once through the status subresource, skipped when unchanged, and its transition events
-emitted only after that write. ``tick_limits`` computes every deployment's group allowance from
-one LIST each of nodes, DGDs and pods.
+and their events emitted only after that write changed something; then the status is written
+once where it lives (budget/persist.py: a ConfigMap per deployment, or ``status.budget``),
+skipped when unchanged, and its transition events emitted only after that write. The tick's half (``tick_limits``) is budget/tick.py.
 """
 
 from __future__ import annotations
@@ -14,15 +13,21 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from powerfleet.budget.fleet import DeploymentView, group_limits
-from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate
+import redis
+
+from powerfleet.budget.evidence import Evidence, EvidenceSource
+from powerfleet.budget.persist import DgdStatus, StatusSink
+from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate, rejected
+from powerfleet.budget.scale import NoAdapters, Owners, ScalingPort, other_writer, owned_counts, owners_of, write_replicas
 from powerfleet.budget.state import BudgetState
+from powerfleet.budget.tick import TickPlan, budget_of, tick_limits  # noqa: F401 - the tick's half, re-exported
 from powerfleet.clock import Clock
-from powerfleet.cluster.dgd import DGD, DGD_KIND, LABEL_DGD_NAME, parse_dgd
+from powerfleet.cluster.dgd import DGD, DGD_KIND, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import ObjectRef
+from powerfleet.cluster.patch_errors import Rejected
 from powerfleet.cluster.ports import ClusterError, ClusterWriter, Conflict, NotFound
 
 log = logging.getLogger("powerfleet.budget")
@@ -53,24 +58,6 @@ class Outcome:
     events: list[str] = field(default_factory=list)
 
 
-def budget_of(cfg: Any) -> DeploymentBudget:
-    return DeploymentBudget(power_limit_w=cfg.power_limit_w, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
-                            min_replicas=dict(cfg.min_replicas))
-
-
-def _merge_to(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch turning ``previous`` into exactly ``desired`` (stale keys, nested too, set to null)."""
-    body: dict[str, Any] = {k: None for k in previous if k not in desired}
-    for k, v in desired.items():
-        old = previous.get(k)
-        body[k] = _merge_to(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return body
-
-
-def _status_patch(previous: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    return {"budget": _merge_to(previous, desired)}
-
-
 class _Emitter:
     def __init__(self, cluster: ClusterWriter, dgd: DGD, out: Outcome) -> None:
         self.cluster, self.out = cluster, out
@@ -86,43 +73,85 @@ class _Emitter:
                 log.warning("%s: event %s not recorded: %s", self.out.deployment, ev.reason, exc)
 
 
-def _write(cluster: ClusterWriter, dgd: DGD, res: Result, previous: Mapping[str, Any], out: Outcome) -> None:
+def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], snap: Snapshot, res: Result,
+           previous: Mapping[str, Any], out: Outcome, scaling: ScalingPort, owners: Owners) -> Result:
+    dgd = snap.dgd
     emitter = _Emitter(cluster, dgd, out)
     if res.replicas:
         try:
-            written = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, res.replicas,
-                                                 resource_version=dgd.resource_version, current=dgd)
+            changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
         except Conflict:
-            # Someone changed the DGD since it was read: nothing written; the next evaluation re-plans.
+            # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
             res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
+        except Rejected as exc:
+            # Refused by the server (schema, CEL rule, webhook): an error to show, not a conflict to retry.
+            res = rejected(snap, previous, res, str(exc))
+            out.reason, out.ready = res.status["reason"], False
         except ClusterError as exc:
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
             raise
         else:
-            changed = {c: n for c, n in res.replicas.items() if dgd.component(c) and dgd.component(c).replicas != n}
             out.replicas_written = changed
-            if written.resource_version != dgd.resource_version and changed:
+            if changed:
                 emitter.emit(res.scale_events)
+            if version:  # the condition's patch is fenced on the DGD as powerfleet left it
+                obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
     if dict(previous) != res.status:
         try:
-            cluster.patch_dgd_status(dgd.namespace, dgd.name, _status_patch(previous, res.status))
+            sink.write(obj, res.status)
         except Conflict as exc:
             # As for replicas: nothing written, no event; the next evaluation computes it again.
             log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
                         dgd.namespace, dgd.name, exc)
-            return
+            return res
         except ClusterError as exc:
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
             raise
         out.status_written = True
         emitter.emit(res.status_events)
+    sink.report(obj, res.status)
+    return res
+
+
+class ClaimTemplates(Protocol):
+    def list_claim_templates(self, namespace: str) -> dict[str, tuple[str, ...]]: ...
+
+
+def claim_classes_of(dra: ClaimTemplates | None, dgd: DGD) -> dict[str, tuple[str, ...]] | None:
+    """The namespace's ResourceClaimTemplates, read only for a DGD whose components claim DRA devices
+    (None: not read, or unreadable; a claim then counts as one that may allocate GPUs)."""
+    if dra is None or not any(c.gpu_claims for c in dgd.components):
+        return None
+    try:
+        return dra.list_claim_templates(dgd.namespace)
+    except ClusterError as exc:
+        log.warning("%s/%s: ResourceClaimTemplates unreadable: %s", dgd.namespace, dgd.name, exc)
+        return None
+
+
+def _read_evidence(source: EvidenceSource | None, pods: list[Any] | None, clock: Clock, key: str) -> Evidence | None:
+    if source is None:
+        return None
+    try:
+        return source.read((p.node_name for p in pods or [] if p.node_name), clock.now())
+    except redis.RedisError as exc:  # no evidence at all: every GPU is charged as unenforced
+        log.warning("%s: enforcement reports unreadable: %s", key, exc)
+        return Evidence({}, clock.now(), source.fresh_s, source.max_settable_w)
 
 
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
-                        group: GroupLimit | None, clock: Clock) -> Outcome:
-    """One evaluation of ``key`` ("namespace/name")."""
+                        group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None,
+                        scaling: ScalingPort | None = None, dra: ClaimTemplates | None = None,
+                        evidence: EvidenceSource | None = None) -> Outcome:
+    """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
+    (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
+    ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for). ``dra``:
+    the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up).
+    ``evidence``: the agents' enforcement reports, when required (default: the requested caps)."""
+    sink = sink if sink is not None else DgdStatus(cluster)
+    scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
     try:
         obj = cluster.get_dgd_object(namespace, name)
@@ -131,7 +160,13 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     except ClusterError as exc:
         log.warning("%s: DGD read failed, nothing scaled this evaluation: %s", key, exc)
         return Outcome(key, "ReadFailed")
-    previous = ((obj.get("status") or {}).get("budget") or {}) if isinstance(obj.get("status"), dict) else {}
+    try:
+        previous = sink.previous(obj)
+    except ClusterError as exc:
+        if is_transient(exc):
+            raise TransientClusterError(str(exc), status=exc.status) from exc
+        log.warning("%s: budget status unreadable, nothing written this evaluation: %s", key, exc)
+        return Outcome(key, "ReadFailed")
     try:
         dgd = parse_dgd(obj)
     except DGDInputError as exc:
@@ -139,7 +174,7 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
         desired = {"observedGeneration": (obj.get("metadata") or {}).get("generation"), "ready": "False",
                    "reason": "InvalidDeployment", "message": str(exc)}
         if {k: previous.get(k) for k in desired} != desired:
-            cluster.patch_dgd_status(namespace, name, _status_patch(previous, desired))
+            sink.write(obj, desired)
             out.status_written = True
         return out
     try:
@@ -147,9 +182,22 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     except ClusterError as exc:
         log.warning("%s: pod list failed, scale-ups blocked this evaluation: %s", key, exc)
         pods = None
+    try:
+        owners = owners_of(scaling, dgd)
+        unreadable = None
+    except ClusterError as exc:
+        if is_transient(exc):
+            raise TransientClusterError(str(exc), status=exc.status) from exc
+        owners, unreadable = Owners(), f"its scaling adapters could not be read ({exc})"
+    held = owned_counts(dgd, owners, [c.name for c in dgd.components])
+    seen = other_writer(state.last_replicas(key), held)
+    if seen and not budget.sole_writer and not state.other_writer(key):
+        state.flag_other_writer(key, seen)
     now = datetime.fromtimestamp(clock.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     snap = Snapshot(dgd=dgd, pods=pods, budget=budget, admitted=state.admitted(key), proposal=state.proposal(key),
-                    group=group, was_rolling=state.was_rolling(key), now=now)
+                    group=group, was_rolling=state.was_rolling(key), now=now, adapters=owners.replicas(),
+                    other_writer=unreadable or state.other_writer(key), claim_classes=claim_classes_of(dra, dgd),
+                    evidence=_read_evidence(evidence, pods, clock, key))
     res = evaluate(snap, previous)
     if res.admit is not None:
         state.admit(key, res.admit)
@@ -160,45 +208,8 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
     out = Outcome(key, st["reason"], ready=st["ready"] == "True", targets=dict(st.get("targets") or {}),
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
                   limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []))
-    _write(cluster, dgd, res, previous, out)
+    res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners)
+    state.record_replicas(key, {**held, **out.replicas_written})
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
                                "peak_w": out.peak_w, "gpus": out.gpus})
     return out
-
-
-@dataclass
-class TickPlan:
-    limits: dict[str, GroupLimit]
-    group_current: dict[str, int]  # watts drawn or drawable at current counts
-    skipped: dict[str, str]  # deployment -> why it is not evaluated
-    group_peak_bound: dict[str, int] = field(default_factory=dict)  # sum of max(current, limit): the peak bound
-
-
-def tick_limits(cluster: ClusterWriter, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
-                group_label: str) -> TickPlan:
-    """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods."""
-    if not groups:
-        return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
-    node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
-    dgds = {f"{d.namespace}/{d.name}": d for d in cluster.list_dgds() if isinstance(d, DGD)}
-    pods = cluster.list_pods(label_selector=LABEL_DGD_NAME)
-    proposals, admitted = state.proposals(), state.all_admitted()
-    views, skipped = [], {}
-    for key, cfg in deployments.items():
-        dgd = dgds.get(key)
-        if dgd is None:
-            skipped[key] = "not found or unreadable"
-            continue
-        views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
-                                    proposal=proposals.get(key),
-                                    pods=[p for p in pods if p.namespace == dgd.namespace
-                                          and p.labels.get(LABEL_DGD_NAME) == dgd.name]))
-    limits = group_limits(views, node_groups, groups, group_label)
-    current: dict[str, int] = {g: 0 for g in groups}
-    peak: dict[str, int] = {g: 0 for g in groups}
-    for gl in limits.values():
-        for g in (gl.group or "").split(","):
-            if g in current:
-                current[g] += gl.current_w
-                peak[g] += max(gl.current_w, gl.limit_w or 0)
-    return TickPlan(limits, current, skipped, peak)

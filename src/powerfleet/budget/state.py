@@ -15,6 +15,8 @@ PROPOSALS = "powerfleet:budget:proposals"
 ADMITTED = "powerfleet:budget:admitted"
 ROLLING = "powerfleet:budget:rolling"
 FIGURES = "powerfleet:budget:figures"
+REPLICAS = "powerfleet:budget:replicas"  # the replica counts an evaluation left (read or written)
+OTHER_WRITER = "powerfleet:budget:other-writer"  # deployments another writer was seen scaling (why)
 
 
 class BudgetState:
@@ -47,7 +49,25 @@ class BudgetState:
         self._r.hset(ADMITTED, deployment, record.model_dump_json())
 
     def forget_admission(self, deployment: str) -> bool:
+        """Forget the admitted inputs (and a detected other writer): the next evaluation starts afresh."""
+        self._r.hdel(OTHER_WRITER, deployment)
+        self._r.hdel(REPLICAS, deployment)
         return bool(self._r.hdel(ADMITTED, deployment))
+
+    # who else writes replicas: the counts an evaluation left, and a sticky "other writer" note
+    def last_replicas(self, deployment: str) -> dict[str, int] | None:
+        raw = self._r.hget(REPLICAS, deployment)
+        return None if raw is None else {str(k): int(v) for k, v in json.loads(raw).items()}
+
+    def record_replicas(self, deployment: str, counts: Mapping[str, int]) -> None:
+        self._r.hset(REPLICAS, deployment, json.dumps(dict(counts), sort_keys=True))
+
+    def other_writer(self, deployment: str) -> str | None:
+        raw = self._r.hget(OTHER_WRITER, deployment)
+        return None if raw is None else raw.decode()
+
+    def flag_other_writer(self, deployment: str, why: str) -> None:
+        self._r.hset(OTHER_WRITER, deployment, why)
 
     # one flag per continuous rolling stretch (the hold warning is logged once per stretch)
     def was_rolling(self, deployment: str) -> bool:

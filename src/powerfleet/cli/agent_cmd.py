@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -56,15 +58,40 @@ def agent(
     from powerfleet.metrics.signals import install_outcome_metrics
     from powerfleet.workers.logging import install_broker_retry_filter
 
+    from powerfleet.agent.lock import LockHeld
+
     install_outcome_metrics()
     install_broker_retry_filter()
-    run_agent_worker(worker_app, config, node, loglevel, probe=(address, port))
+    try:
+        run_agent_worker(worker_app, config, node, loglevel, probe=(address, port))
+    except LockHeld as exc:  # one agent per node: the second one refuses in one line
+        fail(str(exc), EXIT_FAILURE)
+
+
+MAX_INPUT_BYTES = 16 * 1024 * 1024  # a node's PodList or GPU list is far smaller
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _read_json(path: Path, option: str) -> Any:
+    """A regular file of at most MAX_INPUT_BYTES, strict JSON (no NaN/Infinity), nesting bounded;
+    every problem is one line and exit 2 (a FIFO or device would block or never end)."""
+    if str(path) != "-":
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
+        if not stat.S_ISREG(st.st_mode):
+            fail(f"{option}: {path} is not a regular file")
+        if st.st_size > MAX_INPUT_BYTES:
+            fail(f"{option}: {path} is larger than {MAX_INPUT_BYTES} bytes")
     text = read_text_input(path, option)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        fail(f"{option}: {path} is nested too deeply")
     except ValueError as exc:
         fail(f"{option}: {path} is not JSON ({exc})")
 
@@ -118,17 +145,103 @@ def once(
                       proc_root=proc_root or config.agent.proc_root,
                       state=StateStore(state_dir or node_state_dir(config.agent.state_dir, node)), clock=SystemClock(),
                       safe_default_watts=safe_default_watts or config.agent.safe_default_watts,
+                      safe_default_fraction=config.agent.safe_default_fraction, complete_view=not namespaces,
                       metrics=AgentMetrics(CollectorRegistry()))
-    if not dry_run:
-        agent.start()
-    report = agent.run_pass("once", dry_run=dry_run)
-    if not dry_run:
-        agent.close()  # a one-off pass leaves its caps in place
+    lock = None if dry_run else _take_once_lock(config, node)
+    try:
+        if not dry_run:
+            agent.start()
+        report = agent.run_pass("once", dry_run=dry_run)
+        if not dry_run:
+            agent.close()  # a one-off pass leaves its caps in place
+    finally:
+        if lock is not None:
+            lock.release()
     if as_json:
         print_json({"schema": ONCE_SCHEMA, **report.model_dump(mode="json", exclude={"trigger", "at", "duration_s"})})
     else:
         _print_human(report)
     if report.skipped:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _take_once_lock(config: Any, node: str) -> Any:
+    """A real `agent once` takes the node's lock, so it never runs beside a live agent. Without a
+    configured broker there is nothing to check (a node with no fleet)."""
+    if config.broker.url is None:
+        return None
+    import redis
+
+    from powerfleet.agent.lock import LockHeld, NodeLock
+    from powerfleet.agent.presence import heartbeat_ttl_s
+
+    client = redis.Redis.from_url(config.broker.url, socket_timeout=5, socket_connect_timeout=5)
+    lock = NodeLock(client, node, heartbeat_ttl_s(config.beat.reconcile_interval_s))
+    try:
+        lock.acquire()
+    except LockHeld as exc:
+        fail(f"{exc}; use --dry-run beside a running agent", EXIT_FAILURE)
+    except (redis.RedisError, OSError) as exc:
+        fail(f"cannot take the node lock (broker: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+             "use --dry-run, or retry when the broker answers", EXIT_FAILURE)
+    return lock
+
+
+@app.command()
+def drain(
+    ctx: typer.Context,
+    node: str = typer.Option(..., "--node", help="The node whose caps go back to their defaults."),
+    undo: bool = typer.Option(False, "--undo", help="End the drain: the agent enforces caps again."),
+    timeout_s: float = typer.Option(60.0, "--timeout", min=0.0, max=3600.0,
+                                    help="Seconds to wait for the agent's answer (0: do not wait)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the agent's answer as JSON."),
+) -> None:
+    """Put every GPU the node's agent manages back to its default limit, and keep it there.
+
+    A stop, crash or rollout of the agent leaves the caps in force; a drain is the explicit way
+    back to the defaults (run it before uninstalling). Exit 1 if no agent answered in time: the
+    request stays, and the agent acts on it when it runs.
+    """
+    import time
+    import uuid
+
+    import redis
+
+    from powerfleet.agent.drain import read_ack, request_drain, undo_drain
+    from powerfleet.cli.context import check_broker_reachable, require_broker
+
+    _check_node(node)
+    config = fleet_config(ctx)
+    url = require_broker(config)
+    check_broker_reachable(url)
+    r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    if undo:
+        was = undo_drain(r, node)
+        out = {"node": node, "drain": "undone" if was else "was not drained"}
+        print_json(out) if as_json else typer.echo(f"{node}: drain {out['drain']}")
+        return
+    request = f"{uuid.uuid4().hex[:12]}"
+    request_drain(r, node, request)
+    deadline = time.monotonic() + timeout_s
+    ack = None
+    while True:
+        got = read_ack(r, node)
+        if got is not None and got.get("request") == request:
+            ack = got
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)  # polling a CLI's own deadline, not test synchronisation
+    if ack is None:
+        msg = f"{node}: drain requested; no agent answered within {timeout_s:g} s (it acts on it when it runs)"
+        print_json({"node": node, "request": request, "answered": False}) if as_json else typer.echo(msg)
+        raise typer.Exit(EXIT_FAILURE)
+    if as_json:
+        print_json({"node": node, "answered": True, **ack})
+    else:
+        typer.echo(f"{node}: drained; restored {', '.join(ack.get('restored') or []) or 'nothing'}"
+                   + (f"; still capped (restore failed): {', '.join(ack['left'])}" if ack.get("left") else ""))
+    if ack.get("left"):
         raise typer.Exit(EXIT_FAILURE)
 
 

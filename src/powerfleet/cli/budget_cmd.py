@@ -18,7 +18,7 @@ def _text_line(ans: dict[str, Any]) -> str:
         return f"error: {ans['error']}"
     targets = " ".join(f"{r}={'-' if t is None else t}" for r, t in ans["targets"].items())
     reasons = ",".join(ans["reasons"]) or "-"
-    return f"{targets} settled_w={ans['settled_w']} peak_w={ans['peak_w']} gpus={ans['gpus']} reasons={reasons}"
+    return f"{targets} settled_w={ans['settled_w']} peak_w={ans['peak_w']} gpus={ans['gpus']} peak_gpus={ans['peak_gpus']} reasons={reasons}"
 
 
 @app.command("plan")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from powerfleet.cli.errors import EXIT_FAILURE, fail
-from powerfleet.config import ConfigError, FleetConfig, load_config
+from powerfleet.cli.errors import EXIT_FAILURE, EXIT_USAGE, fail
+from powerfleet.config import BrokerConfig, ConfigError, FleetConfig, load_config
+from powerfleet.config.broker_urls import is_sentinel, redact  # redact: up prints the URL too
 
 if TYPE_CHECKING:
     from powerfleet.workers.app import FleetCelery
@@ -29,18 +29,6 @@ def fleet_config(ctx: typer.Context) -> FleetConfig:
         fail(f"config: {exc}")
 
 
-def redact(url: str) -> str:
-    """A broker URL fit for a log line: the password is never printed."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
-
-
 def require_broker(config: FleetConfig) -> str:
     url = config.broker.url
     if url is None:
@@ -49,10 +37,14 @@ def require_broker(config: FleetConfig) -> str:
     return url
 
 
-def check_broker_reachable(url: str, timeout_s: float = 3.0) -> None:
+def check_broker_reachable(url: str, timeout_s: float = 3.0, broker: BrokerConfig | None = None) -> None:
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    from powerfleet.broker.clients import redis_client
+
+    broker = broker or BrokerConfig()
+    _check_sentinels(url, broker, timeout_s)
+    client = redis_client(url, broker, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -67,13 +59,26 @@ def check_broker_reachable(url: str, timeout_s: float = 3.0) -> None:
         client.close()
 
 
-def fleet_app(config: FleetConfig, check: bool = True) -> "FleetCelery":
+def _check_sentinels(url: str, broker: BrokerConfig, timeout_s: float) -> None:
+    """With Sentinel URLs: a master name no Sentinel knows is a config error (exit 2)."""
+    if not is_sentinel(url):
+        return
+    from powerfleet.broker.clients import BrokerConfigError, UnknownMaster
+    from powerfleet.broker.topology import find_master
+
+    try:
+        find_master(url, broker, timeout_s)
+    except BrokerConfigError as exc:
+        fail(f"broker {redact(url)}: {exc}", EXIT_USAGE if isinstance(exc, UnknownMaster) else EXIT_FAILURE)
+
+
+def fleet_app(config: FleetConfig, check: bool = True, with_tasks: bool = True) -> "FleetCelery":
     url = require_broker(config)
     if check:
-        check_broker_reachable(url)
+        check_broker_reachable(url, broker=config.broker)
     from powerfleet.workers.app import create_app
 
-    return create_app(config, url)
+    return create_app(config, url, with_tasks=with_tasks)
 
 
 def export_config_path(ctx: typer.Context) -> None:

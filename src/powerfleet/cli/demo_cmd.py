@@ -48,7 +48,16 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
     which no cap covers. Reserving that for every GPU keeps measured rack power within the
     rack budget whatever the placement.
     """
-    return {rack: int(w - len(twin.spec.racks[rack]) * twin.spec.gpus_per_node * IDLE_W)
+    # A tenant's GPU (twin/tenants.py) is not idle: the ledger charges its pod (at its cap, or at
+    # the card's maximum settable limit), so no idle reserve is kept for it as well.
+    from powerfleet.twin.tenants import tenant_pods
+
+    rack_of = {n: rack for rack, nodes in twin.spec.racks.items() for n in nodes}
+    tenant_gpus: dict[str, int] = {}
+    for pod in tenant_pods(twin.spec):
+        rack = rack_of[pod["spec"]["nodeName"]]
+        tenant_gpus[rack] = tenant_gpus.get(rack, 0) + 1
+    return {rack: int(w - (len(twin.spec.racks[rack]) * twin.spec.gpus_per_node - tenant_gpus.get(rack, 0)) * IDLE_W)
             for rack, w in twin.budgets.items()}
 
 
@@ -81,6 +90,10 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "retune.lease_duration_s": "15",
         "retune.lease_renew_s": "5",
         "retune.max_shards": "2",
+        # The demo's windows are short (about 40 requests): the noise guard's production
+        # defaults (200 requests, 0.95 paired confidence) would keep every one of them.
+        "retune.min_requests": "20",
+        "retune.confidence": "0",
         # 24 points, no zero credit: a router retuned to credit 0 would be held there by retune's
         # own premise (a live router at credit 0 stays at 0), ending the demo's retuning.
         "retune.grid": "{overlap_score_credit: {choices: [0.25, 0.5, 1.0]}, "
@@ -92,9 +105,13 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "budget.kubeconfig": str(twin.kubeconfig),
         "budget.group_label": RACK_LABEL,
         "budget.groups": "{" + ", ".join(f"{r}: {w}" for r, w in planner_group_budgets(twin).items()) + "}",
-        # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power.
-        "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}}}"
-                                              for d in (DISAGG, AGG)) + "}",
+        # What the ledger charges a GPU pod with no cap (a tenant without the power annotation): the
+        # twin's cards' maximum settable limit, as an operator sets it for theirs.
+        "budget.max_settable_gpu_w": str(GPU_MAX_W),
+        # The rack budgets bind; each deployment's own ceiling is the whole fleet's GPU power. The
+        # twin's planner components write no replicas, so powerfleet is their sole writer.
+        "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}, "
+                                              "sole_writer: true}" for d in (DISAGG, AGG)) + "}",
     }
     env = config_env(values)
     env["KUBECONFIG"] = str(twin.kubeconfig)
@@ -125,6 +142,7 @@ def demo(
     (1 naming the failed checks; 2 for bad options).
     """
     from powerfleet.broker.embedded import BrokerUnavailable, free_loopback_port
+    from powerfleet.twin.fidelity import demo_operator_settings
     from powerfleet.twin.runtime import Twin, TwinOptions
     from powerfleet.twin.topology import TwinSpec
     from powerfleet.workers.launcher import Launcher
@@ -140,7 +158,8 @@ def demo(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s))
+    twin = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=work / "twin", window_s=window_s,
+                            operator=demo_operator_settings(duration)))
     try:
         twin.start()
     except OSError as exc:

@@ -12,13 +12,14 @@ import redis
 
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.config import FleetConfig
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 from powerfleet.twin import checks as C
 from powerfleet.twin.report import summary as build_summary
 from powerfleet.twin.report import write_report
 from powerfleet.twin.runtime import Twin
 from powerfleet.twin.scenario import DECIDED, Scenario
 from powerfleet.twin.view import ViewState, clock, make_view, tick_news, window_span
-from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 
 FLEET_UP_TIMEOUT_S = 120.0
 

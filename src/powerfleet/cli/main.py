@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from powerfleet.cli import (agent_cmd, budget_cmd, demo_cmd, processes, retune_cmd, sim_cmd, taskapi, twin_cmd, up,
-                            validate_cmd)
+from powerfleet.cli import (agent_cmd, budget_cmd, demo_cmd, power_cmd, processes, retune_cmd, sim_cmd, status_cmd, taskapi,
+                            twin_cmd, up, validate_cmd)
 from powerfleet.cli.context import CliState
 
 app = typer.Typer(
@@ -34,12 +34,13 @@ app.command()(up.up)
 app.command()(demo_cmd.demo)
 app.command()(twin_cmd.twin)
 app.command()(taskapi.trigger)
-app.command()(taskapi.status)
+app.command()(status_cmd.status)
 app.add_typer(agent_cmd.app, name="agent")
 app.add_typer(sim_cmd.app, name="sim")
 app.add_typer(retune_cmd.app, name="retune")
 app.add_typer(validate_cmd.app, name="validate")
 app.add_typer(budget_cmd.app, name="budget")
+app.add_typer(power_cmd.app, name="power")
 
 
 def main() -> None:

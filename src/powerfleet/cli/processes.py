@@ -15,7 +15,7 @@ from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import fail
 from powerfleet.cli.ports import require_free_port
 from powerfleet.config import FleetConfig, FlowerConfig
-from powerfleet.workers.routes import is_fleet_queue, worker_prefetch
+from powerfleet.queues import is_fleet_queue, worker_prefetch
 
 
 METRICS_PORT_HELP = "Serve /metrics on this port (overrides metrics.port; 0 disables)."
@@ -105,7 +105,7 @@ def beat(
 
         from powerfleet.metrics.queues import QueueDepthCollector
 
-        REGISTRY.register(QueueDepthCollector(app.broker_url_resolved))
+        REGISTRY.register(QueueDepthCollector(app.broker_url_resolved, config.broker))
     serve_metrics(port, config.metrics.address)
     app.start(["beat", "--loglevel", loglevel, "--scheduler", "powerfleet.beat.scheduler:FleetScheduler"])
 

@@ -8,7 +8,11 @@ from typing import Any
 
 import typer
 
-from powerfleet.cli.errors import print_json
+from powerfleet.config.fleet import RetuneConfig
+
+from powerfleet.cli import retune_status_cmd as retune_status
+from powerfleet.cli.context import fleet_app, fleet_config
+from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.cli.sim_cmd import (
     EngineOpt,
     ProfileOpt,
@@ -26,6 +30,9 @@ from powerfleet.cli.sim_cmd import (
 )
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
+RESET_TASK = "powerfleet.retune.reset_window"
+# The defaults of `retune sweep` are the live loop's (one sweep path: docs/retune.md).
+_LIVE = RetuneConfig()
 
 
 def _progress_bar() -> tuple[Any, Any]:
@@ -57,8 +64,8 @@ def sweep_cmd(
     objective: str = typer.Option(..., "--objective", help="throughput, throughputPerGpu, throughputPerUser, ttft, e2eLatency, goodput or goodputPerGpu."),
     current: str = typer.Option(..., "--current", help="JSON object: the router settings in force now (any subset of the eight)."),
     grid: str = typer.Option("default", "--grid", help="Grid file (JSON or YAML) or 'default' (108 points)."),
-    shards: int = typer.Option(3, "--shards", help="At most this many shards."),
-    min_improvement: float = typer.Option(0.0, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score|."),
+    shards: int = typer.Option(_LIVE.max_shards, "--shards", help="At most this many shards."),
+    min_improvement: float = typer.Option(_LIVE.min_improvement_percentage, "--min-improvement", help="Apply only when the best beats the probe by more than PCT % of |probe score| (default: the live default)."),
     window: WindowOpt = None,
     warmup_s: WarmupOpt = None,
     seed: SeedOpt = 0,
@@ -68,18 +75,25 @@ def sweep_cmd(
     engine: EngineOpt = None,
     router: RouterOpt = None,
     search: bool = typer.Option(True, "--search/--no-search", help="Extend a knob beyond the grid's edge when the best sits on it."),
+    search_rounds: int = typer.Option(_LIVE.search_rounds, "--search-rounds", min=0, max=50, help="At most this many rounds of the edge search (the live default)."),
     refine: bool = typer.Option(False, "--refine", help="After the edge search, also score midpoints around the best."),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="Start no search round after this many wall seconds."),
+    budget_s: float | None = typer.Option(_LIVE.time_budget_s, "--budget-s", help="Start no search round after this many wall seconds (default: the live time budget)."),
+    min_requests: int = typer.Option(_LIVE.min_requests, "--min-requests", min=0, max=10_000_000, help="Keep unless the window holds this many requests (default: the live retune.min_requests)."),
+    confidence: float = typer.Option(_LIVE.confidence, "--confidence", min=0.0, max=0.999999, help="Apply only when the paired batch test gives the best this one-sided confidence over the probe (0: off; default: the live retune.confidence)."),
     strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.sweep/v1 JSON result."),
 ) -> None:
     """Replay every grid point and a probe of the current settings; search beyond the grid's
     edge; score; decide."""
     from powerfleet.retune.grid import EdgeSearch, load_grid
+    from powerfleet.retune.guard import NoiseGuard
     from powerfleet.retune.objectives import Objective, parse_objective
     from powerfleet.retune.sweep import run_sweep
 
     check_counts(shards=(shards, 1), processes=(processes, 1))
+    cpus = os.cpu_count() or 1
+    if processes is not None and processes > cpus:  # each one is a forked replay: never more than the machine
+        bad(f"--processes must be at most {cpus} (this machine's CPUs), got {processes}")
     try:
         obj = parse_objective(objective)
     except ValueError as exc:
@@ -98,13 +112,19 @@ def sweep_cmd(
         g.points(inp.policy)
     except ValueError as exc:
         bad(f"--grid: {exc}")
+    from powerfleet.sim.trace import select_window
+
+    if inp.window is not None and not select_window(list(inp.requests), *inp.window):
+        bad(f"--window: no request of the trace lies in {window}; nothing to sweep")
     prog, update = _progress_bar()
     try:
         result = run_sweep(
             inp.requests, workers, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
             window=inp.window, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
             profile=inp.profile, engine=inp.engine, progress=update, warmup_s=inp.warmup_s, router=inp.router,
-            search=EdgeSearch(enabled=search, refine=refine), budget_s=budget_s,
+            search=EdgeSearch(enabled=search and search_rounds > 0, max_rounds=search_rounds, refine=refine),
+            budget_s=budget_s,
+            guard=NoiseGuard(min_requests=min_requests, confidence=confidence, dwell_windows=0),
         )
     except ValueError as exc:
         bad(str(exc))
@@ -128,4 +148,46 @@ def sweep_cmd(
 
 def _p(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={params[k]:g}" for k in ("overlap_score_credit", "prefill_load_scale", "temperature"))
-from powerfleet.cli import retune_status_cmd  # noqa: E402,F401  registers `retune status`
+
+app.command("status")(retune_status.status)
+
+
+@app.command("reset-window")
+def reset_window_cmd(
+    ctx: typer.Context,
+    dgd: str = typer.Option(..., "--dgd", help="The deployment whose window record to reset."),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, max=3600, help="Seconds to wait for the result."),
+    as_json: bool = typer.Option(False, "--json", help="Print the task's JSON result."),
+) -> None:
+    """Reset a deployment's window record to the newest window really decided that has closed
+    (runs powerfleet.retune.reset_window on a control worker, as the leader)."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    from powerfleet.retune.cut import CutError, safe_name
+    from powerfleet.workers.app import SEND_ERRORS
+
+    try:
+        safe_name(dgd, "--dgd")
+    except CutError:
+        bad(f"--dgd: {dgd!r} is not a Kubernetes object name")
+    app_ = fleet_app(fleet_config(ctx))
+    kwargs = {"dgd": dgd}
+    try:
+        app_.check_send(RESET_TASK, None, kwargs, task_api=True)
+    except SEND_ERRORS as exc:
+        bad(str(exc))
+    result = app_.send_task(RESET_TASK, kwargs=kwargs)
+    try:
+        value = result.get(timeout=timeout, propagate=False)
+    except CeleryTimeout:
+        fail(f"{RESET_TASK}: no result within {timeout:g}s; is a control worker running?", EXIT_FAILURE)
+    if result.state != "SUCCESS":
+        fail(f"{RESET_TASK} {result.state}: {value}", EXIT_FAILURE)
+    if as_json:
+        print_json(value)
+        return
+    if value.get("status") in ("reset", "unchanged"):
+        sys.stdout.write(f"{dgd}: window record {value['status']}: last decided window {value['last_window']} "
+                         f"(was {value['was']}; newest closed {value['newest_closed']})\n")
+        return
+    fail(f"{dgd}: {value.get('status')}: {value.get('reason') or value.get('error')}", EXIT_FAILURE)

@@ -1,5 +1,7 @@
 """`powerfleet retune status [--json]`: per deployment, the leader, mode, last decisions and
-router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/json-contracts.md)."""
+router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/json-contracts.md).
+
+``cli/retune_cmd.py`` registers it on the ``retune`` group; this module imports nothing above it."""
 
 from __future__ import annotations
 
@@ -10,11 +12,9 @@ import typer
 
 from powerfleet.cli.context import fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
-from powerfleet.cli.retune_cmd import app
 from powerfleet.clock import SystemClock
 
 
-@app.command("status")
 def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.status/v1 JSON."),
@@ -35,13 +35,16 @@ def status(
             data = fleet_status(cfg, cluster, router, SystemClock())
     finally:
         cluster.close()
+    unreachable = [d for d in data["deployments"] if d.get("cluster_error")]
     if as_json:
         print_json(data)
-        return
-    if not data["deployments"]:
-        sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
-    for d in data["deployments"]:
-        sys.stdout.write(_text(d))
+    else:
+        if not data["deployments"]:
+            sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
+        for d in data["deployments"]:
+            sys.stdout.write(_text(d))
+    if unreachable and len(unreachable) == len(data["deployments"]):
+        fail(f"cannot reach the cluster: {unreachable[0]['error']}", EXIT_FAILURE)
 
 
 def _text(d: dict[str, Any]) -> str:
@@ -49,14 +52,27 @@ def _text(d: dict[str, Any]) -> str:
         return f"{d['deployment']}: error: {d['error']}\n"
     lead = d["leader"] or {}
     lines = [f"{d['deployment']}: {'enabled' if d['enabled'] else 'disabled'}, mode {d['mode']}, "
-             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
+             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"
+             + ("; DGD not found" if d.get("dgd") == "not found" else "")]
+    prof = d.get("engine_profile") or {}
+    lines.append(f"  engine profile {prof.get('name')} ({prof.get('source')})")
     if d["corrupt_state"]:
         lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
     st = d["state"]
     if st:
-        lines.append(f"  last window {st['last_window']}, rollback {st['rollback']}, desired {st['desired']}")
+        desired = ", ".join(f"{k}={v:g}" for k, v in sorted(st["desired"].items())) if st["desired"] else "none"
+        last = st["last_window"] if st["last_window"] is not None else "none"
+        lines.append(f"  last window {last}, rollback {st['rollback']}, desired {desired}")
+        o = st["outcomes"]
+        lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
+                     f"in flight: {', '.join(str(p['window']) for p in st['pending']) or 'none'}")
     for h in d["decisions"]:
-        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}")
+        extra = [f"{h['requests']} requests"] if h.get("requests") is not None else []
+        if h.get("runner_up_margin_pct") is not None:
+            extra.append(f"runner-up {h['runner_up_margin_pct']:.2f} % behind")
+        if h.get("confidence") is not None:
+            extra.append(f"confidence {h['confidence']:.3f}")
+        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}" + (f" [{', '.join(extra)}]" if extra else ""))
     for r in d["routers"]:
         conv = {True: "converged", False: "NOT converged", None: "no target"}[r["converged"]]
         lines.append(f"  router {r['pod']}: {conv}" + (f" ({r['error']})" if r.get("error") else

@@ -1,4 +1,4 @@
-"""`powerfleet trigger` (the task API) and `powerfleet status`."""
+"""`powerfleet trigger`: the task API from the command line (`status`: cli/status_cmd.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 
 from powerfleet.cli.context import fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
-from powerfleet.workers.routes import is_fleet_queue
+from powerfleet.queues import is_fleet_queue
 
 
 ARGS_HELP = ("Keyword arguments as one JSON object, checked against the task's own argument model "
@@ -84,7 +84,12 @@ def trigger(
     except SEND_ERRORS as exc:
         fail(str(exc))
     routed = options["queue"]
-    result = app.send_task(task, kwargs=kwargs, **options)
+    from powerfleet.broker.publish import BrokerRefusedWrite
+
+    try:
+        result = app.send_task(task, kwargs=kwargs, **options)
+    except BrokerRefusedWrite as exc:
+        fail(str(exc), EXIT_FAILURE)
     if not wait:
         print_json({"task_id": result.id, "task": task, "state": "SENT"})
         return
@@ -111,65 +116,3 @@ def _forget(result: Any) -> None:
         pass
 
 
-def status(
-    ctx: typer.Context,
-    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
-    timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="Seconds to wait for worker replies."),
-) -> None:
-    """Workers and their queues, queue depths, and the last tick of each family."""
-    config = fleet_config(ctx)
-    app = fleet_app(config)
-    from powerfleet.beat.ticklog import TickLog
-    from powerfleet.tasks.ports import fleet_redis
-    from powerfleet.workers.app import TICK_FAMILIES
-    from powerfleet.workers.routes import node_queue
-
-    replies = app.control.inspect(timeout=timeout).active_queues() or {}
-    workers = {name: sorted(q["name"] for q in qs) for name, qs in sorted(replies.items())}
-    r = fleet_redis(app)
-    from powerfleet.agent.presence import live_agents
-    from powerfleet.metrics.queues import queue_depths
-
-    consumed = [q for qs in workers.values() for q in qs]
-    depths = queue_depths(r, [*consumed, *(node_queue(n) for n in config.nodes)])
-    agents = sorted(live_agents(r))
-    now = time.time()
-    ticklog = TickLog(r)
-    last, details, counts = ticklog.last_ticks(), ticklog.last_details(), ticklog.counts()
-    ticks = {f: {"count": counts.get(f, 0), "last": last.get(f),
-                 "age_s": (round(now - last[f], 3) if f in last else None),
-                 "detail": details.get(f)} for f in TICK_FAMILIES}
-    data = {"schema": "powerfleet.status/v1", "workers": workers, "agents": agents, "queues": depths, "ticks": ticks}
-    if as_json:
-        print_json(data)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    t = Table(title="workers")
-    t.add_column("worker")
-    t.add_column("queues")
-    for w, qs in workers.items():
-        t.add_row(w, ", ".join(qs))
-    if not workers:
-        t.add_row("(none answered)", "")
-    console.print(t)
-    q = Table(title="queues")
-    q.add_column("queue")
-    q.add_column("depth", justify="right")
-    q.add_column("consumer")
-    served = set(consumed)
-    for name, depth in depths.items():
-        q.add_row(name, str(depth), "yes" if name in served else "NONE")
-    console.print(q)
-    console.print(f"live agents: {', '.join(agents) or '(none)'}")
-    k = Table(title="ticks")
-    k.add_column("family")
-    k.add_column("ticks", justify="right")
-    k.add_column("last tick (s ago)", justify="right")
-    k.add_column("what it did")
-    for f, info in ticks.items():
-        k.add_row(f, str(info["count"]), "never" if info["age_s"] is None else f"{info['age_s']:.1f}",
-                  info["detail"] or "")
-    console.print(k)

@@ -88,6 +88,9 @@ class Component(BaseModel):
     # declares ``resourceClaims``. A DRA-backed GPU has no count powerfleet can read.
     gpu_claims: tuple[str, ...] = ()
     pod_resource_claims: bool = False
+    # The pod's resourceClaims: claim name -> its ResourceClaimTemplate's name ("" when the claim
+    # names a ResourceClaim instead), so a claim's device class can be looked up (power.py).
+    claim_templates: dict[str, str] = {}
     annotations: dict[str, str]
     labels: dict[str, str]
     paths: FieldPaths
@@ -229,6 +232,13 @@ def _parse_list_component(raw: Any, index: int) -> Component:
     lim, req = _gpu_from(main_resources, GPU_RESOURCE, cbase, name)
     gpus, source = _effective_gpus(lim, req)
     claims = _claim_names(main_resources, cbase, name)
+    sidecar_gpus, sidecar_base = _native_sidecar_gpus(pod_spec, f"{base}.podTemplate.spec", name)
+    if sidecar_gpus:
+        # A native sidecar (init container with restartPolicy Always) holds its GPUs for the pod's
+        # life, beside the main container's: they count. With none on main, its path is reported.
+        if source is None:
+            cbase, source = sidecar_base, "limits"
+        gpus += sidecar_gpus
     paths = FieldPaths(
         component=base,
         type=f"{base}.{type_key}",
@@ -239,7 +249,43 @@ def _parse_list_component(raw: Any, index: int) -> Component:
         node_count=f"{base}.multinode.nodeCount",
     )
     return _component(item, name, (ctype, sub_type), replicas, (gpus, source), meta,
-                      f"{base}.podTemplate.metadata.labels", paths, (claims, bool(pod_spec.get("resourceClaims"))))
+                      f"{base}.podTemplate.metadata.labels", paths, (claims, bool(pod_spec.get("resourceClaims"))),
+                      _claim_templates(pod_spec, f"{base}.podTemplate.spec", name))
+
+
+def _native_sidecar_gpus(pod_spec: Mapping[str, Any], base: str, component: str) -> tuple[int, str]:
+    """GPUs of the native sidecars (init containers with ``restartPolicy: Always``), and the
+    resources path of the first one that has some."""
+    inits = pod_spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        raise DGDFormatError(f"{base}.initContainers", "expected a list", component=component)
+    total, first = 0, ""
+    for i, c in enumerate(inits):
+        if not isinstance(c, Mapping) or c.get("restartPolicy") != "Always":
+            continue
+        cbase = f"{base}.initContainers[name={c.get('name', i)}].resources"
+        lim, req = _gpu_from(_mapping(c.get("resources"), cbase, component), GPU_RESOURCE, cbase, component)
+        n, _ = _effective_gpus(lim, req)
+        if n and not first:
+            first = cbase
+        total += n
+    return total, first
+
+
+def _claim_templates(pod_spec: Mapping[str, Any], base: str, component: str) -> dict[str, str]:
+    """The pod's resourceClaims: name -> ResourceClaimTemplate name ("" for a named ResourceClaim).
+    Both spellings are read: ``resourceClaimTemplateName`` and the older ``source: {...}``."""
+    raw = pod_spec.get("resourceClaims") or []
+    if not isinstance(raw, list):
+        raise DGDFormatError(f"{base}.resourceClaims", "expected a list", component=component)
+    out: dict[str, str] = {}
+    for entry in raw:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        source = entry.get("source") if isinstance(entry.get("source"), Mapping) else entry
+        template = source.get("resourceClaimTemplateName")
+        out[entry["name"]] = template if isinstance(template, str) else ""
+    return out
 
 
 def _claim_names(resources: Mapping[str, Any], base: str, component: str) -> tuple[str, ...]:
@@ -261,6 +307,7 @@ def _component(
     labels_path: str,
     paths: FieldPaths,
     dra: tuple[tuple[str, ...], bool],
+    claim_templates: dict[str, str] | None = None,
 ) -> Component:
     return Component(
         name=name,
@@ -271,6 +318,7 @@ def _component(
         gpu_source=gpus[1],
         gpu_claims=dra[0],
         pod_resource_claims=dra[1],
+        claim_templates=claim_templates or {},
         node_count=_node_count(item, paths.component, name),
         annotations=_string_map(meta.get("annotations"), paths.annotations, name),
         labels=_string_map(meta.get("labels"), labels_path, name),
@@ -319,7 +367,8 @@ def _parse_service(name: str, raw: Any) -> Component:
         node_count=f"{base}.multinode.nodeCount",
     )
     return _component(item, name, (ctype, sub_type), replicas, (gpus, source), meta,
-                      f"{base}.extraPodMetadata.labels", paths, (claims, bool(extra.get("resourceClaims"))))
+                      f"{base}.extraPodMetadata.labels", paths, (claims, bool(extra.get("resourceClaims"))),
+                      _claim_templates(extra, f"{base}.extraPodSpec", name))
 
 
 def parse_dgd(obj: Mapping[str, Any]) -> DGD:

@@ -139,9 +139,11 @@ class AdmittedPowerInputs(BaseModel):
     components: dict[str, ComponentPowerFields]  # every annotated or power-role component
 
 
-def admit_power_inputs(dgd: DGD) -> AdmittedPowerInputs:
-    """Admit (or re-admit) a deployment's power inputs. Raises PowerInputError if invalid."""
-    power = resolve_power_config(dgd)
+def admit_power_inputs(dgd: DGD, *, power: PowerConfig | None = None) -> AdmittedPowerInputs:
+    """Admit (or re-admit) a deployment's power inputs. Raises PowerInputError if invalid.
+
+    ``power``: the caller's ``resolve_power_config(dgd)``, when it has derived it already."""
+    power = power if power is not None else resolve_power_config(dgd)
     role_names = {rp.component for rp in power.roles.values()}
     fields = {
         c.name: ComponentPowerFields.of(c)
@@ -153,8 +155,12 @@ def admit_power_inputs(dgd: DGD) -> AdmittedPowerInputs:
     )
 
 
-def check_power_inputs_unchanged(admitted: AdmittedPowerInputs, current: DGD) -> list[Violation]:
+def check_power_inputs_unchanged(admitted: AdmittedPowerInputs, current: DGD, *,
+                                 resolved: PowerConfig | DGDInputError | None = None) -> list[Violation]:
     """Violations between the admitted inputs and the deployment as it is now.
+
+    ``resolved``: the caller's ``resolve_power_config(current)`` result, or the error it raised,
+    when it has derived it already (one evaluation derives a DGD's power inputs once).
 
     Empty list: carry on with the admitted caps. Non-empty: fail closed for this deployment
     until it is re-admitted. Also reports a recreated deployment (uid changed), a vanished
@@ -176,10 +182,15 @@ def check_power_inputs_unchanged(admitted: AdmittedPowerInputs, current: DGD) ->
                 Violation(path=comp.paths.annotation(), old=None, new=comp.power_annotation, component=comp.name)
             )
     if not out:
-        try:
-            roles = resolve_power_config(current).roles
-        except DGDInputError as exc:
+        if resolved is None:
+            try:
+                resolved = resolve_power_config(current)
+            except DGDInputError as exc:
+                resolved = exc
+        if isinstance(resolved, DGDInputError):
+            exc = resolved
             return [Violation(path=exc.path, old="valid", new=f"invalid: {exc.message}", component=exc.component)]
+        roles = resolved.roles
         for role, rp in roles.items():
             before = admitted.power.roles.get(role)
             if before is None or before.component != rp.component:

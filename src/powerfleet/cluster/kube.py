@@ -21,6 +21,7 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSIONS, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo
+from powerfleet.cluster.patch_errors import raise_for_patch
 from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
 
 LIST_TIMEOUT_SECONDS = 20  # server-side timeout for LISTs
@@ -242,11 +243,10 @@ class KubeCluster:
                     _request_timeout=REQUEST_TIMEOUT_SECONDS, _content_type=ctype,
                 )
             except ApiException as exc:
-                if exc.status == 422 and ctype == JSON_PATCH:
-                    # a failed test op: the object changed since it was read (moved component, new version)
-                    raise Conflict(f"patch DGD replicas {namespace}/{name}: the DGD changed since it was read",
-                                   status=409) from exc
-                raise
+                # Only a failed test op is a conflict (the DGD changed since it was read); any other
+                # 422 (schema, CEL rule, webhook) is Rejected with the server's message (patch_errors.py).
+                tested = tuple(op["path"] for op in body if op.get("op") == "test") if isinstance(body, list) else ()
+                raise_for_patch(f"patch DGD replicas {namespace}/{name}", exc, tested)
         return parse_dgd(stored)
 
     # -- nodes --
@@ -274,6 +274,24 @@ class KubeCluster:
                 listed = self.core.list_namespaced_pod(namespace, **kwargs)
         return [pod_info(p) for p in listed.items]
 
+    def list_pods_with_version(
+        self, namespace: str | None = None, *, node_name: str | None = None, resource_version: str | None = "0",
+        request_timeout: float | tuple[float, float] = REQUEST_TIMEOUT_SECONDS,
+    ) -> tuple[list[PodInfo], str]:
+        """The pods and the list's resourceVersion, to watch from (the agent's pod view).
+        ``resource_version="0"`` lets the API server answer from its cache."""
+        kwargs: dict[str, Any] = {"timeout_seconds": LIST_TIMEOUT_SECONDS, "_request_timeout": request_timeout}
+        if node_name:
+            kwargs["field_selector"] = f"spec.nodeName={node_name}"
+        if resource_version is not None:
+            kwargs["resource_version"] = resource_version
+        with _api_errors("list pods"):
+            if namespace is None:
+                listed = self.core.list_pod_for_all_namespaces(**kwargs)
+            else:
+                listed = self.core.list_namespaced_pod(namespace, **kwargs)
+        return [pod_info(p) for p in listed.items], str(listed.metadata.resource_version or "")
+
     def watch_pods(
         self,
         namespace: str | None = None,
@@ -282,6 +300,7 @@ class KubeCluster:
         label_selector: str | None = None,
         resource_version: str | None = None,
         timeout_seconds: int = 30,
+        request_timeout: float | tuple[float, float] | None = None,
     ) -> Iterator[PodEvent]:
         """Stream pod changes until ``timeout_seconds`` (server side) or until the caller stops.
 
@@ -296,6 +315,8 @@ class KubeCluster:
             kwargs["label_selector"] = label_selector
         if resource_version:
             kwargs["resource_version"] = resource_version
+        if request_timeout is not None:  # a client deadline: a server that stops sending cannot hold the watch
+            kwargs["_request_timeout"] = request_timeout
         w = watch.Watch()
         try:
             with _api_errors("watch pods"):

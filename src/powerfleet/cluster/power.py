@@ -18,6 +18,7 @@ raw        outcome
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -98,16 +99,45 @@ class PowerConfig(BaseModel):
         return None
 
 
-def component_power(component: Component, role: Role) -> RolePower:
-    """Validate one component's power inputs; raises PowerInputError naming the field."""
+ClaimClasses = Mapping[str, tuple[str, ...]]  # ResourceClaimTemplate name -> its requests' device classes
+
+
+def is_gpu_device_class(name: str) -> bool:
+    """A DRA device class that allocates GPUs: ``gpu.nvidia.com``, ``mig.nvidia.com``,
+    ``gpu.intel.com``... (its first DNS label says gpu or mig). An IMEX ComputeDomain channel
+    (``compute-domain-default-channel.nvidia.com``) is not one."""
+    first = name.split(".", 1)[0].lower()
+    return "gpu" in first or first == "mig"
+
+
+def _gpu_claims(component: Component, claim_classes: ClaimClasses | None) -> list[str]:
+    """The main container's claims that do (or may) allocate GPUs: a claim whose template is not
+    known counts as one; a claim whose every device class is not a GPU does not."""
+    out = []
+    for claim in component.gpu_claims:
+        template = component.claim_templates.get(claim)
+        classes = (claim_classes or {}).get(template) if template else None
+        if classes is None or any(is_gpu_device_class(c) for c in classes):
+            out.append(claim)
+    return out
+
+
+def component_power(component: Component, role: Role, claim_classes: ClaimClasses | None = None) -> RolePower:
+    """Validate one component's power inputs; raises PowerInputError naming the field.
+    ``claim_classes``: the device classes of the DGD namespace's ResourceClaimTemplates, where
+    they were looked up (a claim for a non-GPU device leaves the nvidia.com/gpu count readable)."""
     cap = parse_power_annotation(
         component.power_annotation, path=component.paths.annotation(), component=component.name
     )
-    if component.gpu_claims:
+    gpu_claims = _gpu_claims(component, claim_classes)
+    if gpu_claims:
+        unknown = [c for c in gpu_claims if (component.claim_templates.get(c) or "") not in (claim_classes or {})]
+        why = ("their templates could not be looked up" if unknown == gpu_claims
+               else "they allocate GPUs and their count cannot be read")
         raise PowerInputError(
             component.paths.component,
             f"component {component.name!r} takes its GPUs through DRA resources.claims "
-            f"({', '.join(component.gpu_claims)}); their count cannot be read, so power awareness is refused",
+            f"({', '.join(gpu_claims)}); {why}, so power awareness is refused",
             component=component.name,
         )
     if component.gpus_per_pod <= 0:
@@ -203,8 +233,9 @@ def power_relevant_components(dgd: DGD) -> dict[Role, Component]:
     return {Role.PREFILL: roles[Role.PREFILL], Role.DECODE: roles[Role.DECODE]}
 
 
-def resolve_power_config(dgd: DGD) -> PowerConfig:
-    """Resolve per-role power inputs (prefill/decode, or the generic worker for agg)."""
+def resolve_power_config(dgd: DGD, claim_classes: ClaimClasses | None = None) -> PowerConfig:
+    """Resolve per-role power inputs (prefill/decode, or the generic worker for agg).
+    ``claim_classes``: see ``component_power``."""
     roles = power_relevant_components(dgd)
-    resolved = {role: component_power(c, role) for role, c in roles.items()}
+    resolved = {role: component_power(c, role, claim_classes) for role, c in roles.items()}
     return PowerConfig(mode="agg" if Role.WORKER in resolved else "disagg", roles=resolved)

@@ -87,9 +87,11 @@ def _component_pending(dgd: DGD, rp: RolePower, pods: list[PodInfo]) -> list[str
     return reasons
 
 
-def settle(dgd: DGD, pods: Sequence[PodInfo]) -> Settlement:
-    """Decide settlement. Raises PowerInputError when the DGD's power inputs are invalid."""
-    power = resolve_power_config(dgd)
+def settle(dgd: DGD, pods: Sequence[PodInfo], *, power: PowerConfig | None = None) -> Settlement:
+    """Decide settlement. Raises PowerInputError when the DGD's power inputs are invalid.
+
+    ``power``: the caller's ``resolve_power_config(dgd)``, when it has derived it already."""
+    power = power if power is not None else resolve_power_config(dgd)
     if dgd.status.rollout is RolloutPhase.FAILED:
         msg = "deployment rollout failed" + (f": {dgd.status.rollout_message}" if dgd.status.rollout_message else "")
         return Settlement(state=SettlementState.FAILED, reasons=(msg,))

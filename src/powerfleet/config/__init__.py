@@ -3,6 +3,7 @@
 from powerfleet.config.fleet import (
     BeatConfig,
     BrokerConfig,
+    SentinelConfig,
     ConfigError,
     FleetConfig,
     FlowerConfig,
@@ -16,6 +17,7 @@ from powerfleet.config.fleet import (
 __all__ = [
     "BeatConfig",
     "BrokerConfig",
+    "SentinelConfig",
     "ConfigError",
     "FleetConfig",
     "FlowerConfig",

@@ -14,10 +14,12 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
+
+from powerfleet.config.broker_urls import check_broker_url, is_sentinel
 
 ENV_PREFIX = "POWERFLEET_"
 ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
@@ -27,7 +29,8 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS label
 
 
 def is_node_name(name: str) -> bool:
-    return _NODE_NAME.match(name) is not None
+    # fullmatch: "$" alone also matches before a trailing newline ("gpu-1\n" would pass).
+    return _NODE_NAME.fullmatch(name) is not None
 
 
 class ConfigError(Exception):
@@ -38,10 +41,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SentinelConfig(_Strict):
+    # The name the Sentinels monitor (`sentinel monitor <name> ...`); required with sentinel:// URLs.
+    master_name: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
+    # The Sentinels' own password (their `requirepass`); the Redis master's goes in the URL.
+    password: str | None = None
+    # TLS to the Sentinels and to the Redis nodes they name, verified against this CA file
+    # (the system store when unset).
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+
 class BrokerConfig(_Strict):
     # None: start a private redis-server on loopback (see powerfleet.broker.embedded).
+    # redis://, rediss://, unix://, or sentinel://host:port URLs joined by ; (docs/reliability.md).
     url: str | None = None
     result_backend: str | None = None  # defaults to the broker URL
+    sentinel: SentinelConfig = SentinelConfig()
+    # A publish the master refuses with NOREPLICAS (min-replicas-to-write unmet, e.g. while a
+    # replica resyncs after a failover) is retried for this long, then reported in one line.
+    noreplicas_retry_s: float = Field(5.0, ge=0, le=120)
     # Must exceed the longest acks_late task, or Redis redelivers it while it still runs.
     visibility_timeout_s: int = Field(3600, ge=60, le=7 * 86400)
     # Every tick stores a small result: a day of them at the default rates is ~36 MB of Redis
@@ -51,9 +70,13 @@ class BrokerConfig(_Strict):
     @field_validator("url", "result_backend")
     @classmethod
     def _redis_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return v
+        return None if v is None else check_broker_url(v)
+
+    @model_validator(mode="after")
+    def _sentinel_needs_a_master(self) -> "BrokerConfig":
+        if (is_sentinel(self.url) or is_sentinel(self.result_backend)) and self.sentinel.master_name is None:
+            raise ValueError("a sentinel:// URL needs broker.sentinel.master_name (the name the Sentinels monitor)")
+        return self
 
 
 class BeatConfig(_Strict):
@@ -147,6 +170,11 @@ class RetuneDeploymentConfig(_Strict):
     objective: Literal[RETUNE_OBJECTIVES] | None = None  # type: ignore[valid-type]
     sla: dict[str, float] | None = None
     min_improvement_percentage: float | None = Field(None, ge=0, allow_inf_nan=False)
+    min_requests: int | None = Field(None, ge=0, le=10_000_000)
+    confidence: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
+    dwell_windows: int | None = Field(None, ge=0, le=10_000)
+    search_rounds: int | None = Field(None, ge=0, le=50)
+    engine_profile: str | None = None  # fleet config only (the DGD annotation may not name a file)
     max_shards: int | None = Field(None, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     shard_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -166,6 +194,17 @@ class RetuneConfig(_Strict):
     objective: Literal[RETUNE_OBJECTIVES] = "ttft"  # type: ignore[valid-type]
     sla: dict[str, float] | None = None
     min_improvement_percentage: float = Field(1.0, ge=0, allow_inf_nan=False)
+    # The noise guard (docs/retune.md): a window decides only with this many requests; the
+    # best must beat the probe on paired batches with this one-sided confidence (0: off); a
+    # parameter that moved may not move back within this many windows.
+    min_requests: int = Field(200, ge=0, le=10_000_000)
+    confidence: float = Field(0.95, ge=0, lt=1, allow_inf_nan=False)
+    dwell_windows: int = Field(3, ge=0, le=10_000)
+    # Rounds of the search beyond the grid's edge (one fan-out each in the live loop; 0: off).
+    search_rounds: int = Field(6, ge=0, le=50)
+    # The engine profile the sweeps replay (a measured table, `sim replay --profile`); None:
+    # the built-in Llama-3-70B TP4 H200 roofline fit, shown as the fallback in `retune status`.
+    engine_profile: str | None = None
     max_shards: int = Field(3, ge=1, le=256)
     time_budget_s: float = Field(240.0, gt=0, allow_inf_nan=False)
     shard_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
@@ -173,6 +212,12 @@ class RetuneConfig(_Strict):
     lease_duration_s: int = Field(60, ge=5, le=3600)
     lease_renew_s: int = Field(15, ge=1, le=3600)
     history: int = Field(20, ge=1, le=200)  # decisions kept in the state Lease
+    # `promote` refuses an advisory recommendation older than this many windows (or one a
+    # later window's keep superseded).
+    promote_max_age_windows: int = Field(3, ge=0, le=10_000)
+    # Frontend trace segments last written longer ago than this are deleted by the window cut
+    # (it needs the window and the one before it).
+    segment_retention_s: int = Field(86_400, ge=60, le=365 * 86_400)
     # Where shards read the window: "file" (a volume shared with the sweep workers) or "redis"
     # (the cut window kept in Redis until the sweep is final; no shared volume needed).
     window_store: Literal["file", "redis"] = "file"
@@ -199,8 +244,11 @@ class RetuneConfig(_Strict):
 class AgentConfig(_Strict):
     """The node agent (docs/agent.md). The node name comes from ``agent --node``."""
 
-    # Cap for a GPU whose pods' annotations are invalid or disagree (about 70% of the default TGP).
-    safe_default_watts: int = Field(500, ge=1, le=100_000)
+    # Cap for a GPU whose pods give no valid cap (an invalid or missing annotation on a pod sharing
+    # it): safe_default_fraction of the card's maximum; safe_default_watts overrides when set,
+    # clamped into the card's range, and is ignored where it would be at or above the maximum.
+    safe_default_fraction: float = Field(0.7, gt=0, lt=1)
+    safe_default_watts: int | None = Field(None, ge=1, le=100_000)
     state_dir: str = "/var/lib/powerfleet-agent"  # managed_gpus.json; a hostPath in the chart
     proc_root: str = "/proc"  # the host's /proc (hostPID, or mounted read-only)
     namespaces: list[str] = Field(default_factory=list)  # pods listed/watched here only; empty: all
@@ -208,6 +256,12 @@ class AgentConfig(_Strict):
     simulated_dir: str | None = None  # simulated backend: <dir>/<node>.json, shared with the twin
     kubeconfig: str | None = None  # None: the in-cluster service account
     watch: bool = True  # run a pass as soon as an annotated pod on the node changes
+    # The kubelet's PodResources socket ({node}: the node's name); absent: map GPUs by process only.
+    podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # Write Dynamo's enforcement report annotation on annotated pods (needs pods get + patch).
+    enforcement_annotation: bool = False
+    # Between passes, read the GPUs' process lists this often; a change runs a pass (0: off).
+    process_poll_s: float = Field(1.0, ge=0, le=60)
     probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)
     probe_address: str = "127.0.0.1"
 
@@ -233,6 +287,29 @@ class DeploymentBudgetConfig(_Strict):
     max_gpus: int = Field(-1, ge=-1)  # -1: no GPU ceiling
     min_gpus: int = Field(-1, ge=-1)  # -1: no GPU floor
     min_replicas: dict[Literal["prefill", "decode", "worker"], int] = Field(default_factory=dict)  # default 1
+    # True: powerfleet is the only writer of this DGD's replicas, even beside a Planner component or
+    # after another writer changed them (otherwise such a deployment is reported, never scaled).
+    sole_writer: bool = False
+    # Which of an oversubscribed group's GPUs the power guard throttles first (docs/power.md).
+    priority: Literal["high", "low"] = "high"
+
+
+class GroupBudgetConfig(_Strict):
+    """A group's budget in its object form: ``budget.groups.<g>: {limit_w, oversubscription}``."""
+
+    limit_w: int = Field(ge=1)
+    # Requested caps may sum to this many times the limit; the power guard keeps the measured draw
+    # under the limit (docs/power.md). 1.0: off (cap-sum budgeting).
+    oversubscription: float = Field(1.0, ge=1.0, le=4.0, allow_inf_nan=False)
+
+
+# budget.groups takes an int (watts) or the object form; the schema shows both (the chart's
+# values.schema.json is generated from it), while the model keeps the ints its readers expect.
+_GROUP_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [
+    {"type": "integer", "minimum": 1},
+    {"type": "object", "additionalProperties": False, "required": ["limit_w"],
+     "properties": {"limit_w": {"type": "integer", "minimum": 1},
+                    "oversubscription": {"type": "number", "minimum": 1.0, "maximum": 4.0, "default": 1.0}}}]}}
 
 
 class BudgetConfig(_Strict):
@@ -241,8 +318,55 @@ class BudgetConfig(_Strict):
 
     deployments: dict[str, DeploymentBudgetConfig] = Field(default_factory=dict)
     group_label: str = "powerfleet.io/rack"  # node label whose value names a node's group (rack, PDU)
-    groups: dict[str, int] = Field(default_factory=dict)  # group -> watts shared by the pods on its nodes
+    # group -> watts shared by the pods on its nodes, or {limit_w, oversubscription} (GroupBudgetConfig)
+    groups: Annotated[dict[str, int], WithJsonSchema(_GROUP_SCHEMA)] = Field(default_factory=dict)
+    # Filled from the object form of ``groups`` (group -> ratio, only ratios above 1.0); read it
+    # through ``oversubscription_of``.
+    group_oversubscription: Annotated[dict[str, float], WithJsonSchema({"type": "object", "additionalProperties": {
+        "type": "number", "minimum": 1.0, "maximum": 4.0}})] = Field(default_factory=dict)
     kubeconfig: str | None = None  # None: the in-cluster service account
+    # Where the budget's status lives: one ConfigMap per deployment (kept by every API server), or
+    # "dgd": status.budget on the DGD (only a server that keeps undeclared status fields keeps it).
+    status_store: Literal["configmap", "dgd"] = "configmap"
+    # What a group's ledger charges per GPU of a pod no listed deployment owns that has neither a
+    # power annotation nor a fresh agent enforcement report: the GPU's maximum settable limit.
+    max_settable_gpu_w: int = Field(1000, ge=1, le=100_000)
+    # True once the node agents publish enforcement reports: a listed deployment's GPU is charged at
+    # its requested cap only while a fresh report shows it enforced; otherwise at max_settable_gpu_w,
+    # with scale-ups held (enforcement_evidence_stale). False: the requested caps, as reported.
+    require_enforcement_evidence: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_objects(cls, data: Any) -> Any:
+        groups = data.get("groups") if isinstance(data, dict) else None
+        if not isinstance(groups, dict) or not any(isinstance(v, dict) for v in groups.values()):
+            return data
+        flat: dict[Any, Any] = {}
+        ratios = dict(data.get("group_oversubscription") or {})
+        for group, value in groups.items():
+            if isinstance(value, dict):
+                try:
+                    obj = GroupBudgetConfig.model_validate(value)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    field = ".".join(str(p) for p in err["loc"]) or "(value)"
+                    msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+                    raise ValueError(f"groups.{group}.{field}: {msg}") from None
+                flat[group] = obj.limit_w
+                if obj.oversubscription > 1.0:
+                    ratios[group] = obj.oversubscription
+            else:
+                flat[group] = value
+        return {**data, "groups": flat, "group_oversubscription": ratios}
+
+    def oversubscription_of(self, group: str) -> float:
+        """The group's ratio (1.0: not oversubscribed)."""
+        return self.group_oversubscription.get(group, 1.0)
+
+    def oversubscribed(self) -> dict[str, int]:
+        """group -> limit (W) of every group with a ratio above 1.0: the groups the power guard keeps."""
+        return {g: w for g, w in sorted(self.groups.items()) if self.oversubscription_of(g) > 1.0}
 
     @field_validator("deployments")
     @classmethod
@@ -263,6 +387,30 @@ class BudgetConfig(_Strict):
                 raise ValueError(f"group {group!r}: budget must be at least 1 W")
         return v
 
+    @model_validator(mode="after")
+    def _ratios_of_groups(self) -> "BudgetConfig":
+        for group, ratio in self.group_oversubscription.items():
+            if group not in self.groups:
+                raise ValueError(f"group_oversubscription names {group!r}, which is not in budget.groups")
+            if not 1.0 <= ratio <= 4.0:
+                raise ValueError(f"group {group!r}: oversubscription must be between 1.0 and 4.0, got {ratio}")
+        return self
+
+
+class PowerConfig(_Strict):
+    """Measured-power oversubscription (docs/power.md): the live guard and admission."""
+
+    # The guard runs once per period per oversubscribed group; overlays expire after 1.5 periods
+    # and an agent whose overlays stop falls back to its safe caps within one period.
+    guard_period_s: float = Field(1.0, ge=0.2, le=60, allow_inf_nan=False)
+    # How long the guard keeps a group's nodes and the priority of their pods before it lists
+    # them again (the guard runs every period; a LIST per period would load the API server).
+    topology_refresh_s: float = Field(30.0, ge=1, le=3600, allow_inf_nan=False)
+    # Admission: the group's measured p99 draw over this window, plus reserve_fraction of its
+    # limit, must stay within the limit (power.admission).
+    admission_window_s: float = Field(300.0, ge=10, le=86400, allow_inf_nan=False)
+    admission_reserve_fraction: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
+
 
 class FleetConfig(_Strict):
     broker: BrokerConfig = BrokerConfig()
@@ -274,6 +422,7 @@ class FleetConfig(_Strict):
     retune: RetuneConfig = RetuneConfig()
     agent: AgentConfig = AgentConfig()
     budget: BudgetConfig = BudgetConfig()
+    power: PowerConfig = PowerConfig()
     # GPU nodes always sent a reconcile pass (optional: live agents are found by their heartbeat).
     nodes: list[str] = Field(default_factory=list)
     # Workers that consume the sweep queue always prefetch one task (long shards must not be hoarded).

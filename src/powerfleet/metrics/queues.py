@@ -11,7 +11,9 @@ from typing import Any, Iterable, Iterator
 
 import redis
 
-from powerfleet.workers.routes import CONTROL_QUEUE, NODE_QUEUE_PREFIX, SWEEP_QUEUE, is_fleet_queue
+from powerfleet.broker.clients import redis_client
+from powerfleet.config import BrokerConfig
+from powerfleet.queues import CONTROL_QUEUE, NODE_QUEUE_PREFIX, SWEEP_QUEUE, is_fleet_queue
 
 
 def queue_depths(r: redis.Redis, also: Iterable[str] = ()) -> dict[str, int]:
@@ -31,8 +33,8 @@ def queue_depths(r: redis.Redis, also: Iterable[str] = ()) -> dict[str, int]:
 class QueueDepthCollector:
     """``powerfleet_queue_depth{queue}``, read from Redis at scrape time (one SCAN + pipelined LLEN)."""
 
-    def __init__(self, url: str) -> None:
-        self._r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    def __init__(self, url: str, broker: BrokerConfig | None = None) -> None:
+        self._r = redis_client(url, broker or BrokerConfig(), socket_timeout=2, socket_connect_timeout=2)
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily

@@ -2,6 +2,9 @@
 
 * Each frontend's initial settings are saved (fenced) before this process first PATCHes it,
   including a frontend that appears later.
+* Before its first act on a frontend under a term, the leader writes a barrier (an empty
+  PATCH that only moves the revision; ``fencing.py``), so a predecessor's PATCH that passed
+  its term check and stalled is refused by the revision check.
 * PATCH is revision-checked; a conflict re-reads and retries once. Before every PATCH the
   leader term is checked, so a superseded leader writes nothing.
 * Targets: during a rollback, each frontend's saved initial settings; in active mode, the
@@ -18,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from powerfleet.cluster.router import RevisionConflict, RouterClient, RouterError, RouterPolicyState
+from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.leadership import Leadership, StateStore, Term
 from powerfleet.retune.premises import Frontend
 from powerfleet.retune.state import Policy, RetuneState
@@ -65,10 +69,30 @@ def target_for(state: RetuneState, pod: str, promote: Policy | None = None) -> P
 
 
 class Actuator:
-    def __init__(self, router: RouterClient, store: StateStore, leadership: Leadership, term: Term) -> None:
+    def __init__(self, router: RouterClient, store: StateStore, leadership: Leadership, term: Term,
+                 barriers: Barriers | None = None) -> None:
         self.router, self.store, self.leadership, self.term = router, store, leadership, term
+        self.barriers = barriers
 
-    def save_initials(self, state: RetuneState, current: dict[str, RouterPolicyState]) -> RetuneState:
+    def barrier(self, fe: Frontend, cur: RouterPolicyState) -> RouterPolicyState:
+        """Move ``fe``'s revision once per term before acting on it (``RouterError`` if it cannot)."""
+        b = self.barriers
+        if b is None or b.written(self.term.term, fe.pod):
+            return cur
+        for attempt in (1, 2):
+            self.leadership.check(self.term)
+            try:
+                cur = self.router.patch(fe.url, {}, cur.revision)
+                break
+            except RevisionConflict:  # someone wrote in between (perhaps the predecessor): re-read
+                if attempt == 2:
+                    raise
+                cur = self.router.get(fe.url)
+        b.mark(self.term.term, fe.pod)
+        return cur
+
+    def save_initials(self, state: RetuneState, current: dict[str, RouterPolicyState],
+                      present: set[str] | None = None) -> RetuneState:
         """Save unseen frontends' settings as their initial ones, before anything is written.
 
         Not during a rollback, and not for a frontend already on the decided values: those
@@ -79,14 +103,26 @@ class Actuator:
             return state
         new = {pod: st.policy for pod, st in current.items()
                if pod not in state.initial and not same(st.policy, state.desired)}
-        if not new:
+        # Pods that no longer exist leave the state (it must stay far below the 256 KiB
+        # annotation limit through any number of rollouts); not during a rollback, which needs them.
+        gone = set(state.initial) - present if present else set()  # never on an empty pod list
+        if not new and not gone:
             return state
-        return self.store.update(self.term, lambda s: s.model_copy(update={"initial": {**new, **s.initial}}))
+        return self.store.update(self.term, lambda s: s.model_copy(update={
+            "initial": {p: v for p, v in {**new, **s.initial}.items() if p not in gone}}))
 
-    def reconcile(self, frontends: list[Frontend], state: RetuneState,
-                  promote: Policy | None = None) -> tuple[RetuneState, list[FrontendReport]]:
+    def reconcile(self, frontends: list[Frontend], state: RetuneState, promote: Policy | None = None,
+                  present: set[str] | None = None) -> tuple[RetuneState, list[FrontendReport]]:
+        """One round over ``frontends``; ``present``: every frontend pod that exists (with or
+        without a router URL), whose initial settings are kept."""
         current, errors = read_all(self.router, frontends)
-        state = self.save_initials(state, current)  # before any PATCH (fenced)
+        for fe in frontends:  # the barrier comes first: what is read after it is final
+            if fe.pod in current:
+                try:
+                    current[fe.pod] = self.barrier(fe, current.pop(fe.pod))
+                except RouterError as exc:
+                    errors[fe.pod] = f"barrier not written: {exc}"
+        state = self.save_initials(state, current, present)  # before any PATCH (fenced)
         reports = []
         for fe in frontends:
             if fe.pod in errors:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import redis
 
@@ -17,19 +17,23 @@ from powerfleet.clock import Clock
 from powerfleet.cluster.dgd import DGD, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.leases import LeasePort
-from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.objects import ObjectRef, PodInfo
 from powerfleet.cluster.ports import NotFound
 from powerfleet.cluster.router import RouterClient
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.actuator import read_all
 from powerfleet.retune.fanin import FanIn
 from powerfleet.retune.leadership import Leadership, StateStore, Term
+from powerfleet.retune.metrics import EVENTS_FAILED
 from powerfleet.retune.premises import LOAD_SCALING_ANNOTATION, Snapshot, frontends_of
 from powerfleet.retune.settings import DeploymentSettings, dgd_overrides, resolve
 
 
 class ClusterView(Protocol):
     def get_dgd_object(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def record_event(self, involved: ObjectRef, reason: str, message: str, *,
+                     type: Literal["Normal", "Warning"] = "Normal") -> Any: ...
 
     def list_pods(self, namespace: str | None = None, *, label_selector: str | None = None,
                   node_name: str | None = None) -> list[PodInfo]: ...
@@ -70,6 +74,21 @@ class Deployment:
     dgd: DGD | None
     leadership: Leadership
     store: StateStore
+    cluster: ClusterView | None = None
+
+    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        """A Kubernetes Event on the DGD, after the state write it reports succeeded. Best
+        effort: an Event that cannot be recorded never fails the step (it is counted)."""
+        meta = (self.dgd_obj or {}).get("metadata") or {}
+        if self.cluster is None or not meta:
+            return
+        ref = ObjectRef(kind="DynamoGraphDeployment", name=self.name, namespace=self.settings.namespace,
+                        api_version=str(self.dgd_obj.get("apiVersion") or "") if self.dgd_obj else "",
+                        uid=str(meta.get("uid") or ""))
+        try:
+            self.cluster.record_event(ref, reason, message[:1024], type="Warning" if warning else "Normal")
+        except Exception:  # noqa: BLE001 - Events are advisory; the decision is saved already
+            EVENTS_FAILED.labels(self.name).inc()
 
     @classmethod
     def open(cls, cfg: RetuneConfig, ports: Ports, name: str) -> Deployment:
@@ -91,7 +110,7 @@ class Deployment:
                 dgd = None
         lead = Leadership(ports.cluster, cfg.namespace, name, ports.identity,
                           duration_s=settings.lease_duration_s, clock=ports.clock, renew_s=settings.lease_renew_s)
-        return cls(name, settings, obj, dgd, lead, StateStore(ports.cluster, lead))
+        return cls(name, settings, obj, dgd, lead, StateStore(ports.cluster, lead), ports.cluster)
 
     def term_of(self, identity: str, term: int) -> Term:
         return Term(self.name, identity, term)

@@ -16,19 +16,21 @@ from collections.abc import Callable
 from typing import Any
 
 from powerfleet.cluster.ports import ClusterError
+from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.accounting import LEGACY_ENABLED_AT, WINDOW_TASK, audit, launch_due  # noqa: F401  (WINDOW_TASK: re-exported)
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
+from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.live import HARVEST_TASK, actuate
 from powerfleet.retune.metrics import CORRUPT_STATE, TERM
 from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.retune.state import DecisionRecord, RetuneState
-from powerfleet.retune.windows import dedupe_key, windows_to_launch
+from powerfleet.retune.windows import last_closed_window
 
-WINDOW_TASK = "powerfleet.retune.window"
-ENABLED_AT = "powerfleet:retune:enabled_at"
-LAST_LAUNCHED = "powerfleet:retune:last_launched"
+ENABLED_AT = LEGACY_ENABLED_AT
+LAST_LAUNCHED = "powerfleet:retune:last_launched"  # before the schedule moved into the state
 KNOWN = PREFIX + "known"
 
 
@@ -51,10 +53,20 @@ def _lead(dep: Deployment) -> tuple[Term, RetuneState, str | None]:
         # above it, or every fenced write would refuse this leader forever.
         t = dep.leadership.raise_term(t, state.term + 1)
         TERM.labels(dep.name).set(t.term)
-    if acquired or corrupt or state is None or state.term != t.term:
-        state = dep.store.update(t, lambda s: s, replace_corrupt=True)
+    uid = _uid(dep)
+    if state is not None and uid and state.dgd_uid and state.dgd_uid != uid:
+        # The DGD was deleted and recreated under the same name: nothing decided for the old
+        # one (desired settings, windows, initial settings) belongs to the new one.
+        state = dep.store.update(t, lambda s: RetuneState(term=t.term, dgd_uid=uid), replace_corrupt=True)
+    elif acquired or corrupt or state is None or state.term != t.term or (uid and state.dgd_uid != uid):
+        state = dep.store.update(t, lambda s: s.model_copy(update={"dgd_uid": uid or s.dgd_uid}),
+                                 replace_corrupt=True)
     assert state is not None
     return t, state, corrupt
+
+
+def _uid(dep: Deployment) -> str:
+    return str(((dep.dgd_obj or {}).get("metadata") or {}).get("uid") or "")
 
 
 def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:
@@ -69,26 +81,27 @@ def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:
     return state
 
 
-def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list[dict[str, Any]]) -> RetuneState:
-    if state.rollback == "intent" and routers and all(r["converged"] for r in routers):
-        return dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
-                                                                  "desired_window": None}))
-    return state
-
-
-def _launch_due(cfg: RetuneConfig, ports: Ports, dep: Deployment, t: Term, now: float) -> list[int]:
-    s, r = dep.settings, ports.r
-    r.hsetnx(ENABLED_AT, dep.name, repr(now))
-    enabled_at = float(r.hget(ENABLED_AT, dep.name))
-    last = r.hget(LAST_LAUNCHED, dep.name)
-    launched = []
-    for w in windows_to_launch(now, enabled_at, int(last) if last is not None else None, s.interval_s, s.phase_s):
-        if r.set(dedupe_key(dep.name, w.index), repr(now), nx=True, ex=7 * 86400):
-            ports.send(WINDOW_TASK, {"dgd": dep.name, "window": w.index, "leader": t.identity, "term": t.term,
-                                     "generation": s.generation}, {})
-            launched.append(w.index)
-        r.hset(LAST_LAUNCHED, dep.name, w.index)
-    return launched
+def _finish_rollback(dep: Deployment, t: Term, state: RetuneState, routers: list[dict[str, Any]],
+                     now: float) -> RetuneState:
+    """``done`` only when every router answered its initial settings twice: when first seen
+    converged, and again once the PATCH timeout has passed (a stale PATCH in flight has landed
+    or failed by then)."""
+    if state.rollback != "intent":
+        return state
+    converged = bool(routers) and all(r["converged"] for r in routers)
+    if not converged:
+        if state.rollback_verify_at is None:
+            return state
+        return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": None}))
+    if state.rollback_verify_at is None:
+        return dep.store.update(t, lambda x: x.model_copy(update={"rollback_verify_at": now + PATCH_TIMEOUT_S}))
+    if now < state.rollback_verify_at:
+        return state
+    done = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "done", "desired": None,
+                                                              "desired_window": None, "rollback_verify_at": None}))
+    dep.event("RetuneRolledBack", f"every router ({len(routers)}) is back on its initial settings, verified "
+              f"after the PATCH timeout")
+    return done
 
 
 def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
@@ -98,6 +111,8 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
         return {"deployment": name, "status": "invalid-settings", "error": str(exc)}
     if not dep.settings.enabled:
         return cleanup(cfg, ports, dep)
+    if dep.dgd_obj is None:  # deleted: its retune ends (state, Leases, leftovers), no loop
+        return {**cleanup(cfg, ports, dep), "reason": "the DGD does not exist", "status": "dgd-missing"}
     try:
         t, state, corrupt = _lead(dep)
     except NotLeader as exc:
@@ -106,16 +121,20 @@ def tick_deployment(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> d
     try:
         state = _follow_config(dep, t, state)
         routers = actuate(dep, ports, t, state)
-        state = _finish_rollback(dep, t, state, routers)
-        launched = _launch_due(cfg, ports, dep, t, now)
-        overdue = [rec.sid for rec in ports.fanin.active(name) if now >= rec.deadline]
+        state = _finish_rollback(dep, t, state, routers, ports.clock.now())
+        state, launched = launch_due(ports, dep, t, state, now)
+        dropped = audit(ports, dep, t, state, now)
+        # Harvest every sweep past its deadline or complete (a lost harvest message, or shards
+        # that finished under a previous leader): the harvest counts results, so this is safe.
+        fan = ports.fanin
+        overdue = [rec.sid for rec in fan.active(name) if now >= rec.deadline or fan.complete(rec)]
         for sid in overdue:
             ports.send(HARVEST_TASK, {"sid": sid}, {})
     except Fenced as exc:
         TERM.labels(name).set(0)
         return {"deployment": name, "status": "fenced", "reason": str(exc)}
     return {"deployment": name, "status": "leader", "term": t.term, "mode": state.mode, "launched": launched,
-            "harvest": overdue, "routers": routers, "corrupt_state_replaced": corrupt}
+            "harvest": overdue, "dropped": dropped, "routers": routers, "corrupt_state_replaced": corrupt}
 
 
 def _guarded(cfg: RetuneConfig, ports: Ports, name: str, now: float) -> dict[str, Any]:
@@ -148,12 +167,16 @@ def cleanup(cfg: RetuneConfig, ports: Ports, dep: Deployment) -> dict[str, Any]:
     except NotLeader as exc:
         return {"deployment": dep.name, "status": "standby", "reason": str(exc)}
     try:
-        if state.rollback != "done" and state.initial:
-            state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
+        if state.rollback != "done" and state.initial and dep.dgd_obj is not None:  # a deleted DGD has no routers
+            if state.rollback != "intent":
+                state = dep.store.update(t, lambda x: x.model_copy(update={"rollback": "intent"}))
             routers = actuate(dep, ports, t, state)
-            if not routers or not all(r["converged"] for r in routers):
-                return {"deployment": dep.name, "status": "rolling-back", "routers": routers}
+            state = _finish_rollback(dep, t, state, routers, ports.clock.now())
+            if state.rollback != "done":
+                return {"deployment": dep.name, "status": "rolling-back", "verify_at": state.rollback_verify_at,
+                        "routers": routers}
         purged = ports.fanin.purge(dep.name)
+        Barriers(ports.r, dep.name).purge()
         dep.store.delete(t)
     except Fenced as exc:
         return {"deployment": dep.name, "status": "fenced", "reason": str(exc)}
@@ -191,6 +214,18 @@ def promote(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[
     if adv is None or adv.params is None:
         return {"deployment": dep.name, "status": "nothing-to-promote"}
     now = ports.clock.now()
+    s = dep.settings
+    later = [h.window for h in state.history if h.window > adv.window and h.outcome == "keep"]
+    if later:
+        return {"deployment": dep.name, "status": "refused", "window": adv.window,
+                "reason": f"superseded: window {max(later)} decided to keep the settings after window {adv.window}"}
+    # Age in windows launched since (the state's own clock of windows, not the wall clock).
+    newest = max(w for w in (state.last_launched, state.last_window, adv.window) if w is not None)
+    age = newest - adv.window
+    if age > s.promote_max_age_windows:
+        return {"deployment": dep.name, "status": "refused", "window": adv.window,
+                "reason": f"the recommendation of window {adv.window} is {age} windows old "
+                          f"(retune.promote_max_age_windows {s.promote_max_age_windows})"}
     rec = DecisionRecord(window=-1, outcome="promoted", mode=state.mode, params=dict(adv.params),
                          improvement_pct=adv.improvement_pct, reason=f"promoted the advisory decision of window {adv.window}",
                          term=t.term, generation=dep.settings.generation, at=now)
@@ -206,12 +241,13 @@ def rollback(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict
     now = ports.clock.now()
     rec = DecisionRecord(window=-1, outcome="rollback", mode=state.mode, reason="rollback to the initial settings",
                          term=t.term, generation=dep.settings.generation, at=now)
-    state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(
-        update={"rollback": "intent"}))
+    if state.rollback != "intent":  # a repeated call continues the rollback under way
+        state = dep.store.update(t, lambda x: x.with_decision(rec, dep.settings.history).model_copy(
+            update={"rollback": "intent"}))
     routers = actuate(dep, ports, t, state)
-    state = _finish_rollback(dep, t, state, routers)
+    state = _finish_rollback(dep, t, state, routers, ports.clock.now())
     return {"deployment": dep.name, "status": "rolled-back" if state.rollback == "done" else "rolling-back",
-            "routers": routers}
+            "verify_at": state.rollback_verify_at, "routers": routers}
 
 
 @_as_leader
@@ -219,15 +255,40 @@ def apply_now(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dic
     """One reconcile round now: write the decided settings (active mode), report convergence."""
     state = _follow_config(dep, t, state)
     routers = actuate(dep, ports, t, state)
-    state = _finish_rollback(dep, t, state, routers)
+    state = _finish_rollback(dep, t, state, routers, ports.clock.now())
     return {"deployment": dep.name, "status": "reconciled", "mode": state.mode, "desired": state.desired,
             "routers": routers}
 
 
+@_as_leader
+def reset_window(dep: Deployment, ports: Ports, t: Term, state: RetuneState) -> dict[str, Any]:
+    """Reset the window record to the newest window really decided that has closed (or none).
+
+    A record beyond the newest closed window (a hand-sent future window before the bound
+    existed) would refuse every real window as already decided; this verb repairs it."""
+    s = dep.settings
+    closed = last_closed_window(ports.clock.now(), s.interval_s, s.phase_s).index
+    decided = [h.window for h in state.history if 0 <= h.window <= closed]
+    before, after = state.last_window, (max(decided) if decided else None)
+    launched = state.last_launched if state.last_launched is None or state.last_launched <= closed else after
+    if before != after or launched != state.last_launched:
+        dep.store.update(t, lambda x: x.model_copy(update={
+            "last_window": after, "last_launched": launched,
+            "pending": [p for p in x.pending if p.window <= closed]}))
+    return {"deployment": dep.name, "status": "reset" if before != after else "unchanged",
+            "last_window": after, "was": before, "newest_closed": closed}
+
+
 def release_all(cfg: RetuneConfig, ports: Ports) -> list[str]:
-    """Graceful shutdown: give up every Lease this process holds."""
+    """Graceful shutdown: give up every Lease this process holds -- of configured deployments
+    and of those removed from the config whose clean-up has not finished (``KNOWN``)."""
+    names = set(configured(cfg))
+    try:
+        names |= {m.decode() if isinstance(m, bytes) else m for m in ports.r.smembers(KNOWN)}
+    except Exception:  # Redis gone at shutdown: the configured ones are still released
+        pass
     out = []
-    for name in configured(cfg):
+    for name in sorted(names):
         try:
             dep = Deployment.open(cfg, ports, name)
         except SettingsError:

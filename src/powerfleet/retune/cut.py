@@ -37,10 +37,14 @@ class CutError(ValueError):
 @dataclass
 class CutResult:
     path: str | None  # None: the window had no traffic, no file was written
-    requests: int = 0
+    requests: int = 0  # records inside the window (scored)
+    warmup_requests: int = 0  # records of the warm-up span before it (replayed, not scored)
+    first_ms: float | None = None  # the earliest timestamp written (where the file's clock starts)
     segments: int = 0
     corrupt_members: int = 0
     malformed_lines: int = 0
+    segments_skipped: int = 0  # last written before the warm-up span began: nothing to read
+    segments_pruned: int = 0  # older than the retention: deleted
     bytes_read: int = 0
     issues: list[str] = field(default_factory=list)
 
@@ -78,36 +82,44 @@ class _Out:
         self.comp: zlib._Compress | None = None
         self.mark = 0
         self.pending = 0  # lines written in the open member
+        self.scored = 0  # of which inside the window
+        self.first: float | None = None  # earliest timestamp in the open member
 
     def begin(self) -> None:
         self.mark = self.fh.tell()
         self.comp = zlib.compressobj(6, zlib.DEFLATED, 31)
-        self.pending = 0
+        self.pending, self.scored, self.first = 0, 0, None
 
-    def line(self, raw: bytes) -> None:
+    def line(self, raw: bytes, ts_ms: float, scored: bool) -> None:
         assert self.comp is not None
         self.fh.write(self.comp.compress(raw + b"\n"))
         self.pending += 1
+        self.scored += scored
+        self.first = ts_ms if self.first is None else min(self.first, ts_ms)
 
-    def commit(self) -> int:
+    def commit(self, res: CutResult) -> None:
+        """Close the open member and count what it holds into ``res``."""
         assert self.comp is not None
-        n = self.pending
-        if n:
+        if self.pending:
             self.fh.write(self.comp.flush())
+            res.requests += self.scored
+            res.warmup_requests += self.pending - self.scored
+            if self.first is not None:
+                res.first_ms = self.first if res.first_ms is None else min(res.first_ms, self.first)
         else:
             self.rollback()  # an empty member is noise; drop it
         self.comp = None
-        return n
 
     def rollback(self) -> None:
         self.fh.seek(self.mark)
         self.fh.truncate()
-        self.comp, self.pending = None, 0
+        self.comp, self.pending, self.scored, self.first = None, 0, 0, None
 
 
 class _Filter:
-    def __init__(self, lo_ms: float, hi_ms: float, res: CutResult, out: _Out) -> None:
+    def __init__(self, lo_ms: float, hi_ms: float, res: CutResult, out: _Out, warm_ms: float = 0.0) -> None:
         self.lo, self.hi, self.res, self.out = lo_ms, hi_ms, res, out
+        self.warm_lo = lo_ms - warm_ms  # the warm-up span before the window is kept, not scored
         self.rest = b""
 
     def feed(self, data: bytes) -> None:
@@ -131,8 +143,8 @@ class _Filter:
         except ValueError:
             self.res.malformed_lines += 1
             return
-        if self.lo <= req.timestamp_ms < self.hi:
-            self.out.line(raw)
+        if self.warm_lo <= req.timestamp_ms < self.hi:
+            self.out.line(raw, req.timestamp_ms, req.timestamp_ms >= self.lo)
 
 
 def _next_magic(fh: BinaryIO, start: int) -> int | None:
@@ -166,7 +178,6 @@ def _cut_gzip(fh: BinaryIO, size: int, flt: _Filter, out: _Out, res: CutResult, 
         fh.seek(pos)
         d = zlib.decompressobj(wbits=31)
         out.begin()
-        kept_before = res.requests
         cur, ok, err = pos, False, "truncated (no end of member)"
         try:
             while True:
@@ -184,7 +195,7 @@ def _cut_gzip(fh: BinaryIO, size: int, flt: _Filter, out: _Out, res: CutResult, 
             err = f"corrupt ({exc})"
         if ok:
             flt.end()
-            res.requests = kept_before + out.commit()
+            out.commit(res)
             pos = cur
             continue
         flt.rest = b""
@@ -203,7 +214,7 @@ def _cut_plain(fh: BinaryIO, flt: _Filter, out: _Out, res: CutResult) -> None:
         res.bytes_read += len(chunk)
         flt.feed(chunk)
     flt.end()
-    res.requests += out.commit()
+    out.commit(res)
 
 
 def _segment_files(root: Path, seg_dir: Path) -> list[Path]:
@@ -221,8 +232,14 @@ def _segment_files(root: Path, seg_dir: Path) -> list[Path]:
     return files
 
 
-def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: float) -> CutResult:
-    """Cut window ``k`` = [start_s, end_s) of ``dgd``; an empty window writes no file."""
+def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: float, *,
+               warmup_s: float = 0.0, retention_s: float | None = None, now_s: float | None = None) -> CutResult:
+    """Cut window ``k`` = [start_s, end_s) of ``dgd``, with the ``warmup_s`` seconds before it
+    in front (replayed unscored: the warm start); a window with no traffic writes no file.
+
+    Only segments written to since the warm-up span began are read (a record is written
+    after its timestamp, so an older file holds nothing of the window); with ``retention_s``
+    segments last written more than that before ``now_s`` are deleted."""
     root = Path(trace_dir)
     if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
         raise CutError(f"trace directory {str(root)!r} is not a readable directory")
@@ -235,8 +252,16 @@ def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: f
     try:
         with os.fdopen(fd, "w+b") as fh_out:
             out = _Out(fh_out)
-            flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out)
+            flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out, warmup_s * 1000.0)
             for f in _segment_files(root, seg_dir):
+                mtime = f.stat().st_mtime
+                if retention_s is not None and now_s is not None and mtime < now_s - retention_s:
+                    f.unlink(missing_ok=True)
+                    res.segments_pruned += 1
+                    continue
+                if mtime < start_s - warmup_s:
+                    res.segments_skipped += 1
+                    continue
                 res.segments += 1
                 with f.open("rb") as fh:
                     size = os.fstat(fh.fileno()).st_size

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, Objective, parse_objective
+from powerfleet.retune.guard import NoiseGuard, paired_confidence
+from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, UNITS, Objective, parse_objective
 
 
 class Candidate(BaseModel):
@@ -29,6 +30,8 @@ class Candidate(BaseModel):
     reason: str | None = None
     shard: int | None = None
     origin: Literal["grid", "search"] = "grid"  # a grid point, or found searching beyond its edge
+    requests: int | None = None  # scored requests of the window
+    batches: list[float | None] | None = None  # per-batch scores (paired across settings: CRN)
 
     def rankable(self) -> bool:
         return self.ok and self.score is not None and math.isfinite(self.score)
@@ -47,6 +50,9 @@ class Decision(BaseModel):
     probe: Candidate
     ranked: list[Candidate]
     unranked: list[Candidate]
+    confidence: float | None = None  # paired-batch confidence that the best beats the probe
+    runner_up_margin_pct: float | None = None  # best vs the second best, % of |probe score|
+    requests: int | None = None  # scored requests in the window
 
 
 def _fmt(x: float) -> str:
@@ -63,11 +69,24 @@ def rank(candidates: list[Candidate], objective: Objective | str) -> list[Candid
     )
 
 
+def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None) -> str | None:
+    """Why the guard refuses an apply (None: it does not)."""
+    if guard is None:
+        return None
+    if requests is not None and requests < guard.min_requests:
+        return f"the window holds only {requests} requests (min_requests {guard.min_requests})"
+    if guard.confidence > 0 and (conf is None or conf < guard.confidence):
+        shown = "unknown" if conf is None else f"{conf:.3f}"
+        return f"the paired test's confidence {shown} is below {guard.confidence:g}"
+    return None
+
+
 def decide(
     candidates: list[Candidate],
     probe: Candidate,
     objective: Objective | str,
     min_improvement_pct: float = 0.0,
+    guard: NoiseGuard | None = None,
 ) -> Decision:
     obj = parse_objective(objective) if isinstance(objective, str) else objective
     if not (math.isfinite(min_improvement_pct) and min_improvement_pct >= 0):
@@ -101,13 +120,21 @@ def decide(
     gain = sign * (bs - ps)
     pct = gain / abs(ps) * 100.0 if ps != 0 else None
     threshold = min_improvement_pct / 100.0 * abs(ps)
-    desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} ({direction})"
+    conf = paired_confidence(best.batches, probe.batches, direction == MAXIMIZE)
+    common.update(confidence=conf, requests=probe.requests, runner_up_margin_pct=(
+        sign * (bs - float(order[1].score)) / abs(ps) * 100.0 if len(order) > 1 and ps != 0 else None))  # type: ignore[arg-type]
+    desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} {UNITS[obj]} ({direction})"
     if pct is not None:
         desc += f", {pct:+.3f} %"
     if gain > threshold and gain > 0:
+        noisy = _noise(guard, probe.requests, conf)
+        if noisy:
+            return Decision(action="keep", params=probe.params, improvement_pct=pct, best=best,
+                            reason=f"keep: {desc}, but {noisy}", **common)
         return Decision(
             action="apply", params=best.params, improvement_pct=pct, best=best,
-            reason=f"apply: {desc} beats the probe by more than {_fmt(min_improvement_pct)} %", **common,
+            reason=f"apply: {desc} beats the probe by more than {_fmt(min_improvement_pct)} %"
+            + (f" (confidence {conf:.3f})" if conf is not None else ""), **common,
         )
     if gain == 0:
         why = "ties the probe; keeping the current settings"

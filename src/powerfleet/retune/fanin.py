@@ -48,13 +48,16 @@ class ShardSpec(BaseModel):
     window: int
     window_file: str
     window_sha256: str
-    kind: Literal["shard", "probe"]
+    kind: Literal["shard", "probe", "search"]  # search: one round of the edge search (the harvest sends it)
     index: int
     points: list[dict[str, float]]
     objective: str
     sla: dict[str, float] | None = None
     replicas: int
     seed: int = 0
+    start_s: float = 0.0  # scoring starts this many seconds after the file's first record (warm-up before)
+    warm_policy: dict[str, float] | None = None  # the settings that served the warm-up span
+    profile: str | None = None  # the engine profile file (None: the built-in profile)
 
     def key(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
@@ -89,6 +92,7 @@ class SweepRecord(BaseModel):
     status: Status = "running"
     reason: str = ""
     adopted: int = 0
+    search_rounds: int = 0
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def keys(self) -> list[str]:
@@ -179,6 +183,11 @@ class FanIn:
             if res is not None and res.spec == spec:
                 out[spec.key()] = res
         return out
+
+    def complete(self, rec: SweepRecord) -> bool:
+        """Every shard's result exists (a cheap hint; the harvest checks each against its spec)."""
+        keys = [_k("result", k) for k in rec.keys()]
+        return bool(keys) and int(self.r.exists(*keys)) == len(keys)
 
     def count_adopted(self, sid: str) -> None:
         self.r.incr(_k("adopted", sid))

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerfleet.retune.decision import Candidate, rank
+from powerfleet.textinput import InputError, read_text
 from powerfleet.retune.objectives import Objective
 from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy, error_location, first_error
 
@@ -118,11 +119,9 @@ def load_grid(source: str | Path | None) -> SweepGrid:
         return DEFAULT_GRID
     p = Path(source)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read grid {str(p)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"grid {str(p)!r} is not UTF-8 text") from None
+        text = read_text(p)  # bounded: a grid of /dev/zero fails in one line
+    except InputError as exc:
+        raise ValueError(f"grid: {exc}") from None
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml
@@ -241,6 +240,23 @@ def beyond_edge(
     return out
 
 
+def search_round(
+    axes: list[tuple[str, list[float]]],
+    scored: list[Candidate],
+    objective: Objective | str,
+    search: EdgeSearch,
+    rounds_done: int,
+) -> list[RouterPolicy]:
+    """The points of the next round of the search beyond the grid's edge, given every
+    candidate scored so far (grid and earlier rounds); empty when the search is over. One
+    step, so the local sweep (``search_beyond``) and the live harvest (one fan-out per
+    round) run the same search."""
+    if not search.enabled or rounds_done >= search.max_rounds:
+        return []
+    ranked = rank(scored, objective)
+    return beyond_edge(axes, scored, ranked[0].params if ranked else None, search.factor, search.refine)
+
+
 def search_beyond(
     axes: list[tuple[str, list[float]]],
     scored: list[Candidate],
@@ -249,17 +265,15 @@ def search_beyond(
     search: EdgeSearch,
     keep_going: Callable[[], bool] = lambda: True,
 ) -> list[Candidate]:
-    """Rounds of ``beyond_edge`` around the best so far; returns the new candidates, each
+    """Rounds of ``search_round`` around the best so far; returns the new candidates, each
     marked ``origin="search"``. Stops when no point is left, after ``max_rounds``, or when
     ``keep_going()`` (the time budget) says so."""
     found: list[Candidate] = []
-    for _ in range(search.max_rounds if search.enabled else 0):
-        if not keep_going():
-            break
-        ranked = rank(scored + found, objective)
-        best = ranked[0].params if ranked else None
-        new = beyond_edge(axes, scored + found, best, search.factor, search.refine)
+    rounds = 0
+    while keep_going():
+        new = search_round(axes, scored + found, objective, search, rounds)
         if not new:
             break
+        rounds += 1
         found.extend(c.model_copy(update={"origin": "search"}) for c in score_points(new))
     return found

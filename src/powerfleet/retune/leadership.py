@@ -14,15 +14,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from powerfleet.clock import Clock
 from powerfleet.cluster.leases import Lease, LeaseConflict, LeasePort, NotFound
-from powerfleet.retune.state import RetuneState, StateCorrupt, dump_state, parse_state
+from powerfleet.retune.state import STATE_SCHEMA, RetuneState, StateCorrupt, dump_state, parse_state
 
 STATE_ANNOTATION = "powerfleet.nvidia.com/retune-state"
+# Each frontend's initial settings, also kept on their own: a corrupt state loses everything
+# else, but its replacement starts from these, so a rollback still restores every router.
+INITIAL_ANNOTATION = "powerfleet.nvidia.com/retune-initial"
 LABELS = {"app.kubernetes.io/managed-by": "powerfleet", "powerfleet.nvidia.com/part": "retune"}
 
 
@@ -179,14 +183,28 @@ class StateStore:
 
     def _write(self, lease: Lease | None, state: RetuneState) -> RetuneState:
         text = dump_state(state)
+        initial = json.dumps(state.initial, sort_keys=True, allow_nan=False)
         if lease is None:
             self.leases.create_lease(Lease(name=self.name, namespace=self.namespace, labels=dict(LABELS),
-                                           annotations={STATE_ANNOTATION: text}))
+                                           annotations={STATE_ANNOTATION: text, INITIAL_ANNOTATION: initial}))
         else:
             ann = dict(lease.annotations)
             ann[STATE_ANNOTATION] = text
+            ann[INITIAL_ANNOTATION] = initial
             self.leases.update_lease(lease.model_copy(update={"annotations": ann}))
         return state
+
+    @staticmethod
+    def _saved_initial(lease: Lease | None) -> dict[str, dict[str, float]]:
+        """The initial settings kept beside the state ({} when missing or unreadable)."""
+        raw = lease.annotations.get(INITIAL_ANNOTATION) if lease is not None else None
+        if raw is None:
+            return {}
+        try:
+            state = parse_state(json.dumps({"schema": STATE_SCHEMA, "initial": json.loads(raw)}))
+        except (StateCorrupt, ValueError, RecursionError):
+            return {}
+        return dict(state.initial) if state is not None else {}
 
     def update(self, term: Term, change: Callable[[RetuneState], RetuneState], *,
                replace_corrupt: bool = False) -> RetuneState:
@@ -204,7 +222,7 @@ class StateStore:
                 if not replace_corrupt:
                     raise
                 current = None
-            base = current or RetuneState(term=term.term)
+            base = current or RetuneState(term=term.term, initial=self._saved_initial(lease))
             if base.term > term.term:
                 raise Fenced(f"{term.dgd}: saved state carries term {base.term}, later than {term.term}")
             new = change(replace_term(base, term.term))

@@ -14,47 +14,24 @@ import time
 from typing import Any
 
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.accounting import drop, outcome, record
 from powerfleet.retune.actuator import Actuator, FrontendReport
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
-from powerfleet.retune.decision import Candidate, decide
+from powerfleet.retune.decision import Candidate
+from powerfleet.retune.fencing import Barriers
 from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
-from powerfleet.retune.metrics import (CANDIDATES, CONVERGED, CORRUPT_STATE, DECISIONS, IMPROVEMENT, ROUTERS,
-                                       SWEEP_SECONDS, WINDOWS)
+from powerfleet.retune.metrics import APPLIED, CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
 from powerfleet.retune.premises import check, worker_replicas
-from powerfleet.retune.state import DecisionRecord, RetuneState
+from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
-from powerfleet.retune.windows import window
+from powerfleet.retune.windows import last_closed_window, window
 from powerfleet.sim.policy import RouterPolicy
 
 SHARD_TASK = "powerfleet.sweep.shard"
 HARVEST_TASK = "powerfleet.retune.harvest"
-
-
-def record(dep: Deployment, term: Term, rec: DecisionRecord, change: Any = None) -> RetuneState | None:
-    """Save one window's outcome (fenced); None when the window was decided already."""
-    saved: dict[str, bool] = {}
-
-    def apply(s: RetuneState) -> RetuneState:
-        if rec.window >= 0 and s.last_window is not None and rec.window <= s.last_window:
-            return s
-        saved["yes"] = True
-        s = s.with_decision(rec, dep.settings.history)
-        s = s.model_copy(update={"last_window": max(rec.window, s.last_window or rec.window)})
-        return change(s) if change else s
-
-    state = dep.store.update(term, apply)
-    if saved:
-        DECISIONS.labels(dep.name, rec.outcome, rec.failure_reason or "").inc()
-    return state if saved else None
-
-
-def _outcome(dep: Deployment, term: Term, k: int, outcome: str, reason: str, failure: str | None,
-             now: float, **extra: Any) -> DecisionRecord:
-    return DecisionRecord(window=k, outcome=outcome, mode=dep.settings.mode, reason=reason,  # type: ignore[arg-type]
-                          failure_reason=failure, term=term.term, generation=dep.settings.generation, at=now, **extra)
 
 
 def current_settings(dep: Deployment, state: RetuneState | None, policies: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -71,6 +48,10 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     now = ports.clock.now()
     dep = Deployment.open(cfg, ports, dgd)
     s = dep.settings
+    closed = last_closed_window(now, s.interval_s, s.phase_s).index
+    if k > closed:  # the task's model refuses it too; a window not over must never be recorded
+        WINDOWS.labels(dgd, "refused", "not-closed").inc()
+        return {"status": "refused", "reason": f"window {k} has not closed yet (the newest closed window is {closed})"}
     if term is None or leader is None:
         t, holder, _ = dep.leadership.claim()
         if t is None:
@@ -89,7 +70,7 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     if corrupt:  # this step acts under a checked term: replace the corrupt state, as a claim would
         CORRUPT_STATE.labels(dgd).inc()
         state = dep.store.update(t, lambda x: x, replace_corrupt=True)
-    if state is not None and state.last_window is not None and k <= state.last_window:
+    if state is not None and state.decided(k):
         return {"status": "already-decided", "window": k}
     opts = {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10}
     existing = ports.fanin.sweep(sweep_id(dgd, k, s.generation, t.term))
@@ -101,29 +82,33 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
                 ports.send(SHARD_TASK, {"sid": existing.sid, "spec": sh.model_dump(mode="json")}, opts)
         return {"status": "resent" if existing.status == "running" else existing.status, "sid": existing.sid}
     for old in ports.fanin.active(dgd):
-        if old.generation != s.generation or old.term != t.term:
-            ports.fanin.finish(old, "dropped", "superseded by a newer configuration or leader term")
-            WINDOWS.labels(dgd, "dropped", "superseded").inc()
+        if old.generation != s.generation:  # never two configurations' sweeps at once
+            why = "superseded by a newer configuration before its harvest"
+            ports.fanin.finish(old, "dropped", why)
+            drop(dep, t, old.window, "configuration-change", why, now)
+            WINDOWS.labels(dgd, "dropped", "configuration-change").inc()
     w = window(k, s.interval_s, s.phase_s)
     snap = dep.snapshot(ports)
     failed = check(s, snap, initial=state.initial if state is not None else None)
     if failed:
         codes = ",".join(sorted({p.code for p in failed}))
         reason = "; ".join(str(p) for p in failed)
-        record(dep, t, _outcome(dep, t, k, "abandoned", f"blocked: {reason}", codes, now))
+        record(dep, t, outcome(dep, t, k, "abandoned", f"blocked: {reason}", codes, now))
         WINDOWS.labels(dgd, "blocked", codes).inc()
         return {"status": "blocked", "premises": [p.code for p in failed], "reason": reason}
     t0 = time.monotonic()
     try:
-        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end)
+        cut = cut_window(s.trace_dir, dgd, k, w.start, w.end, warmup_s=s.interval_s,  # warm start: the window before
+                         retention_s=cfg.segment_retention_s, now_s=now)
     except (CutError, OSError) as exc:
-        record(dep, t, _outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
+        record(dep, t, outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
         WINDOWS.labels(dgd, "abandoned", "cut-failed").inc()
         return {"status": "abandoned", "reason": str(exc)}
-    cut_info = {"requests": cut.requests, "segments": cut.segments, "corrupt_members": cut.corrupt_members,
+    cut_info = {"requests": cut.requests, "warmup_requests": cut.warmup_requests, "segments": cut.segments,
+                "segments_skipped": cut.segments_skipped, "segments_pruned": cut.segments_pruned, "corrupt_members": cut.corrupt_members,
                 "malformed_lines": cut.malformed_lines, "cut_seconds": round(time.monotonic() - t0, 3)}
     if cut.path is None:
-        record(dep, t, _outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
+        record(dep, t, outcome(dep, t, k, "no-traffic", "no traffic in the window", None, now))
         WINDOWS.labels(dgd, "decided", "no-traffic").inc()
         return {"status": "no-traffic", **cut_info}
     assert snap.dgd is not None
@@ -137,9 +122,15 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         ref = ports.fanin.put_window(sid, cut.path, int(s.time_budget_s + s.interval_s))
         os.unlink(cut.path)
 
+    # Scoring starts at the window's start, measured from the file's first record (the
+    # warm-up span lies before it); the warm-up is replayed once under the current settings.
+    start_s = max(0.0, (w.start * 1000.0 - (cut.first_ms if cut.first_ms is not None else w.start * 1000.0)) / 1000.0)
+
     def spec(kind: str, i: int, pts: list[dict[str, float]]) -> ShardSpec:
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
-                         index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas)
+                         index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas,
+                         start_s=start_s, warm_policy=dict(current) if start_s > 0 else None,
+                         profile=s.engine_profile)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
@@ -180,7 +171,9 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
         try:
             with fan.window_path(spec.window_file, spec.window_sha256) as path:
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
-                                           sla=spec.sla, shard=None if spec.kind == "probe" else spec.index)
+                                           sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
+                                           warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy,
+                                           profile=spec.profile)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"
@@ -195,113 +188,16 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
     return {"status": status, "key": key, "done": done, "of": len(rec.shards), "redelivered": redelivered}
 
 
-def _gather(rec: SweepRecord, results: dict[str, ShardResult]) -> tuple[Candidate | None, list[Candidate], int]:
-    probe: Candidate | None = None
-    cands: list[Candidate] = []
-    missing = 0
-    for sh in rec.shards:
-        res = results.get(sh.key())
-        if res is None:
-            missing += len(sh.points)
-            got = [Candidate(params=p, ok=False, reason="no result by the deadline") for p in sh.points]
-        else:
-            got = [Candidate.model_validate(c) for c in res.candidates]
-        if sh.kind == "probe":
-            probe = got[0] if res is not None else None
-        else:
-            cands.extend(got)
-    return probe, cands, missing
-
-
-def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
-    """Decide a sweep with what arrived (all shards, or the deadline); save, then actuate."""
-    now = ports.clock.now()
-    fan = ports.fanin
-    rec = fan.sweep(sid)
-    if rec is None:
-        return {"status": "unknown", "sid": sid}
-    if rec.status != "running":
-        return {"status": rec.status, "sid": sid, "reason": rec.reason}
-    if not fan.harvest_claim(sid, int(cfg.lease_duration_s)):
-        return {"status": "busy", "sid": sid}
-    try:
-        dep = Deployment.open(cfg, ports, rec.dgd)
-        t = dep.term_of(rec.identity, rec.term)
-        try:
-            dep.leadership.check(t)
-        except Fenced as exc:
-            fan.finish(rec, "dropped", str(exc))
-            WINDOWS.labels(rec.dgd, "dropped", "term").inc()
-            return {"status": "dropped", "reason": str(exc)}
-        if dep.settings.generation != rec.generation:
-            fan.finish(rec, "dropped", "configuration changed during the sweep")
-            WINDOWS.labels(rec.dgd, "dropped", "generation").inc()
-            return {"status": "dropped", "reason": "configuration changed during the sweep"}
-        results = fan.results(rec)
-        complete = len(results) == len(rec.shards)
-        if not complete and now < rec.deadline:
-            return {"status": "waiting", "arrived": len(results), "of": len(rec.shards)}
-        probe, cands, missing = _gather(rec, results)
-        adopted = fan.adopted(sid)
-        verified = dep.dgd is not None and worker_replicas(dep.dgd) == rec.replicas
-        common = dict(candidates=len(cands), candidates_failed=sum(1 for c in cands if not c.rankable()),
-                      replicas=rec.replicas, replicas_verified=verified)
-        for c in cands:
-            CANDIDATES.labels(rec.dgd, "scored" if c.rankable() else ("missing" if c.reason == "no result by the deadline" else "failed")).inc()
-        change = None
-        if probe is None or (missing and not any(c.rankable() for c in cands)):
-            why = f"sweep overran its time budget of {dep.settings.time_budget_s:g}s ({len(results)} of {len(rec.shards)} shards arrived" + ("; probe missing)" if probe is None else ")")
-            dr = _outcome(dep, t, rec.window, "abandoned", why, "time-budget", now, **common)
-            status = "abandoned"
-        elif not verified:
-            dr = _outcome(dep, t, rec.window, "abandoned", "worker replicas changed during the sweep", "replicas-changed",
-                          now, **common)
-            status = "abandoned"
-        else:
-            d = decide(cands, probe, dep.settings.objective, dep.settings.min_improvement_pct)
-            outcome = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
-            dr = _outcome(dep, t, rec.window, outcome, d.reason, None, now, params=d.params,
-                          improvement_pct=d.improvement_pct, probe_score=probe.score,
-                          best_score=d.best.score if d.best else None, **common)
-            status = "decided"
-            if outcome == "apply":
-                change = _apply_change(dr)
-                if d.improvement_pct is not None:
-                    IMPROVEMENT.labels(rec.dgd).set(d.improvement_pct)
-            elif outcome == "advisory":
-                change = _advisory_change(dr)
-        try:
-            saved = record(dep, t, dr, change)
-        except Fenced as exc:
-            fan.finish(rec, "dropped", str(exc))
-            return {"status": "dropped", "reason": str(exc)}
-        fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
-        SWEEP_SECONDS.labels(rec.dgd).observe(max(0.0, now - rec.launched_at))
-        WINDOWS.labels(rec.dgd, status, dr.failure_reason or dr.outcome).inc()
-        out: dict[str, Any] = {"status": status, "outcome": dr.outcome, "reason": dr.reason, "window": rec.window,
-                               "saved": saved is not None, "adopted_results": adopted, "params": dr.params}
-        if saved is not None and saved.mode == "active" and dr.outcome == "apply":
-            out["routers"] = actuate(dep, ports, t, saved)
-        return out
-    finally:
-        fan.harvest_release(sid)
-
-
-def _apply_change(dr: DecisionRecord) -> Any:
-    return lambda s: s.model_copy(update={"desired": dict(dr.params or {}), "desired_window": dr.window,
-                                          "rollback": "none"})
-
-
-def _advisory_change(dr: DecisionRecord) -> Any:
-    return lambda s: s.model_copy(update={"advisory": dr.model_copy(deep=True)})
-
-
 def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,
             promote: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """One actuation round over every frontend; returns the per-frontend convergence report."""
     snap = dep.snapshot(ports, with_consumers=False)
     reports: list[FrontendReport]
-    _, reports = Actuator(ports.router, dep.store, dep.leadership, t).reconcile(snap.frontends, state, promote)
+    act = Actuator(ports.router, dep.store, dep.leadership, t, Barriers(ports.r, dep.name))
+    present = {f.pod for f in snap.frontends} | set(snap.frontends_without_url)
+    _, reports = act.reconcile(snap.frontends, state, promote, present if snap.dgd is not None else None)
+    for param, value in sorted((state.desired or {}).items()) if state.mode == "active" else ():
+        APPLIED.labels(dep.name, param).set(value)
     CONVERGED.labels(dep.name).set(sum(1 for r in reports if r.converged))
     ROUTERS.labels(dep.name).set(len(reports))
     return [{"pod": r.pod, "converged": r.converged, "wrote": r.wrote, "revision": r.revision, "error": r.error}

@@ -23,3 +23,8 @@ TERM = Gauge("powerfleet_retune_leader_term", "Leader term this process holds (0
              multiprocess_mode="mostrecent")
 CORRUPT_STATE = Counter("powerfleet_retune_corrupt_state_total", "Corrupt saved states found and replaced",
                         ["deployment"])
+APPLIED = Gauge("powerfleet_retune_applied_value", "Router parameter values retune wants every frontend to hold "
+                "(the saved decision; absent while nothing is decided)", ["deployment", "parameter"],
+                multiprocess_mode="mostrecent")
+EVENTS_FAILED = Counter("powerfleet_retune_events_failed_total", "Kubernetes Events retune could not record",
+                        ["deployment"])

@@ -70,6 +70,13 @@ def worker_replicas(dgd: DGD) -> int:
     return 0
 
 
+def disaggregated_pools(dgd: DGD) -> list[str]:
+    """The prefill/decode pools of a disaggregated deployment (empty: aggregated)."""
+    kinds = {ComponentType.PREFILL, ComponentType.DECODE}
+    found = {k.value for c in dgd.components for k in (c.type, c.sub_type) if k in kinds}
+    return sorted(found)
+
+
 def unsettled_reasons(dgd: DGD) -> list[str]:
     st = dgd.status
     out = []
@@ -145,6 +152,10 @@ def check(s: DeploymentSettings, snap: Snapshot,
     out: list[Premise] = []
     if snap.dgd is None or snap.dgd_obj is None:
         return [Premise("dgd-missing", f"deployment {s.namespace}/{s.dgd} does not exist")]
+    if pools := disaggregated_pools(snap.dgd):
+        out.append(Premise("disaggregated", f"separate {' and '.join(pools)} pools: the simulator replays "
+                           "aggregated workers only, so a sweep would not describe this deployment's routing "
+                           "(retune refuses it until the disaggregated model exists)"))
     if reasons := unsettled_reasons(snap.dgd):
         out.append(Premise("dgd-unsettled", "; ".join(reasons)))
     if not snap.frontends:

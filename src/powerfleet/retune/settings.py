@@ -18,9 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
-from powerfleet.retune.grid import DEFAULT_GRID, SweepGrid, parse_grid
+from powerfleet.retune.guard import NoiseGuard
+from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
+from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
+from powerfleet.sim.profile import default_profile, load_profile
 
 DGD_ANNOTATION = "powerfleet.nvidia.com/retune"
 
@@ -50,10 +53,29 @@ class DeploymentSettings:
     history: int
     window_store: str  # "file" | "redis"
     generation: str
+    guard: NoiseGuard = NoiseGuard()
+    promote_max_age_windows: int = 3
+    engine_profile: str | None = None  # a profile file every shard loads; None: the built-in profile
+    engine_profile_name: str = ""
+    search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
         spec = self.grid.overlap_score_credit
         return spec is not None and any(v > 0 for v in spec.values())
+
+
+# The window schedule comes from the fleet config only: a sender (trigger, Flower, the tick)
+# must be able to bound a window index without reading the DGD (``closed_window``).
+SCHEDULE_KEYS = ("window_interval_s", "window_phase_s", "engine_profile")
+
+
+def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
+    """The options every sweep of these settings runs with: ``run_sweep(**sweep_options(s))``
+    is what the live window computes (tests/retune/test_one_path.py), and what bench/retune.py
+    and the defaults of `retune sweep` use."""
+    return {"max_shards": s.max_shards, "min_improvement_pct": s.min_improvement_pct, "search": s.search,
+            "guard": s.guard, "budget_s": s.time_budget_s,
+            "profile": load_profile(s.engine_profile) if s.engine_profile is not None else None}
 
 
 def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
@@ -62,8 +84,11 @@ def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
         return None
     try:
         obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+    if isinstance(obj, dict) and any(k in obj for k in SCHEDULE_KEYS):
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s, window_phase_s and engine_profile "
+                            "are set in the fleet config (retune.per_deployment), not on the DGD")
     try:
         return RetuneDeploymentConfig.model_validate(obj)
     except ValidationError as exc:
@@ -78,6 +103,20 @@ def _merged(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None) -
         if layer is not None:
             base.update({k: v for k, v in layer.model_dump().items() if v is not None})
     return base
+
+
+def schedule(cfg: RetuneConfig, dgd: str) -> tuple[int, int]:
+    """(interval_s, phase_s) of ``dgd``'s windows: fleet defaults < ``retune.per_deployment``."""
+    over = cfg.per_deployment.get(dgd)
+    interval = over.window_interval_s if over is not None and over.window_interval_s is not None else cfg.window_interval_s
+    phase = over.window_phase_s if over is not None and over.window_phase_s is not None else cfg.window_phase_s
+    return interval, phase
+
+
+def closed_window(cfg: RetuneConfig, dgd: str, now: float) -> int:
+    """The index of ``dgd``'s newest closed window at ``now`` (``ValueError``: bad schedule)."""
+    interval, phase = schedule(cfg, dgd)
+    return last_closed_window(now, interval, phase).index
 
 
 def configured(cfg: RetuneConfig) -> list[str]:
@@ -106,9 +145,16 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                             f"({m['shard_timeout_s']:g}) so a sweep can finish inside its budget")
     if m["time_budget_s"] >= m["window_interval_s"]:
         raise SettingsError(f"{where}: time_budget_s must be shorter than the window interval, or sweeps overlap")
-    sweep_keys = {"grid": grid.model_dump(exclude_none=True), "objective": objective.value,
+    profile_name = default_profile().name
+    if m["engine_profile"] is not None:
+        try:
+            profile_name = load_profile(m["engine_profile"]).name
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"{where}: engine_profile: {exc}") from None
+    sweep_keys = {"grid": grid.model_dump(exclude_none=True), "profile": [m["engine_profile"], profile_name], "objective": objective.value,
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
+                  "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
                   "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
     generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
@@ -121,4 +167,8 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         lease_duration_s=cfg.lease_duration_s, lease_renew_s=cfg.lease_renew_s, history=cfg.history,
         window_store=cfg.window_store,
         generation=generation,
+        guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
+        search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
+        promote_max_age_windows=cfg.promote_max_age_windows,
+        engine_profile=m["engine_profile"], engine_profile_name=profile_name,
     )

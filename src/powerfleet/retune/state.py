@@ -48,14 +48,41 @@ class DecisionRecord(_Strict):
     best_score: float | None = None
     replicas: int | None = None
     replicas_verified: bool = False
+    requests: int | None = None  # scored requests in the window
+    confidence: float | None = None  # the paired test's confidence that the best beats the probe
+    runner_up_margin_pct: float | None = None  # best vs the second best, % of |probe score|
+    ranking: list[dict[str, Any]] = Field(default_factory=list)  # the best candidates, best first
     term: int
     generation: str
     at: float
 
 
+class Moved(_Strict):
+    """When a router parameter last moved, and from what (the noise guard's dwell)."""
+
+    window: int
+    previous: float
+
+
+class PendingWindow(_Strict):
+    """A window launched and not yet ended in an outcome (what the leader must account for)."""
+
+    window: int
+    at: float  # when it was launched
+    term: int
+    generation: str
+
+
+# How each outcome counts: every window ends in exactly one of these three classes.
+OUTCOME_CLASS = {"apply": "decided", "keep": "decided", "advisory": "decided", "no-traffic": "abandoned",
+                 "abandoned": "abandoned", "dropped": "dropped"}
+PENDING_MAX = 16  # a leader never has more than a couple in flight; the state stays bounded
+
+
 class RetuneState(_Strict):
     schema_: str = Field(STATE_SCHEMA, alias="schema")
     term: int = Field(0, ge=0)
+    dgd_uid: str = ""  # the DGD this state belongs to (a DGD recreated under the name starts afresh)
     generation: str = ""
     mode: Literal["active", "advisory"] = "active"
     initial: dict[str, Policy] = Field(default_factory=dict)  # frontend pod -> settings before our first write
@@ -64,16 +91,45 @@ class RetuneState(_Strict):
     last_window: int | None = None  # last window decided, kept, or abandoned
     advisory: DecisionRecord | None = None  # last recommendation not applied
     rollback: Literal["none", "intent", "done"] = "none"
+    # A rollback (or advisory switch) seen converged is verified again once the PATCH timeout
+    # has passed (a late PATCH has landed or failed by then) before it is reported done.
+    rollback_verify_at: float | None = None
     history: list[DecisionRecord] = Field(default_factory=list)
+    # The window schedule, kept here (fenced) so a Redis restart without persistence neither
+    # skips a window nor forgets one in flight: when retune was enabled, the last window
+    # launched, and the windows launched that have no outcome yet.
+    enabled_at: float | None = None
+    last_launched: int | None = None
+    pending: list[PendingWindow] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)  # outcome -> windows ended so (cumulative)
+    moves: dict[str, Moved] = Field(default_factory=dict)  # parameter -> its last move (dwell)
     updated: float = 0.0
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", frozen=True,
                               populate_by_name=True)
 
     def with_decision(self, rec: DecisionRecord, keep: int) -> RetuneState:
-        """A new state with ``rec`` appended (deep-copied) to the bounded history."""
+        """A new state with ``rec`` appended (deep-copied) to the bounded history; a window's
+        outcome also ends its pending entry and counts."""
         hist = [*self.history, rec.model_copy(deep=True)][-keep:]
-        return self.model_copy(update={"history": hist})
+        update: dict[str, Any] = {"history": hist}
+        if rec.window >= 0:
+            update["pending"] = [p for p in self.pending if p.window != rec.window]
+            update["counts"] = {**self.counts, rec.outcome: self.counts.get(rec.outcome, 0) + 1}
+        return self.model_copy(update=update)
+
+    def is_pending(self, k: int) -> bool:
+        return any(p.window == k for p in self.pending)
+
+    def decided(self, k: int) -> bool:
+        """Window ``k`` has its outcome (or is older than the newest outcome and not in flight)."""
+        return self.last_window is not None and k <= self.last_window and not self.is_pending(k)
+
+    def launched(self, k: int, at: float, term: int, generation: str) -> RetuneState:
+        keep = [p for p in self.pending if p.window != k]
+        pend = [*keep, PendingWindow(window=k, at=at, term=term, generation=generation)][-PENDING_MAX:]
+        last = k if self.last_launched is None else max(k, self.last_launched)
+        return self.model_copy(update={"pending": pend, "last_launched": last})
 
 
 def _reject_constant(name: str) -> Any:

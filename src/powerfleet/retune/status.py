@@ -15,6 +15,7 @@ from powerfleet.retune.actuator import read_all, same, target_for
 from powerfleet.retune.context import Deployment, LeaseCluster, Ports
 from powerfleet.retune.premises import frontends_of
 from powerfleet.retune.settings import SettingsError, configured
+from powerfleet.retune.state import OUTCOME_CLASS
 
 STATUS_SCHEMA = "powerfleet.retune.status/v1"
 
@@ -36,6 +37,8 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
     out: dict[str, Any] = {
         "deployment": name, "enabled": dep.settings.enabled, "mode": dep.settings.mode,
         "generation": dep.settings.generation,
+        "engine_profile": {"name": dep.settings.engine_profile_name,
+                           "source": dep.settings.engine_profile or "built-in (fallback)"},
         "leader": None if lease is None else {"holder": lease.holder_identity, "term": lease.lease_transitions,
                                               "renewed": lease.renew_time.isoformat() if lease.renew_time else None},
         "state": None, "corrupt_state": corrupt, "decisions": [], "routers": [],
@@ -44,8 +47,15 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
         out["state"] = {"term": state.term, "mode": state.mode, "last_window": state.last_window,
                         "desired": state.desired, "desired_window": state.desired_window,
                         "rollback": state.rollback, "initial_saved": sorted(state.initial),
-                        "advisory": state.advisory.model_dump() if state.advisory else None}
+                        "advisory": state.advisory.model_dump() if state.advisory else None,
+                        "enabled_at": state.enabled_at, "last_launched": state.last_launched,
+                        "pending": [p.model_dump() for p in state.pending],
+                        "outcomes": _outcome_counts(state.counts)}
         out["decisions"] = [h.model_dump() for h in state.history[-decisions:]][::-1]
+    if dep.dgd_obj is None:
+        out["dgd"] = "not found"
+        return out
+    out["dgd"] = "found"
     if dep.dgd is None:
         return out
     pods = cluster.list_pods(dep.dgd.namespace, label_selector=dep.dgd.pod_selector)
@@ -64,11 +74,20 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
     return out
 
 
+def _outcome_counts(counts: dict[str, int]) -> dict[str, Any]:
+    """Windows ended so far, per class (decided, abandoned, dropped) and per outcome."""
+    by_class = {c: 0 for c in ("decided", "abandoned", "dropped")}
+    for what, n in counts.items():
+        if what in OUTCOME_CLASS:
+            by_class[OUTCOME_CLASS[what]] += n
+    return {**by_class, "by_outcome": dict(sorted(counts.items()))}
+
+
 def fleet_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterClient, clock: Any) -> dict[str, Any]:
     rows = []
     for name in configured(cfg):
         try:
             rows.append(deployment_status(cfg, cluster, router, name, clock))
-        except ClusterError as exc:
-            rows.append({"deployment": name, "error": str(exc)})
+        except ClusterError as exc:  # the API server did not answer: the caller exits 1
+            rows.append({"deployment": name, "error": str(exc), "cluster_error": True})
     return {"schema": STATUS_SCHEMA, "deployments": rows}

@@ -17,16 +17,18 @@ from contextlib import contextmanager
 from typing import Any
 
 from powerfleet.retune.decision import Candidate, Decision, decide
+from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.grid import EdgeSearch, SweepGrid, search_beyond, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
 from powerfleet.sim.engine import EngineConfig, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
-from powerfleet.sim.profile import TimingProfile
-from powerfleet.sim.replay import Arrivals, prepare, replay_arrivals, warm_snapshot, warmup_span
+from powerfleet.sim.profile import TimingProfile, load_profile
+from powerfleet.sim.replay import Arrivals, prepare, replay_batches, warm_snapshot, warmup_span
 from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
 
 SWEEP_SCHEMA = "powerfleet.retune.sweep/v1"
+BATCHES = 16  # paired batches per candidate for the noise guard (retune.guard)
 
 
 class SweepResult(VersionedJson):
@@ -56,6 +58,9 @@ class SweepResult(VersionedJson):
             "best_score": dec["best"]["score"] if dec["best"] else None,
             "min_improvement_pct": dec["min_improvement_pct"],
             "ranked": [i for i, c in _ranked_index(d["candidates"], dec["ranked"])],
+            "requests": dec["requests"],
+            "confidence": dec["confidence"],
+            "runner_up_margin_pct": dec["runner_up_margin_pct"],
         }
         d["probe"] = {k: d["probe"][k] for k in ("params", "score", "ok", "reason")}
         return d
@@ -91,10 +96,12 @@ def evaluate(
 ) -> Candidate:
     """Replay one setting and score it (a failed score is a candidate with ``ok`` false);
     ``warm``: the shared warm-up state to continue from (``replay.warm_snapshot``)."""
-    summary = replay_arrivals(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine, router=router,
-                              warm=warm)
+    summary, parts = replay_batches(arr, workers, policy, seed, batches=BATCHES, sla=sla, profile=profile,
+                                    engine=engine, router=router, warm=warm)
     res = score(summary, objective, sla)
-    return Candidate(params=policy.model_dump(), score=res.score, ok=res.ok, reason=res.reason, shard=shard)
+    batch = [score(p, objective, sla) for p in parts]
+    return Candidate(params=policy.model_dump(), score=res.score, ok=res.ok, reason=res.reason, shard=shard,
+                     requests=summary.requests, batches=[b.score if b.ok else None for b in batch] or None)
 
 
 def run_shard(
@@ -129,6 +136,7 @@ def run_shard_from_trace(
     warmup_s: float | None = None,
     router: dict[str, Any] | None = None,
     warmup_policy: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -152,10 +160,11 @@ def run_shard_from_trace(
         window = (warmup_s, None)
     arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
     eng, opts = parse_engine(engine), parse_router_options(router)
+    prof = load_profile(profile) if profile is not None else None
     warm = None
     if warmup_policy is not None:
-        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, engine=eng, router=opts)
-    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, None, eng, opts, warm)
+        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
 
 
 _STATE: dict[str, Any] = {}
@@ -240,6 +249,7 @@ def run_sweep(
     search: EdgeSearch | None = None,
     budget_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    guard: NoiseGuard | None = None,
 ) -> SweepResult:
     """Replay every grid point and the probe in a local process pool, search beyond the
     grid's edge (``search``, on by default) while ``budget_s`` wall seconds last, then decide.
@@ -280,7 +290,7 @@ def run_sweep(
             grid.axes(current), candidates, obj, score_points, search,
             keep_going=lambda: budget_s is None or clock() - t_start < budget_s,
         )
-    decision = decide(candidates + found, probe, obj, min_improvement_pct)
+    decision = decide(candidates + found, probe, obj, min_improvement_pct, guard=guard)
     return SweepResult(
         objective=obj.value,
         direction=DIRECTION[obj],

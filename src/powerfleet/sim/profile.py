@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerfleet.sim.policy import first_error
+from powerfleet.textinput import InputError, read_text
 
 
 class _PrefillTable(BaseModel):
@@ -159,11 +160,10 @@ def load_profile(path: str | Path) -> TimingProfile:
     """Load a table profile from JSON; errors name the file and the field."""
     p = Path(path)
     try:
-        raw: Any = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read profile {str(p)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"profile {str(p)!r} is not UTF-8 text") from None
+        # The one bounded reader (a profile of /dev/zero fails in one line instead of reading forever).
+        raw: Any = json.loads(read_text(p))
+    except InputError as exc:
+        raise ValueError(f"profile: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile {str(p)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -183,27 +184,48 @@ def replay_arrivals(
     options); the window then continues from a copy of it under ``policy``. Without it the
     warm-up span is replayed under ``policy`` itself.
     """
+    return replay_batches(arr, workers, policy, seed, sla=sla, profile=profile, engine=engine,
+                          cap_fraction=cap_fraction, cap_curve=cap_curve, router=router, warm=warm)[0]
+
+
+def replay_batches(
+    arr: Arrivals,
+    workers: int,
+    policy: RouterPolicy | None = None,
+    seed: int = 0,
+    *,
+    batches: int = 0,
+    sla: SLA | None = None,
+    warm: Simulation | None = None,
+    **options: Any,
+) -> tuple[ReplaySummary, list[ReplaySummary]]:
+    """``replay_arrivals`` (the same keyword ``options``: profile, engine, cap_fraction,
+    cap_curve, router) plus one summary per batch: the scored requests cut into ``batches``
+    consecutive groups by arrival order. With common random numbers the same batch of two
+    settings holds the same requests, so batches pair (the sweep's noise guard)."""
     policy = policy or RouterPolicy()
-    profile = profile or default_profile()
+    profile: TimingProfile = options.pop("profile", None) or default_profile()
+    cap_fraction: float = options.get("cap_fraction", 1.0)
     if warm is not None:
         sim = warm.fork(policy)
     else:
-        sim = start_simulation(arr, workers, policy, seed, profile=profile, engine=engine,
-                               cap_fraction=cap_fraction, cap_curve=cap_curve, router=router)
+        sim = start_simulation(arr, workers, policy, seed, profile=profile, **options)
     res = sim.run().result()
-    return summarize(
-        res,
-        arr.osl,
-        workers=workers,
-        gpus_per_worker=profile.gpus_per_replica,
-        window_ms=arr.window_ms,
-        sla=sla,
-        policy=policy,
-        seed=seed,
-        profile=profile.name,
-        cap_fraction=cap_fraction,
-        scored=arr.scored,
-    )
+
+    def summary(mask: tuple[bool, ...] | None) -> ReplaySummary:
+        return summarize(res, arr.osl, workers=workers, gpus_per_worker=profile.gpus_per_replica,
+                         window_ms=arr.window_ms, sla=sla, policy=policy, seed=seed, profile=profile.name,
+                         cap_fraction=cap_fraction, scored=mask)
+
+    whole = summary(arr.scored)
+    scored = [i for i in range(len(arr.osl)) if arr.scored is None or arr.scored[i]]
+    parts: list[ReplaySummary] = []
+    if batches > 0 and len(scored) >= batches:
+        order = sorted(scored, key=lambda i: res.arrival_ms[i])
+        for b in range(batches):
+            mine = set(order[b * len(order) // batches:(b + 1) * len(order) // batches])
+            parts.append(summary(tuple(i in mine for i in range(len(arr.osl)))))
+    return whole, parts
 
 
 def replay(

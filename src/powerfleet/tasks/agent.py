@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from powerfleet.agent import runtime as agent_runtime
+from powerfleet.power.overlay import Overlay
 from powerfleet.tasks.base import TaskArgs, TaskInputError, delivered_queue, fleet_task
 from powerfleet.tasks.ports import clock
 
@@ -57,3 +58,29 @@ def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
         return NodeReconcileResult(**base, ran=False, skipped="a pass was already running; tick dropped")
     return NodeReconcileResult(**base, ran=True, skipped=report.skipped,
                                gpus=[g.model_dump(mode="json") for g in report.gpus], managed=report.managed)
+
+
+class ThrottleResult(TaskArgs):
+    node: str
+    group: str
+    revision: int
+    kept: bool = Field(description="false when an overlay of a newer revision was already held")
+    ran: bool = Field(description="false when a pass was already running (it reads the overlay next time)")
+
+
+@fleet_task("powerfleet.agent.throttle", Overlay, acks_late=False)
+def throttle_node(self: Any, params: Overlay) -> ThrottleResult:
+    """The power guard's overlay for this node (docs/power.md): kept in the agent, then a pass, which
+    enforces min(annotation cap, overlay) and reads the draw the guard sees next period. Early ack:
+    the next period's overlay replaces a lost one, and a missed one is the fallback's business."""
+    rt = agent_runtime.current()
+    store = rt.agent.overlays if rt is not None else None
+    if rt is None or store is None or not rt.serves(params.node):
+        if rt is not None:
+            rt.metrics.refused.labels(reason="other_node").inc()
+        raise WrongNode(f"powerfleet.agent.throttle for node {params.node!r} reached {self.request.hostname}, "
+                        f"which is not that node's agent; refused")
+    kept = store.receive(params)
+    report = rt.tick_pass() if kept else None
+    return ThrottleResult(node=params.node, group=params.group, revision=params.revision, kept=kept,
+                          ran=report is not None)

@@ -35,11 +35,25 @@ def args_model_of(task: Any) -> type[BaseModel] | None:
     return getattr(getattr(task, "run", None), "args_model", None)
 
 
-def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any]) -> M:
+def args_context(app: Any) -> dict[str, Any]:
+    """What an argument model may check besides the JSON itself: the fleet config and the
+    task clock's now (a window index must not lie after the newest closed window)."""
+    # The app's own clock, not the process-wide port: a process may hold several apps (a test,
+    # the CLI), and an earlier one's clock file must not decide what this one's "now" is.
+    from powerfleet.clock import FileClock, SystemClock
+
+    config = getattr(app, "fleet_config", None)
+    clock_file = getattr(config, "clock_file", None)
+    now = FileClock(clock_file).now() if clock_file else SystemClock().now()
+    return {"config": config, "now": now}
+
+
+def decode_args(task_name: str, model: type[M], args: tuple[Any, ...], kwargs: dict[str, Any],
+                context: dict[str, Any] | None = None) -> M:
     if args:
         raise TaskInputError(f"{task_name}: takes keyword arguments only (a JSON object), got {len(args)} positional")
     try:
-        return model.model_validate(kwargs)
+        return model.model_validate(kwargs, context=context)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
@@ -58,7 +72,7 @@ def fleet_task(name: str, args_model: type[M], *, acks_late: bool, **options: An
     def wrap(fn: Callable[..., Any]) -> Any:
         @functools.wraps(fn)
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            params = decode_args(name, args_model, args, kwargs)
+            params = decode_args(name, args_model, args, kwargs, args_context(self.app))
             result = fn(self, params)
             return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 

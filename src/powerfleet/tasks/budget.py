@@ -25,6 +25,30 @@ def _cluster(app: Any) -> Any:
     return _clusters[kubeconfig]
 
 
+_scalings: dict[str | None, Any] = {}
+
+
+def _scaling(app: Any) -> Any:
+    """One scaling-adapter reader per cluster, so "no adapters served" is remembered between evaluations."""
+    from powerfleet.cluster.scaling import KubeScaling
+
+    kubeconfig = app.fleet_config.budget.kubeconfig
+    if kubeconfig not in _scalings:
+        _scalings[kubeconfig] = KubeScaling(_cluster(app))
+    return _scalings[kubeconfig]
+
+
+def _sink(app: Any) -> Any:
+    """Where this evaluation persists the status (budget.status_store; budget/persist.py)."""
+    from powerfleet.budget.persist import ConfigMapStatus, DgdStatus
+    from powerfleet.cluster.budget_store import KubeBudgetStore
+
+    cluster = _cluster(app)
+    if app.fleet_config.budget.status_store == "dgd":
+        return DgdStatus(cluster)
+    return ConfigMapStatus(KubeBudgetStore(cluster))
+
+
 def _state(app: Any) -> Any:
     from powerfleet.budget.state import BudgetState
 
@@ -106,19 +130,25 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
         log.record("budget", now, self.request.origin, "no deployments to evaluate")
         return BudgetTickResult(at=now, evaluations=[])
     from powerfleet.budget import metrics
-    from powerfleet.budget.runner import tick_limits
-
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.tick import tick_limits
+    from powerfleet.cluster.dra import KubeDra
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.ports import ClusterError
 
+    fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
     try:
-        plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label)
+        plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
+                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app)), now=now,
+                           fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)))
     except ClusterError as exc:
         # Without the group view no allowance can be proven safe: evaluate nothing this tick.
         detail = f"group view unreadable, no evaluation sent: {exc}"
         log.record("budget", now, self.request.origin, detail)
         return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in cfg.deployments})
     for group, watts in cfg.groups.items():
-        metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0))
+        metrics.record_group(group, watts, plan.group_current.get(group, 0), plan.group_peak_bound.get(group, 0),
+                             unmanaged_w=plan.group_unmanaged.get(group, 0), measured_w=plan.group_measured.get(group))
     sent = []
     for key, gl in plan.limits.items():
         self.app.send_task("powerfleet.budget.evaluate", kwargs={
@@ -146,7 +176,14 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     else:
         group = None
     try:
-        out = evaluate_deployment(_cluster(self.app), _state(self.app), params.deployment, budget_of(cfg), group, clock)
+        from powerfleet.budget.evidence import EvidenceSource, RedisReports
+        from powerfleet.cluster.dra import KubeDra
+
+        cluster = _cluster(self.app)
+        evidence = EvidenceSource(RedisReports(fleet_redis(self.app)), 3 * self.app.fleet_config.beat.reconcile_interval_s,
+                                  bcfg.max_settable_gpu_w) if bcfg.require_enforcement_evidence else None
+        out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
+                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
@@ -180,6 +217,7 @@ def budget_propose_load(self: Any, params: ProposeLoadArgs) -> ProposeResult:
 
 @fleet_task("powerfleet.budget.readmit", DeploymentArgs, acks_late=True)
 def budget_readmit(self: Any, params: DeploymentArgs) -> ReadmitResult:
-    """Forget the admitted power inputs; the next evaluation admits them again from a settled snapshot."""
+    """Forget the admitted power inputs (and a detected other writer of the replicas); the next
+    evaluation admits them again from a settled snapshot."""
     _configured(self.app, "powerfleet.budget.readmit", params.deployment)
     return ReadmitResult(deployment=params.deployment, forgot=_state(self.app).forget_admission(params.deployment))

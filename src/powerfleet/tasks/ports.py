@@ -6,6 +6,7 @@ from typing import Any
 
 import redis
 
+from powerfleet.broker.clients import redis_client
 from powerfleet.clock import SwitchableClock, SystemClock
 
 _clients: dict[str, redis.Redis] = {}
@@ -18,6 +19,6 @@ def fleet_redis(app: Any) -> redis.Redis:
     url = app.conf.broker_url
     client = _clients.get(url)
     if client is None:
-        client = redis.Redis.from_url(url, socket_timeout=10, health_check_interval=10)
+        client = redis_client(url, app.fleet_config.broker, socket_timeout=10, health_check_interval=10)
         _clients[url] = client
     return client

@@ -6,7 +6,7 @@
 | ``powerfleet.retune.window`` | control | ``{"dgd", "window"}`` (+ ``leader``, ``term``, ``generation`` from the tick) |
 | ``powerfleet.sweep.shard`` | sweep | ``{"sid", "spec"}`` (sent by the window step) |
 | ``powerfleet.retune.harvest`` | control | ``{"sid"}`` |
-| ``powerfleet.retune.apply`` / ``.rollback`` / ``.promote`` | control | ``{"dgd"}`` |
+| ``powerfleet.retune.apply`` / ``.rollback`` / ``.promote`` / ``.reset_window`` | control | ``{"dgd"}`` |
 """
 
 from __future__ import annotations
@@ -18,26 +18,37 @@ from typing import Any
 
 from celery import signals
 from celery.worker.control import control_command
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.cluster.leases import connect
 from powerfleet.cluster.router import RouterClient
-from powerfleet.retune import control, live
+from powerfleet.queues import SWEEP_QUEUE
+from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Ports
 from powerfleet.retune.fanin import ShardSpec
-from powerfleet.retune.settings import SettingsError, configured
+from powerfleet.retune.settings import SettingsError, closed_window, configured
 from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
-from powerfleet.workers.routes import SWEEP_QUEUE
 
 _DGD = Field(min_length=1, max_length=253)
+MAX_TICK_AHEAD_S = 60.0  # clock skew a replayed tick's "now" may have over the task clock
 _clusters: dict[str | None, Any] = {}
 _consumers: dict[str, tuple[float, dict[str, bool]]] = {}
 
 
 class TickArgs(TaskArgs):
     now: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+    @field_validator("now")
+    @classmethod
+    def _not_ahead(cls, now: float | None, info: ValidationInfo) -> float | None:
+        """A replayed instant may lie in the past, not ahead of the task clock: a tick "now" far
+        ahead would launch (and record as launched) windows that have not happened."""
+        clock_now = (info.context or {}).get("now")
+        if now is not None and clock_now is not None and now > clock_now + MAX_TICK_AHEAD_S:
+            raise ValueError(f"now {now:g} lies more than {MAX_TICK_AHEAD_S:g} s ahead of the clock ({clock_now:g})")
+        return now
 
 
 class WindowArgs(TaskArgs):
@@ -46,6 +57,24 @@ class WindowArgs(TaskArgs):
     leader: str | None = None
     term: int | None = Field(None, ge=1)
     generation: str | None = None
+
+    @field_validator("window")
+    @classmethod
+    def _closed(cls, k: int, info: ValidationInfo) -> int:
+        """A window after the newest closed one is refused at send time and in the task (with
+        the config and clock of ``tasks.base.args_context``): a window not yet over cannot be
+        cut, and recording it as decided would refuse every real window before it."""
+        ctx = info.context or {}
+        cfg, now, dgd = getattr(ctx.get("config"), "retune", None), ctx.get("now"), info.data.get("dgd")
+        if cfg is None or now is None or dgd is None:
+            return k
+        try:
+            closed = closed_window(cfg, dgd, now)
+        except ValueError:  # a bad schedule: the task answers invalid-settings
+            return k
+        if k > closed:
+            raise ValueError(f"window {k} of {dgd!r} has not closed yet (the newest closed window is {closed})")
+        return k
 
 
 class DeploymentArgs(TaskArgs):
@@ -163,7 +192,7 @@ def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
 
 @fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True)
 def retune_harvest(self: Any, params: HarvestArgs) -> dict[str, Any]:
-    return _run(self, live.harvest, params.sid)
+    return _run(self, harvest.harvest, params.sid)
 
 
 @fleet_task("powerfleet.retune.apply", DeploymentArgs, acks_late=True)
@@ -179,6 +208,11 @@ def retune_rollback(self: Any, params: DeploymentArgs) -> dict[str, Any]:
 @fleet_task("powerfleet.retune.promote", DeploymentArgs, acks_late=True)
 def retune_promote(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.promote, params.dgd)
+
+
+@fleet_task("powerfleet.retune.reset_window", DeploymentArgs, acks_late=True)
+def retune_reset_window(self: Any, params: DeploymentArgs) -> dict[str, Any]:
+    return _run(self, control.reset_window, params.dgd)
 
 
 @signals.worker_shutdown.connect(weak=False)

@@ -43,7 +43,12 @@ def initial_replicas(spec: TwinSpec) -> dict[str, dict[str, int]]:
     }
 
 
-def dgd_manifests(spec: TwinSpec) -> list[dict[str, Any]]:
+# Components whose replicas Dynamo's scaling adapter owns (scalingAdapter.enabled): one in the
+# demo, on a component neither the budget nor retune scales.
+SCALING_ADAPTERS: tuple[tuple[str, str], ...] = ((AGG, "frontend"),)
+
+
+def dgd_manifests(spec: TwinSpec, *, scaling_adapters: tuple[tuple[str, str], ...] = SCALING_ADAPTERS) -> list[dict[str, Any]]:
     reps = initial_replicas(spec)
     disagg = {
         "frontend": _service("frontend", 1, args=["python3", "-m", "dynamo.frontend", "--router-mode", "kv"]),
@@ -59,6 +64,8 @@ def dgd_manifests(spec: TwinSpec) -> list[dict[str, Any]]:
         "worker": _service("worker", reps[AGG]["worker"], gpus=1, cap_w=INITIAL_CAPS["worker"],
                            args=["python3", "-m", "dynamo.vllm"]),
     }
+    for dgd, comp in scaling_adapters:
+        {DISAGG: disagg, AGG: agg}[dgd][comp]["scalingAdapter"] = {"enabled": True}
     return [_dgd(DISAGG, spec.namespace, disagg), _dgd(AGG, spec.namespace, agg)]
 
 

@@ -8,6 +8,11 @@ counts, rollout phase, the Ready condition) together with the status-transition 
 belong to it. It performs no I/O; ``powerfleet.twin.writer`` is the one writer that persists
 a plan and emits events only after a write that changed something.
 
+Time comes in as ``now`` (the injected clock): pods turn Ready after their component's startup
+delay, and a deleted pod stays Terminating (GPUs held, not counted as a replica) until its
+deadline, when the plan removes it (``twin/kubelet.py``). The status is rendered in Dynamo's
+field names by ``twin/dgdstatus.py``; ``OperatorSettings`` (``twin/fidelity.py``) holds the knobs.
+
 It also schedules: a new pod goes to the node with the most free GPUs (spreading the two
 racks), and is given concrete GPU indices (the device plugin's part), recorded in the pod
 annotation ``twin.powerfleet.io/gpus``. A rollout is surge-one: a pod of the new template is
@@ -24,11 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_COMPONENT, LABEL_DGD_NAME
+from powerfleet.twin.dgdstatus import ComponentCounts, render, was_ready
+from powerfleet.twin.fidelity import OperatorSettings
+from powerfleet.twin.kubelet import expired, is_ready, next_status, terminating
 
 Obj = dict[str, Any]
 GPUS_ANNOTATION = "twin.powerfleet.io/gpus"
 HASH_LABEL = "twin.powerfleet.io/template-hash"
-OWNED_STATUS = ("observedGeneration", "state", "rollingUpdate", "services", "conditions")
+_DEFAULT = OperatorSettings()
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,8 @@ class Event:
 @dataclass
 class Plan:
     creates: list[Obj] = field(default_factory=list)
-    deletes: list[str] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)  # graceful: the pod turns Terminating
+    removals: list[str] = field(default_factory=list)  # terminating pods past their deadline: gone now
     pod_status: dict[str, Obj] = field(default_factory=dict)  # pod name -> its next status
     placements: dict[str, tuple[str, list[int]]] = field(default_factory=dict)  # late binding of Pending pods
     dgd_status: dict[str, Obj] = field(default_factory=dict)  # DGD name -> complete desired status
@@ -119,15 +128,7 @@ def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
     return [c for c in out if c.name]
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    for cond in _map(pod.get("status")).get("conditions") or []:
-        if _map(cond).get("type") == "Ready":
-            return _map(cond).get("status") == "True"
-    return False
-
-
-def _phase(pod: Mapping[str, Any]) -> str:
-    return str(_map(pod.get("status")).get("phase") or "Pending")
+_ready = is_ready
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> list[int]:
@@ -162,13 +163,13 @@ class _Scheduler:
 
 
 def _pod_manifest(dgd: Mapping[str, Any], comp: ComponentSpec, ordinal: int,
-                  placed: tuple[str, list[int]] | None) -> Obj:
+                  placed: tuple[str, list[int]] | None, grace_s: int) -> Obj:
     meta = _map(dgd.get("metadata"))
     dgd_name = str(meta.get("name"))
     annotations = dict(comp.annotations)
     spec: Obj = {"containers": [{"name": "main", "image": comp.image or "twin",
                                  "resources": {"limits": {GPU_RESOURCE: str(comp.gpus)}} if comp.gpus else {}}],
-                 "restartPolicy": "Always"}
+                 "restartPolicy": "Always", "terminationGracePeriodSeconds": grace_s}
     status: Obj = {"phase": "Pending"}
     if placed is not None:
         spec["nodeName"] = placed[0]
@@ -193,19 +194,6 @@ def _pod_manifest(dgd: Mapping[str, Any], comp: ComponentSpec, ordinal: int,
     }
 
 
-def _next_status(pod: Mapping[str, Any]) -> Obj | None:
-    """The kubelet's step: a scheduled Pending pod starts; a Running pod becomes Ready."""
-    if not _map(pod.get("spec")).get("nodeName"):
-        return None
-    if _phase(pod) == "Pending":
-        return {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
-                                                   {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}]}
-    if _phase(pod) == "Running" and not _ready(pod):
-        return {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
-                                                   {"type": "Ready", "status": "True"}]}
-    return None
-
-
 def _ordinals(pods: Sequence[Mapping[str, Any]]) -> set[int]:
     out = set()
     for p in pods:
@@ -216,17 +204,25 @@ def _ordinals(pods: Sequence[Mapping[str, Any]]) -> set[int]:
 
 
 def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
-              nodes: Mapping[str, int]) -> Plan:
-    """The whole desired state for one pass. ``nodes``: node name -> GPU count, in scheduling order."""
+              nodes: Mapping[str, int], *, now: float = 0.0, settings: OperatorSettings = _DEFAULT) -> Plan:
+    """The whole desired state for one pass. ``nodes``: node name -> GPU count, in scheduling order.
+    Terminating pods hold their GPUs (the scheduler counts them) until their deadline."""
     plan = Plan()
     sched = _Scheduler(nodes, pods)
     by_dgd: dict[str, list[Mapping[str, Any]]] = {}
+    held: dict[str, list[Mapping[str, Any]]] = {}  # terminating pods per DGD (their names are taken)
     for p in pods:
+        if terminating(p):
+            if expired(p, now):
+                plan.removals.append(str(_map(p.get("metadata")).get("name")))
+            held.setdefault(str(_map(_map(p.get("metadata")).get("labels")).get(LABEL_DGD_NAME)), []).append(p)
+            continue
         owner = _map(_map(p.get("metadata")).get("labels")).get(LABEL_DGD_NAME)
         if owner:
             by_dgd.setdefault(str(owner), []).append(p)
     for dgd in sorted(dgds, key=lambda d: str(_map(d.get("metadata")).get("name"))):
-        _reconcile_dgd(dgd, by_dgd.get(str(_map(dgd.get("metadata")).get("name")), []), sched, plan)
+        dname = str(_map(dgd.get("metadata")).get("name"))
+        _reconcile_dgd(dgd, by_dgd.get(dname, []), held.get(dname, []), sched, plan, now, settings)
     names = {str(_map(d.get("metadata")).get("name")) for d in dgds}
     for owner, owned in by_dgd.items():
         if owner not in names:  # the DGD is gone: garbage-collect its pods
@@ -234,12 +230,14 @@ def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any
     return plan
 
 
-def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched: _Scheduler, plan: Plan) -> None:
+def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], held: list[Mapping[str, Any]],
+                   sched: _Scheduler, plan: Plan, now: float, settings: OperatorSettings) -> None:
     meta = _map(dgd.get("metadata"))
     name = str(meta.get("name"))
     comps = components(dgd)
-    comp_status: dict[str, Obj] = {}
-    all_done = True
+    counts: list[ComponentCounts] = []
+    # A graceful delete keeps the pod's GPUs until it is gone; only an immediate one frees them now.
+    frees_now = settings.termination_grace_s <= 0
     by_comp: dict[str, list[Mapping[str, Any]]] = {}
     for p in pods:
         by_comp.setdefault(str(_map(_map(p.get("metadata")).get("labels")).get(LABEL_COMPONENT)), []).append(p)
@@ -248,7 +246,8 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
         if cname not in known:  # a component removed from the spec
             for p in owned:
                 plan.deletes.append(str(_map(p.get("metadata")).get("name")))
-                sched.release(p)
+                if frees_now:
+                    sched.release(p)
     for comp in comps:
         owned = sorted(by_comp.get(comp.name, []), key=lambda p: str(_map(p.get("metadata")).get("name")))
         current = [p for p in owned if _map(_map(p.get("metadata")).get("labels")).get(HASH_LABEL) == comp.template_hash]
@@ -259,7 +258,8 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
             pname = str(_map(p.get("metadata")).get("name"))
             plan.deletes.append(pname)
             deleted.add(pname)
-            sched.release(p)
+            if frees_now:
+                sched.release(p)
 
         # Scale down: surplus pods of the current template go at once, not-ready ones first.
         surplus = len(current) - comp.replicas
@@ -275,11 +275,13 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
             # Rolling (old pods still serving): surge one at a time; otherwise create them all.
             rolling = bool(old)
             if not rolling or all(_ready(p) for p in current):
-                ordinals = _ordinals(current)
+                # A terminating pod keeps its name until it is gone: never reuse it.
+                ordinals = _ordinals(current) | _ordinals(
+                    [p for p in held if _map(_map(p.get("metadata")).get("labels")).get(LABEL_COMPONENT) == comp.name])
                 for _ in range(1 if rolling else missing):
                     ordinal = next(i for i in range(len(ordinals) + 1) if i not in ordinals)
                     ordinals.add(ordinal)
-                    pod = _pod_manifest(dgd, comp, ordinal, sched.place(comp.gpus))
+                    pod = _pod_manifest(dgd, comp, ordinal, sched.place(comp.gpus), settings.termination_grace_s)
                     plan.creates.append(pod)
         ready_now = sum(1 for p in current if _ready(p)) + sum(1 for p in old if _ready(p))
         if old and ready_now > comp.replicas:
@@ -298,37 +300,22 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], sched:
                 if placed is not None:
                     plan.placements[pname] = placed
                 continue
-            nxt = _next_status(p)
+            nxt = next_status(p, now, settings.delay_for(comp.name, comp.type))
             if nxt is not None:
                 plan.pod_status[pname] = nxt
         ready = sum(1 for p in current if _ready(p))
         done = not old and len(current) == comp.replicas and ready == comp.replicas
-        all_done &= done
-        comp_status[comp.name] = {
-            "replicas": len(current) + len(old), "readyReplicas": ready + sum(1 for p in old if _ready(p)),
-            "updatedReplicas": len(current), "componentType": comp.type,
-            "rollout": {"phase": "Completed" if done else "InProgress"},
-        }
+        counts.append(ComponentCounts(comp.name, comp.type, len(current) + len(old), len(current),
+                                      ready + sum(1 for p in old if _ready(p)), done))
     prev = _map(dgd.get("status"))
-    was_ready = any(_map(c).get("type") == "Ready" and _map(c).get("status") == "True"
-                    for c in prev.get("conditions") or [])
-    # Keys other controllers own (powerfleet's status.budget) are kept as they are: this
-    # program's status is complete for what the operator owns, and never erases the rest.
-    status: Obj = {k: v for k, v in prev.items() if k not in OWNED_STATUS}
-    status |= {
-        "observedGeneration": _int(meta.get("generation"), 1),
-        "state": "successful" if all_done else "pending",
-        "rollingUpdate": {"phase": "Completed" if all_done else "InProgress"},
-        "services": comp_status,
-        "conditions": [{"type": "Ready", "status": "True" if all_done else "False",
-                        "reason": "AllComponentsReady" if all_done else "RolloutInProgress"}],
-    }
+    status = render(name, _int(meta.get("generation"), 1), counts, prev, now, keep_foreign=settings.keep_foreign_status)
     plan.dgd_status[name] = status
+    all_done = status["state"] == "successful"
     events: list[Event] = []
-    if all_done and not was_ready:
+    if all_done and not was_ready(prev):
         events.append(Event("DynamoGraphDeployment", name, "RolloutCompleted",
                             "every component has its desired replicas ready on the current template"))
-    elif was_ready and not all_done:
+    elif was_ready(prev) and not all_done:
         events.append(Event("DynamoGraphDeployment", name, "RolloutStarted",
                             f"generation {status['observedGeneration']}: rolling pods"))
     plan.status_events[name] = events

@@ -28,11 +28,17 @@ from typing import Any
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.fidelity import DEMO_STARTUP_DELAY_S, OperatorSettings
 from powerfleet.twin.frontends import TwinFrontend, WindowTtft
+from powerfleet.twin.kubelet import serving, terminating
 from powerfleet.twin.manifests import dgd_manifests
 from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
+from powerfleet.twin.operator import pod_gpus
+from powerfleet.twin.planner import StandInPlanner
+from powerfleet.twin.podresources import PodResourcesServers
 from powerfleet.twin.power import gpu_power, load_of
-from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, node_objects
+from powerfleet.twin.tenants import TENANT_LABEL, TENANTS, tenant_loads, tenant_pods
+from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
 from powerfleet.twin.writer import OperatorLoop
 
@@ -56,6 +62,13 @@ class TwinOptions:
     operator_interval_s: float = 1.0
     # Fraction of each rack's maximum GPU power that is its budget (the report's reference line).
     rack_budget_fraction: float = 0.8
+    # Startup delays, grace period, foreign status keys (twin/fidelity.py).
+    operator: OperatorSettings = OperatorSettings(startup_delay_s=DEMO_STARTUP_DELAY_S)
+    # Pods of deployments the fleet does not manage, on every rack (tenants.py).
+    tenants: bool = True
+    # A stand-in planner rewriting worker replicas every this many seconds (planner.py); off by
+    # default: it reverts the budget's scale-ups, which is the conflict it exists to show.
+    planner_period_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Twin:
         self.api = ApiServer(clock=self.clock)
         self.nodes: dict[str, NodeSim] = {}
         self.operator: OperatorLoop | None = None
+        self.podresources: PodResourcesServers | None = None  # the kubelet's PodResources API per node
         self.sources: dict[str, TrafficSource] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,14 +117,19 @@ class Twin:
     def start(self) -> Twin:
         self.root.mkdir(parents=True, exist_ok=True)
         self.api.start()
-        for obj in node_objects(self.spec) + dgd_manifests(self.spec):
+        for obj in node_objects(self.spec) + dgd_manifests(self.spec) + (
+                tenant_pods(self.spec) if self.options.tenants else []):
             self.api.apply(obj)
         self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
         self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed, first_pid=pid_base(i))
                       for i, n in enumerate(self.spec.node_names)}
+        self.podresources = PodResourcesServers(list(self.nodes), lambda: self.api.list("v1", "Pod", self.spec.namespace),
+                                                pod_gpus, lambda n, g: gpu_uuid(n, g, self.spec.seed)).start()
         self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
                                                          speedup=self.options.speedup, seed=self.spec.seed)
-        self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock)
+        planner = StandInPlanner(self.options.planner_period_s) if self.options.planner_period_s else None
+        self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock,
+                                     settings=self.options.operator, planner=planner)
         self.operator.start(self.options.operator_interval_s)
         self._t0 = self.clock.now()
         self._thread = threading.Thread(target=self._loop, name="twin-tick", daemon=True)
@@ -127,6 +146,8 @@ class Twin:
         for fe in self.frontends.values():
             fe.stop()
         self._pool.shutdown(wait=True)
+        if self.podresources is not None:
+            self.podresources.stop()
         self.api.stop()
 
     def __enter__(self) -> Twin:
@@ -153,9 +174,16 @@ class Twin:
 
     @property
     def budgets(self) -> dict[str, float]:
-        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power."""
+        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power, plus what the budget
+        ledger charges the rack's other tenants (their cap, else the card's maximum), so that the
+        fleet's own deployments meet the same squeeze with or without tenants beside them."""
         per_gpu = GPU_DEFAULT_W * self.options.rack_budget_fraction
-        return {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
+        out = {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
+        caps = {t.name: t.cap_w for t in TENANTS}
+        for pod in tenant_pods(self.spec):
+            tenant = pod["metadata"]["labels"][TENANT_LABEL]
+            out[self.spec.rack_of(pod["spec"]["nodeName"])] += caps[tenant] or GPU_DEFAULT_W
+        return out
 
     def manifest(self) -> dict[str, Any]:
         return {
@@ -163,6 +191,7 @@ class Twin:
             "nodes": {n: {"rack": self.spec.rack_of(n), "gpu_file": str(s.gpu_file), "proc_root": str(s.proc_root)}
                       for n, s in self.nodes.items()},
             "shared_proc_root": str(self.root / "proc" / "all"),
+            "podresources_socket": self.podresources.pattern if self.podresources else None,
             "racks": self.spec.racks, "rack_budget_w": self.budgets, "trace_dir": str(self.trace_dir),
             "frontends": {k: {"router_url": f.url, "metrics_url": f.metrics_url, "dgd": f.dgd}
                           for k, f in list(self.frontends.items())},  # a copy: the tick thread adds to it
@@ -201,7 +230,7 @@ class Twin:
             old = self._ema.get(dgd, (isl, osl))
             a = min(1.0, dt / 3.0)
             self._ema[dgd] = (old[0] + a * (isl - old[0]), old[1] + a * (osl - old[1]))
-        loads = self._worker_loads(pods)
+        loads = self._worker_loads(pods) | tenant_loads(pods)
         samples: list[GpuSample] = []
         annotated: dict[str, float | None] = {}
         by_node: dict[str, list[Mapping[str, Any]]] = {}
@@ -257,7 +286,7 @@ class Twin:
     def _sync_frontends(self, pods: list[dict[str, Any]]) -> None:
         running = {p["metadata"]["name"]: p for p in pods
                    if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "frontend"
-                   and (p.get("status") or {}).get("phase") == "Running"}
+                   and (p.get("status") or {}).get("phase") == "Running" and not terminating(p)}
         changed = False
         for name in [n for n in self.frontends if n not in running]:
             self.frontends.pop(name).stop()
@@ -313,9 +342,8 @@ class Twin:
             return list(self.windows)
 
 
-def _is_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+# A terminating pod is out of its service's endpoints: it gets no traffic, though it still runs.
+_is_ready = serving
 
 
 def _role(pod: Mapping[str, Any]) -> str:

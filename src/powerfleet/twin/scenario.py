@@ -27,7 +27,9 @@ from typing import Any
 
 import httpx
 
+from powerfleet.cluster.budget_store import status_object_name, stored_status
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
+from powerfleet.twin.apiserver.errors import ApiError
 from powerfleet.twin.manifests import AGG, DISAGG
 from powerfleet.twin.runtime import Twin
 
@@ -117,6 +119,17 @@ class Scenario:
     def _dgd(self, name: str) -> dict[str, Any]:
         return self.twin.api.get(DGD_API_VERSION, DGD_KIND, name, self.twin.spec.namespace)
 
+    def budget_status(self, dgd: str) -> dict[str, Any]:
+        """The budget's status for ``dgd`` as powerfleet persisted it: its ConfigMap
+        ``<dgd>-powerfleet-budget`` (cluster/budget_store.py); empty before the first write."""
+        try:
+            cm = self.twin.api.get("v1", "ConfigMap", status_object_name(dgd), self.twin.spec.namespace)
+        except ApiError as exc:
+            if exc.code == 404:
+                return {}
+            raise
+        return stored_status(cm).status
+
     def _pods(self, dgd: str, component: str) -> list[dict[str, Any]]:
         return [p for p in self.twin.api.list("v1", "Pod", self.twin.spec.namespace)
                 if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == dgd
@@ -174,7 +187,7 @@ class Scenario:
         prefill = int(services["prefill"].get("replicas", 0))
         if not self._replica_steps or self._replica_steps[-1] != (prefill, decode):
             self._replica_steps.append((prefill, decode))
-        budget = (self._dgd(DISAGG).get("status") or {}).get("budget") or {}
+        budget = self.budget_status(DISAGG)
         self._reasons.update(r for r in budget.get("reasons", []) if isinstance(r, str))
         assert self._proposed is not None
         clamped = any(r.startswith("power_") for r in self._reasons)

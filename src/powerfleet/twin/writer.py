@@ -2,7 +2,9 @@
 
 ``OperatorLoop.run_once`` lists DGDs, pods and nodes (the read side), calls the pure
 ``operator.reconcile`` and writes the result: pod deletes, creates, bindings and status
-steps, then each DGD's status once, skipped when unchanged. Events follow the contract:
+steps, then each DGD's status once, skipped when unchanged. Deletes are graceful (the API
+server keeps the pod Terminating for its grace period); the plan's removals, pods past their
+deadline, are deleted with a grace period of 0 (the kubelet's final delete). Events follow the contract:
 a pod event only after that pod's create/delete succeeded; a DGD's status-transition events
 only after its status write succeeded and changed the stored object.
 """
@@ -21,7 +23,10 @@ from kubernetes.client.exceptions import ApiException
 
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, DGD_VERSION
+from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.operator import GPUS_ANNOTATION, Event, Plan, reconcile
+from powerfleet.twin.other_writers import OtherWriters, OtherWrites
+from powerfleet.twin.planner import StandInPlanner
 
 log = logging.getLogger(__name__)
 _TIMEOUT = 10.0
@@ -41,13 +46,19 @@ class OperatorLoop:
     """Reconciles every DGD in one namespace, one pass per ``interval_s`` (or ``run_once`` by hand)."""
 
     def __init__(self, kubeconfig: str, namespace: str = "default", *, clock: Clock | None = None,
-                 dgd_version: str = DGD_VERSION) -> None:
+                 dgd_version: str = DGD_VERSION, settings: OperatorSettings | None = None,
+                 planner: StandInPlanner | None = None) -> None:
         self.api_client = config.new_client_from_config(config_file=kubeconfig)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.namespace = namespace
         self.clock = clock or SystemClock()
         self.dgd_version = dgd_version
+        self.settings = settings or OperatorSettings()
+        # Dynamo's scaling adapter controller and (optionally) a stand-in planner: other writers
+        # of replicas, run before each pass reads its snapshot.
+        self.others = OtherWriters(self.custom, namespace, dgd_version, planner)
+        self.last_other_writes: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
@@ -69,15 +80,27 @@ class OperatorLoop:
     # -- the one writer --
 
     def run_once(self) -> PassResult:
+        try:
+            others = self.others.run(self.clock.now())
+        except ApiException as exc:  # another controller failing must not stop this one's pass
+            others = OtherWrites(errors=[f"other writers: HTTP {exc.status}"])
+        self.last_other_writes = others.dgd_replica_writes
         dgds, pods, nodes = self.snapshot()
-        plan = reconcile(dgds, pods, nodes)
+        plan = reconcile(dgds, pods, nodes, now=self.clock.now(), settings=self.settings)
         result = self.write(plan, {d["metadata"]["name"]: d for d in dgds})
+        result.errors[:0] = others.errors
         self.passes += 1
         return result
 
     def write(self, plan: Plan, dgds: Mapping[str, Mapping[str, Any]]) -> PassResult:
         out = PassResult()
         ns = self.namespace
+        for name in plan.removals:
+            try:
+                self.core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _request_timeout=_TIMEOUT)
+            except ApiException as exc:
+                if exc.status != 404:
+                    out.errors.append(f"remove pod {name}: HTTP {exc.status}")
         for name in plan.deletes:
             try:
                 self.core.delete_namespaced_pod(name, ns, _request_timeout=_TIMEOUT)

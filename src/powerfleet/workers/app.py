@@ -13,9 +13,11 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from powerfleet.broker.celery_options import redbeat_settings, tls_settings, transport_options
+from powerfleet.broker.publish import retry_noreplicas
 from powerfleet.config import FleetConfig
-from powerfleet.tasks.base import TaskInputError, args_model_of, decode_args
-from powerfleet.workers.routes import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
+from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
 # CLI, Flower) knows the same task names.
@@ -24,6 +26,7 @@ TASK_MODULES = (
     "powerfleet.tasks.agent",
     "powerfleet.tasks.budget",
     "powerfleet.tasks.retune",
+    "powerfleet.tasks.power",
 )
 
 
@@ -50,7 +53,10 @@ class FleetCelery(Celery):
 
     def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         self.check_send(name, args, kwargs)
-        return super().send_task(name, args, kwargs, **options)
+        send = super().send_task
+        # A master short of in-sync replicas (min-replicas-to-write) refuses writes for a while.
+        return retry_noreplicas(lambda: send(name, args, kwargs, **options), f"publish {name}",
+                                self.fleet_config.broker.noreplicas_retry_s)
 
     def check_send(self, name: str, args: Any, kwargs: Any, *, task_api: bool = False) -> None:
         """Raise one of SEND_ERRORS unless ``name`` may be sent with these arguments.
@@ -70,7 +76,7 @@ class FleetCelery(Celery):
         kwargs = kwargs or {}
         try:
             _refuse_non_finite(name, kwargs)
-            decode_args(name, model, tuple(args or ()), kwargs)
+            decode_args(name, model, tuple(args or ()), kwargs, args_context(self))
         except RecursionError:
             raise TaskInputError(f"{name}: arguments are nested too deeply") from None
 
@@ -78,7 +84,8 @@ class FleetCelery(Celery):
 def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
     vt = config.broker.visibility_timeout_s
     backend = config.broker.result_backend or broker_url
-    transport = {"visibility_timeout": vt, "socket_timeout": 10, "health_check_interval": 10}
+    transport = {"visibility_timeout": vt, "socket_timeout": 10, "health_check_interval": 10,
+                 **transport_options(config.broker, broker_url)}
     queues = [Queue(CONTROL_QUEUE, Exchange(CONTROL_QUEUE), routing_key=CONTROL_QUEUE),
               Queue(SWEEP_QUEUE, Exchange(SWEEP_QUEUE), routing_key=SWEEP_QUEUE)]
     queues += [Queue(node_queue(n), Exchange(node_queue(n)), routing_key=node_queue(n)) for n in config.nodes]
@@ -97,7 +104,7 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "task_create_missing_queues": True,
         # Set in all three places: the shortest visibility timeout on a broker wins (celery#7651).
         "broker_transport_options": transport,
-        "result_backend_transport_options": {"visibility_timeout": vt},
+        "result_backend_transport_options": {"visibility_timeout": vt, **transport_options(config.broker, backend)},
         "visibility_timeout": vt,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
@@ -120,7 +127,8 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "enable_utc": True,
         # Beat: RedBeat keeps the schedule in Redis and holds a lock, so a second beat waits.
         "beat_scheduler": "powerfleet.beat.scheduler:FleetScheduler",
-        "redbeat_redis_url": broker_url,
+        **redbeat_settings(config.broker, broker_url),
+        **tls_settings(config.broker, broker_url, backend),
         "redbeat_key_prefix": "powerfleet:redbeat:",
         "redbeat_lock_timeout": config.beat.lock_timeout_s,
         "beat_max_loop_interval": config.beat.max_loop_interval_s,
@@ -167,7 +175,7 @@ def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
         "budget": config.beat.budget_interval_s,
         "retune": config.beat.retune_interval_s,
     }
-    return {
+    schedule = {
         f"powerfleet-{family}-tick": {
             "task": task,
             "schedule": intervals[family],
@@ -176,9 +184,19 @@ def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
         }
         for family, task in TICK_FAMILIES.items()
     }
+    # The power guard: one entry per oversubscribed group (none unless a group opts in).
+    period = config.power.guard_period_s
+    for group in config.budget.oversubscribed():
+        schedule[f"powerfleet-power-guard-{group}"] = {
+            "task": "powerfleet.power.guard", "schedule": period, "kwargs": {"group": group},
+            "options": {"expires": period}}
+    return schedule
 
 
-def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "powerfleet") -> FleetCelery:
+def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "powerfleet",
+               with_tasks: bool = True) -> FleetCelery:
+    """``with_tasks=False``: an app that only talks to the broker (status: the task modules
+    pull in the Kubernetes client, numpy and the simulator, about a second of imports)."""
     url = broker_url or config.broker.url
     if url is None:
         raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
@@ -188,6 +206,10 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
+    from powerfleet.broker.steps import BrokerWatch, follow_in_pool_children  # here: see broker.metrics
+
+    app.steps["consumer"].add(BrokerWatch)
+    follow_in_pool_children(app)
     if config.clock_file:
         from powerfleet.clock import FileClock
         from powerfleet.tasks import ports
@@ -195,8 +217,8 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
         ports.clock.use(FileClock(config.clock_file))
     import importlib
 
-    for module in TASK_MODULES:
+    for module in TASK_MODULES if with_tasks else ():
         importlib.import_module(module)
-    app.conf.include = list(TASK_MODULES)
+    app.conf.include = list(TASK_MODULES) if with_tasks else []
     app.finalize(auto=True)
     return app

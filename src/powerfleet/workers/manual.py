@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from powerfleet.tasks.base import TaskInputError
-from powerfleet.workers.routes import NODE_QUEUE_PREFIX, RoutingError, family_of, is_fleet_queue, route_task
+from powerfleet.queues import NODE_QUEUE_PREFIX, RoutingError, family_of, is_fleet_queue, route_task
 
 # The furthest ahead a send by hand may be scheduled or may stay valid: beyond a day, an order
 # is more likely a typo (milliseconds for seconds) than a plan, and it would sit in Redis unseen.

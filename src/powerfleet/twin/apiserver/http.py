@@ -3,30 +3,47 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from powerfleet.twin.apiserver.errors import ApiError, Obj
 
 
+MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: a response goes out in two sends (headers, then body); with Nagle's algorithm
+    # the second waits for the client's delayed ACK (about 40 ms on Linux) on every call, which a
+    # real API server never costs.
+    disable_nagle_algorithm = True
     server: HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet fixture
         pass
 
-    def send_json(self, code: int, body: Obj) -> None:
+    def send_json(self, code: int, body: Obj, headers: Iterable[tuple[str, str]] = ()) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        for key, value in headers:
+            self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def json_body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            # As kube-apiserver: a request body over 3 MiB is refused, never decoded (it is
+            # read and dropped, so the client sees the answer rather than a broken pipe).
+            self.close_connection = True
+            left = length
+            while left > 0:
+                left -= len(self.rfile.read(min(left, 1 << 20)) or b"x" * left)
+            raise ApiError(413, "RequestEntityTooLarge", f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES}")
         raw = self.rfile.read(length) if length else b""
         if not raw:
             return None

@@ -26,22 +26,24 @@ class ResourceType:
         return (self.group, self.plural)
 
 
+def _custom(plural: str, kind: str, versions: tuple[str, ...]) -> tuple[ResourceType, ...]:
+    return tuple(ResourceType("nvidia.com", v, plural, kind, status_subresource=True, delete_returns_object=True)
+                 for v in versions)
+
+
 DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "pods", "Pod", status_subresource=True, delete_returns_object=True),
     ResourceType("", "v1", "nodes", "Node", namespaced=False, status_subresource=True),
     ResourceType("", "v1", "events", "Event"),
+    # The budget keeps its status in one ConfigMap per deployment (cluster/budget_store.py).
+    ResourceType("", "v1", "configmaps", "ConfigMap"),
     ResourceType("events.k8s.io", "v1", "events", "Event"),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
-    # Both DGD versions share one store (the key is group + plural), without conversion: an
-    # object is returned in the form it was written (services map or components list).
-    ResourceType(
-        "nvidia.com", "v1beta1", "dynamographdeployments", "DynamoGraphDeployment",
-        status_subresource=True, delete_returns_object=True,
-    ),
-    ResourceType(
-        "nvidia.com", "v1alpha1", "dynamographdeployments", "DynamoGraphDeployment",
-        status_subresource=True, delete_returns_object=True,
-    ),
+    # Both versions of each custom resource share one store (the key is group + plural), kept in
+    # the CRD's storage version and converted for each reader (conversion.py); the first listed
+    # is the preferred version in discovery.
+    *_custom("dynamographdeployments", "DynamoGraphDeployment", ("v1beta1", "v1alpha1")),
+    *_custom("dynamographdeploymentscalingadapters", "DynamoGraphDeploymentScalingAdapter", ("v1beta1", "v1alpha1")),
 )
 
 

@@ -14,10 +14,13 @@ import yaml
 
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.twin.apiserver import verbs
+from powerfleet.twin.apiserver.admission import admit
 from powerfleet.twin.apiserver.errors import Obj
 from powerfleet.twin.apiserver.http import Handler, HTTPServer
+from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import DEFAULT_RESOURCES, Registry, ResourceType
 from powerfleet.twin.apiserver.store import Store
+from powerfleet.twin.apiserver.versions import Versions
 
 
 class ApiServer:
@@ -31,7 +34,9 @@ class ApiServer:
         persist_path: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
         resources: Iterable[ResourceType] = DEFAULT_RESOURCES,
+        options: ServerOptions | None = None,
     ) -> None:
+        self.options = options or ServerOptions()
         self.host = host
         self._port = port
         self.persist_path = Path(persist_path) if persist_path else None
@@ -112,26 +117,37 @@ class ApiServer:
     def _type_of(self, obj: Mapping[str, Any]) -> ResourceType:
         return self.registry.of_object(obj)
 
+    def _versions(self, rt: ResourceType) -> Versions:
+        return Versions.of(rt, self.registry, enabled=self.options.convert)
+
     def apply(self, obj: Mapping[str, Any]) -> Obj:
-        """Create or fully replace an object, status included (seeding for tests and the twin)."""
+        """Create or fully replace an object, status included (seeding for tests and the twin).
+        Returned in the version it was given in; stored in the storage version."""
         rt = self._type_of(obj)
+        versions = self._versions(rt)
+        # Seeding writes what would be in etcd: pruned and defaulted as a real server does on
+        # read, not validated (a stored object may predate its schema; clients' writes are).
+        obj, _ = admit(rt, dict(obj), subresource=None, field_validation="Ignore", options=self.options,
+                       validate=False)
         meta = obj.get("metadata") or {}
         ns = (meta.get("namespace") or "default") if rt.namespaced else ""
+        srt = versions.storage_rt
         with self.store.cond:
-            if (ns, meta.get("name")) in self.store.bucket(rt):
-                body = copy.deepcopy(dict(obj))
+            if (ns, meta.get("name")) in self.store.bucket(srt):
+                body = versions.stored(copy.deepcopy(dict(obj)), self.store.get(srt, ns, meta["name"]))
                 body.setdefault("metadata", {}).pop("resourceVersion", None)
-                return self.store.replace(rt, ns, meta["name"], body, subresource=None, require_rv=False, raw=True)
-            return self.store.create(rt, ns, dict(obj), keep_status=True)
+                return versions.served(self.store.replace(srt, ns, meta["name"], body, subresource=None,
+                                                          require_rv=False, raw=True))
+            return versions.served(self.store.create(srt, ns, versions.stored(dict(obj), None), keep_status=True))
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "default") -> Obj:
         rt = self._type_of({"apiVersion": api_version, "kind": kind})
-        return self.store.get(rt, namespace if rt.namespaced else "", name)
+        return self._versions(rt).served(self.store.get(rt, namespace if rt.namespaced else "", name))
 
     def list(self, api_version: str, kind: str, namespace: str | None = None) -> list[Obj]:
         rt = self._type_of({"apiVersion": api_version, "kind": kind})
         items, _ = self.store.list(rt, namespace, lambda _l: True, lambda _o: True)
-        return items
+        return [self._versions(rt).served(i) for i in items]
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str = "default") -> Obj:
         rt = self._type_of({"apiVersion": api_version, "kind": kind})
@@ -161,4 +177,4 @@ class ApiServer:
     # -- HTTP --
 
     def handle(self, req: Handler, method: str) -> None:
-        verbs.handle(self.store, self.registry, self._stopping, req, method)
+        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options)

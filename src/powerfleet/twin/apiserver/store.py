@@ -145,10 +145,10 @@ class Store:
             self._bump(rt, "MODIFIED", new)
             return copy.deepcopy(new)
 
-    def delete(self, rt: ResourceType, ns: str, name: str, preconditions: Mapping[str, Any] | None = None) -> Obj:
+    def check_preconditions(self, rt: ResourceType, ns: str, name: str, preconditions: Mapping[str, Any] | None) -> Obj:
+        """The stored object, or 409 when a delete precondition (resourceVersion, uid) fails."""
         with self.cond:
-            key = (ns if rt.namespaced else "", name)
-            old = self._existing(rt, key)
+            old = self._existing(rt, (ns if rt.namespaced else "", name))
             pre = preconditions or {}
             if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
                 raise ApiError(409, "Conflict",
@@ -157,9 +157,33 @@ class Store:
                                f'ResourceVersion in object meta: {old["metadata"]["resourceVersion"]}')
             if pre.get("uid") and pre["uid"] != old["metadata"]["uid"]:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {rt.plural} "{name}": Precondition failed: UID')
+            return old
+
+    def delete(self, rt: ResourceType, ns: str, name: str, preconditions: Mapping[str, Any] | None = None) -> Obj:
+        with self.cond:
+            key = (ns if rt.namespaced else "", name)
+            old = self.check_preconditions(rt, ns, name, preconditions)
             del self.bucket(rt)[key]
             self._bump(rt, "DELETED", old)
             return copy.deepcopy(old)
+
+    def mark_deleting(self, rt: ResourceType, ns: str, name: str, grace_s: int) -> Obj:
+        """Graceful deletion: set ``deletionTimestamp`` (now + grace) and keep the object; a
+        later delete may shorten the deadline, never extend it."""
+        with self.cond:
+            key = (ns if rt.namespaced else "", name)
+            obj = copy.deepcopy(self._existing(rt, key))
+            meta = obj["metadata"]
+            deadline = self.clock.now() + grace_s
+            current = meta.get("deletionTimestamp")
+            stamp = datetime.fromtimestamp(deadline, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if current is not None and current <= stamp:
+                return obj
+            meta["deletionTimestamp"] = stamp
+            meta["deletionGracePeriodSeconds"] = grace_s
+            self.bucket(rt)[key] = obj
+            self._bump(rt, "MODIFIED", obj)
+            return copy.deepcopy(obj)
 
     def snapshot(self) -> Obj:
         with self.cond:

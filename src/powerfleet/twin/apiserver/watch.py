@@ -14,7 +14,8 @@ from powerfleet.twin.apiserver.store import Store
 
 
 def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceType, ns: str | None,
-          label: Callable[..., bool], field: Callable[..., bool], query: Mapping[str, str]) -> None:
+          label: Callable[..., bool], field: Callable[..., bool], query: Mapping[str, str],
+          served: Callable[[Obj], Obj] = lambda o: o) -> None:
     timeout = float(query.get("timeoutSeconds") or 1800)
     # The watch timeout is wall-clock, independent of the injected clock.
     deadline = time.monotonic() + timeout
@@ -24,6 +25,8 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
     req.end_headers()
 
     def emit(event: Obj) -> None:
+        if event.get("type") != "ERROR":
+            event = {**event, "object": served(event["object"])}
         data = json.dumps(event).encode() + b"\n"
         req.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         req.wfile.flush()

@@ -3,6 +3,10 @@
 - ``powerfleet.agent.*``      -> ``node.<node>`` (the ``node`` keyword argument)
 - ``powerfleet.sweep.*``      -> ``sweep`` (sweep shards, probe, harvest)
 - any other ``powerfleet.*``  -> ``control``
+
+It sits at the bottom layer, beside config and clock, because every floor needs the queue
+names (the app factory, the tasks, the agent's worker, metrics, the CLI) and none of them
+may import a floor above: it depends on nothing but config's node-name rule.
 """
 
 from __future__ import annotations

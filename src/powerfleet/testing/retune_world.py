@@ -1,4 +1,4 @@
-"""A small retune world for the tests: a DGD with frontend pods, loopback frontends, traffic.
+"""A small retune world (tests, bench/load.py): a DGD with frontend pods, loopback frontends, traffic.
 
 Everything is real except the time: the loopback API server (official client), loopback
 frontends (HTTP), a real Redis, and gzip trace segments as frontends write them.
@@ -19,7 +19,7 @@ from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.frontend import LoopbackFrontend
 
 INTERVAL = 60
-BASE_K = 30_000_000  # window index of the tests' first window (epoch ~1.8e9 s)
+BASE_K = 29_000_000  # window index of the tests' first window (epoch ~1.74e9 s: closed in real time too)
 START_POLICY = {"temperature": 1.0}  # random routing: retune has something to win
 GRID = {"temperature": {"choices": [0.0, 1.0]}, "prefill_load_scale": {"choices": [1.0, 4.0]}}
 
@@ -38,7 +38,8 @@ def dgd_object(name: str, *, frontends: int = 2, workers: int = 4, annotations: 
                 "podTemplate": {"metadata": {}, "spec": {"containers": [main]}}}
 
     return {
-        "apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+        # v1beta1: the components list is its form (a real server prunes it from a v1alpha1 object).
+        "apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
         "metadata": {"name": name, "namespace": "default", "generation": 1, "annotations": annotations or {}},
         "spec": {"components": [comp("frontend", "frontend", frontends), comp("worker", "worker", workers, worker_env)]},
         "status": {"observedGeneration": 1, "state": "successful",

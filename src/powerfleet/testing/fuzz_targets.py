@@ -114,9 +114,20 @@ def config(data: bytes) -> None:
     _in_file(data, ".yaml", read)
 
 
+def broker_url(data: bytes) -> None:
+    from powerfleet.config.broker_urls import BrokerUrlError, check_broker_url, redact
+
+    text = _text(data)
+    try:
+        check_broker_url(text)
+    except BrokerUrlError as exc:
+        assert "\n" not in str(exc), str(exc)
+    redact(text)  # never raises: it goes into log lines
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "annotation": annotation, "cgroup": cgroup, "trace": trace, "agent_state": agent_state,
-    "retune_state": retune_state, "dgd": dgd, "config": config,
+    "retune_state": retune_state, "dgd": dgd, "config": config, "broker_url": broker_url,
 }
 
 # Seeds that steer random bytes toward each parser's grammar.
@@ -131,4 +142,6 @@ SEEDS: dict[str, list[bytes]] = {
     "dgd": [b"apiVersion: nvidia.com/v1alpha1\nkind: DynamoGraphDeployment\nmetadata: {name: d}\nspec: {services: {}}\n",
             b"a: 1\na: 2\n", b"- [\n"],
     "config": [b"beat: {reconcile_interval_s: 0}\n", b"nodes: [a, a]\n", b"\x00\xff"],
+    "broker_url": [b"sentinel://:pw@h:26379/0;sentinel://h2:26380", b"sentinel://h:99999", b"redis://:p@h:6379/0",
+                   b"sentinel://[::1]:26379", b"sentinel://h:1;"],
 }

@@ -1,0 +1,243 @@
+"""The fixed list of mutants for bench/mutants.py: realistic bugs in the safety-critical code.
+
+Each is a bug someone could plausibly write, and each hides a failure an operator would feel
+(a cap lifted, a budget exceeded, a stale leader writing, a pickled message run). ``original``
+must occur exactly once in ``file``; when the code moves on, the run stops and names the
+mutant to update here. ``tests``: the files that should catch it, kept few so a run stays short
+(the unit-level file of the area first; pytest -x stops at the first failure).
+
+The mutants marked ``#24 survivor`` are the eight bugs issue 24 found uncaught; their names
+start with ``s<N>.`` in the issue's numbering (survivor 1 twice: the `agent once` lister and the
+worker's watch-backed pod view both merge several namespaces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    original: str
+    replacement: str
+    tests: tuple[str, ...]
+    bug: str
+
+
+AGENT = ("tests/agent/test_policy.py", "tests/agent/test_reconcile.py", "tests/agent/test_state.py",
+         "tests/agent/test_recovery_shutdown.py", "tests/agent/test_partial_failures.py")
+LEDGER = ("tests/budget/test_ledger.py",)  # the charge of what holds GPUs, group shares (issue 24's 4 and 5)
+BUDGET = ("tests/budget/test_program.py", "tests/budget/test_groups.py", "tests/budget/test_planner.py")
+RETUNE_CUT = ("tests/retune/test_cut.py",)
+LEADERSHIP = ("tests/retune/test_leadership.py",)
+SAVED_TERM = ("tests/retune/test_state_and_settings.py", *LEADERSHIP)  # issue 24's 3: the saved state's term
+WINDOWS = ("tests/unit/test_windows.py",)
+ROUTES = ("tests/unit/test_tasks_and_routes.py", "tests/integration/test_routing.py")
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the cap policy --
+    Mutant(
+        "policy.conflict_takes_highest", "src/powerfleet/agent/policy.py",
+        "chosen = min(candidates)",
+        "chosen = max(candidates)",
+        AGENT, "pods that disagree on a shared GPU get the highest request instead of the lowest valid one "
+               "(or the safe default)"),
+    Mutant(
+        "policy.unannotated_peer_ignored", "src/powerfleet/agent/policy.py",
+        "if not missing and not invalid and not unknown and len(distinct) == 1:",
+        "if not invalid and not unknown and len(distinct) == 1:",
+        AGENT, "a pod without the annotation sharing a GPU is ignored: the others' cap applies to it"),
+    Mutant(
+        "policy.invalid_single_released", "src/powerfleet/agent/policy.py",
+        "        if mw is None:\n            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_mw,",
+        "        if mw is None:\n            return Decision(Kind.RELEASE, uids, None,",
+        AGENT, "a pod with an invalid annotation gets the GPU's default limit instead of the safe default"),
+    # -- clamp and apply --
+    Mutant(
+        "clamp.no_lower_bound", "src/powerfleet/agent/reconcile.py",  # apply.clamp has no caller any more
+        "target = min(max(d.requested_mw, min_mw), max_mw)",
+        "target = min(d.requested_mw, max_mw)",
+        AGENT, "a cap below the device minimum is sent to NVML as is (refused there, GPU left uncapped)"),
+    Mutant(
+        "apply.read_back_unchecked", "src/powerfleet/agent/apply.py",
+        "if now != cap_mw:",
+        "if now is None:",
+        AGENT, "a set the device did not take is recorded as applied and the GPU as managed"),
+    # -- fail-safe --
+    Mutant(
+        "failsafe.pod_list_failure_carries_on", "src/powerfleet/agent/reconcile.py",
+        '            return self._skip(trigger, dry_run, f"pod list failed: {_one_line(exc)}")',
+        "            pods = []",
+        AGENT, "a failed pod LIST runs the pass with no pods: every capped GPU is released"),
+    Mutant(
+        "failsafe.release_unmanaged_gpu", "src/powerfleet/agent/reconcile.py",
+        "            if r.uuid not in self.managed:\n"
+        "                return out  # not ours: leave whatever limit it has\n",
+        "",
+        AGENT, "a GPU this agent never capped is reset to its default (another tool's limit is lost)"),
+    Mutant(
+        "recovery.drops_on_incomplete_scan", "src/powerfleet/agent/recovery.py",
+        "            if found.complete:\n                keep.discard(uuid)\n                dropped.append(uuid)\n",
+        "            keep.discard(uuid)\n            dropped.append(uuid)\n",
+        AGENT, "a GPU that could not be read at startup is forgotten: its cap is never restored"),
+    # -- the state file --
+    Mutant(
+        "state.corrupt_file_is_empty", "src/powerfleet/agent/state.py",
+        'return LoadedState(conclusive=False, problem=f"not JSON ({exc})")',
+        'return LoadedState(problem=f"not JSON ({exc})")',
+        AGENT, "a corrupt state file reads as 'nothing managed': orphaned caps are never restored"),
+    Mutant(
+        "state.overwritten_after_bad_pass", "src/powerfleet/agent/lifecycle.py",
+        "            if not good_pass:\n"
+        "                return  # keep the unreadable file for a human until a pass has succeeded\n",
+        "",
+        AGENT, "an unreadable state file is overwritten after a failed pass, erasing the record"),
+    Mutant(
+        "s8.no_fsync_before_rename", "src/powerfleet/agent/files.py",
+        "            out.flush()\n            os.fsync(out.fileno())\n        os.replace(tmp, path)",
+        "            out.flush()\n        os.replace(tmp, path)",
+        ("tests/agent/test_state.py", "tests/agent/test_simulated.py"),
+        "#24 survivor 8: the state file is renamed before its data is on disk (empty after a crash)"),
+    Mutant(
+        "s1.partial_pod_list_lifts_caps", "src/powerfleet/agent/build.py",
+        "        for ns in namespaces:\n"
+        "            out.extend(cluster.list_pods(ns, node_name=node))\n        return out\n",
+        "        failed = 0\n        for ns in namespaces:\n            try:\n"
+        "                out.extend(cluster.list_pods(ns, node_name=node))\n            except Exception:\n"
+        "                failed += 1\n        if failed == len(namespaces):\n"
+        "            raise RuntimeError('every namespace failed')\n        return out\n",
+        ("tests/agent/test_build.py", *AGENT),
+        "#24 survivor 1: with several agent.namespaces a pass carries on when some LISTs fail (caps lifted)"),
+    Mutant(  # the same bug in the worker's watch-backed pod view (build.pod_view); the lister above serves `agent once`
+        "s1.partial_pod_view_lifts_caps", "src/powerfleet/agent/podcache.py",
+        "            if stale:\n                raise PodViewStale(",
+        "            if len(stale) == len(self._scopes):\n                raise PodViewStale(",
+        ("tests/agent/test_build.py", "tests/agent/test_presence_watch.py"),
+        "#24 survivor 1, the agent worker's pod view: a pass carries on when some namespaces' LISTs fail"),
+    Mutant(
+        "s7.draw_metric_in_milliwatts", "src/powerfleet/agent/reconcile.py",
+        "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw / 1000)",
+        "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw)",
+        ("tests/agent/test_driver_faults.py", *AGENT), "#24 survivor 7: powerfleet_agent_power_draw_watts reports milliwatts"),
+    # -- the reconcile tick --
+    Mutant(
+        "s6.tick_pass_outlives_interval", "src/powerfleet/tasks/fleet.py",
+        "fan_out(self.app, nodes, expires=self.app.fleet_config.beat.reconcile_interval_s)",
+        "fan_out(self.app, nodes, expires=3 * self.app.fleet_config.beat.reconcile_interval_s)",
+        ("tests/integration/test_routing.py", "tests/agent/test_presence_watch.py"),
+        "#24 survivor 6: a pass for a node without an agent outlives the next tick (heartbeat TTL, not interval)"),
+    # -- budget: planner clamps and staging --
+    Mutant(
+        "planner.stage_on_settled_not_peak", "src/powerfleet/budget/planner.py",
+        "power_over = s.watts()[1] > budget.power_limit_w",
+        "power_over = s.watts()[0] > budget.power_limit_w",
+        BUDGET, "an opposing rebalance is not staged: its transition peak exceeds the power limit"),
+    Mutant(
+        "planner.clamp_turns_scale_up_into_scale_down", "src/powerfleet/budget/planner.py",
+        "lower[r] = min(upper[r], max(floor, self.cur[r]) if current_fits else floor)",
+        "lower[r] = min(upper[r], floor)",
+        BUDGET, "a clamped scale-up shrinks a role below its current count though the current state fits"),
+    Mutant(
+        "planner.refill_undoes_staging", "src/powerfleet/budget/planner.py",
+        # the refill now runs before staging, which then holds whatever ups the refill made
+        "    _final_refill(s, budget, upper, rolling)\n    _stage(s, budget)\n",
+        "    _stage(s, budget)\n    _final_refill(s, budget, upper, rolling)\n",
+        BUDGET, "a staged rebalance refills the roles it scales down: the staged scale-ups never get room"),
+    Mutant(
+        "planner.rollout_hold_needs_every_role", "src/powerfleet/budget/planner.py",
+        "rolling = any(f.rolling or f.in_flight for f in roles.values())",
+        "rolling = all(f.rolling or f.in_flight for f in roles.values())",
+        BUDGET, "a scale-up proceeds while one role's rollout is in flight"),
+    Mutant(
+        "budget.unreadable_pods_allow_growth", "src/powerfleet/budget/program.py",
+        '    if by_comp is None:\n        why.append("pods could not be read")\n    else:\n',
+        "    if by_comp is None:\n        pass\n    else:\n",
+        BUDGET, "a failed pod LIST no longer blocks scale-ups: growth planned on a draw nobody could read"),
+    Mutant(
+        "budget.no_group_allowance_grows", "src/powerfleet/budget/program.py",
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", True',
+        'return own, f"group {g.group}: no allowance, scale-ups blocked", False',
+        BUDGET, "a deployment without a group allowance (pods not placed yet) scales up past its rack's budget"),
+    Mutant(
+        "s4.group_share_ignores_own_limit", "src/powerfleet/budget/groups.py",
+        "max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)",
+        "max(0, m.demand_w - m.minimum_w)",
+        (*LEDGER, *BUDGET), "#24 survivor 4: a group share is wasted on a deployment capped below it (others starve)"),
+    Mutant(
+        "s5.surge_pods_not_drawn", "src/powerfleet/budget/fleet.py",
+        "charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged",
+        "n = role_counts(view.dgd, rp, by_comp.get(rp.component, []))\n        charged = max(n.desired, n.ready or 0)",
+        (*LEDGER, *BUDGET, "tests/budget/test_runner.py"),
+        "#24 survivor 5: surge pods beyond the replica count are missing from a deployment's current draw"),
+    # -- retune: window arithmetic and the cut --
+    Mutant(
+        "windows.open_window_counts_as_closed", "src/powerfleet/retune/windows.py",
+        "return window(window_at(now, interval_s, phase_s).index - 1, interval_s, phase_s)",
+        "return window(window_at(now, interval_s, phase_s).index, interval_s, phase_s)",
+        WINDOWS, "the window still in progress is cut and tuned on half its traffic"),
+    Mutant(
+        "windows.enable_window_not_skipped", "src/powerfleet/retune/windows.py",
+        "return window_at(enabled_at, interval_s, phase_s).index + 1",
+        "return window_at(enabled_at, interval_s, phase_s).index",
+        WINDOWS, "the window in progress when retune was enabled (traffic from before) is launched"),
+    Mutant(
+        "windows.relaunch_last_window", "src/powerfleet/retune/windows.py",
+        "if last_launched is not None and closed.index <= last_launched:",
+        "if last_launched is not None and closed.index < last_launched:",
+        WINDOWS, "the window just launched is launched again at the next tick"),
+    Mutant(
+        "s2.truncated_last_member_kept", "src/powerfleet/retune/cut.py",
+        "                if not chunk:\n                    break\n                cur += len(chunk)",
+        "                if not chunk:\n                    ok = True  # the member ends with the file\n"
+        "                    break\n                cur += len(chunk)",
+        RETUNE_CUT, "#24 survivor 2: a gzip member cut short at the end of a segment gets into the window"),
+    # -- retune: fencing --
+    Mutant(
+        "fencing.holder_only_check", "src/powerfleet/retune/leadership.py",
+        "if lease is None or lease.holder_identity != term.identity or (lease.lease_transitions or 0) != term.term:",
+        "if lease is None or lease.holder_identity != term.identity:",
+        LEADERSHIP, "a superseded term of the same identity (a restarted leader) still writes"),
+    Mutant(
+        "fencing.takeover_keeps_term", "src/powerfleet/retune/leadership.py",
+        "        elif not lease.holder_identity or self._expired(lease):\n            transitions += 1\n",
+        "        elif not lease.holder_identity or self._expired(lease):\n",
+        LEADERSHIP, "a takeover keeps the old term: the old leader's late writes are not fenced"),
+    Mutant(
+        "s3.saved_state_term_unchecked", "src/powerfleet/retune/leadership.py",
+        "            if base.term > term.term:\n"
+        '                raise Fenced(f"{term.dgd}: saved state carries term {base.term}, later than {term.term}")\n',
+        "",
+        SAVED_TERM,
+        "#24 survivor 3: a write below the saved state's term is accepted after the Lease is recreated lower"),
+    # -- serialisation and routing --
+    Mutant(
+        "serialisation.accepts_pickle", "src/powerfleet/workers/app.py",
+        '"accept_content": ["json"],',
+        '"accept_content": ["json", "pickle"],',
+        ("tests/integration/test_serialisation.py", "tests/unit/test_tasks_and_routes.py"),  # the real refusal first
+        "workers accept pickled messages (remote code execution for anyone who can write to Redis)"),
+    Mutant(
+        "routing.node_name_unchecked", "src/powerfleet/queues.py",
+        "        if not is_node_name(node):\n"
+        '            raise RoutingError(f"{name}: node {node!r} is not a valid Kubernetes node name")\n',
+        "",
+        ROUTES, "any string (a heartbeat key, a typo) becomes a node queue and a Redis key"),
+    Mutant(
+        "routing.any_node_queue_is_fleet", "src/powerfleet/queues.py",
+        "return queue.startswith(NODE_QUEUE_PREFIX) and is_node_name(queue[len(NODE_QUEUE_PREFIX):])",
+        "return queue.startswith(NODE_QUEUE_PREFIX)",
+        ROUTES, "`trigger --queue` and workers accept node.<anything> as a fleet queue"),
+    Mutant(
+        "routing.sweep_family_to_control", "src/powerfleet/queues.py",
+        '    if task_name.startswith("powerfleet.sweep."):\n        return "sweep"\n',
+        "",
+        ROUTES, "sweep shards (minutes of CPU each) land on control workers and delay every tick"),
+    Mutant(
+        "routing.agent_trusts_the_queue", "src/powerfleet/tasks/agent.py",
+        "    if not rt.serves(params.node):",
+        '    if queue is not None and not rt.serves(queue.removeprefix("node.")):',
+        ("tests/agent/test_agent_workers.py::test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding",),
+        "an agent runs a pass for another node when the message reached its queue (its caps, their pods)"),
+)

@@ -1,0 +1,64 @@
+"""The Celery, kombu and RedBeat settings a Sentinel broker needs (none for a plain Redis URL).
+
+kombu's SentinelChannel and Celery's SentinelBackend read ``master_name`` and
+``sentinel_kwargs`` from their transport options; TLS is ``broker_use_ssl`` and
+``redis_backend_use_ssl``. RedBeat (celery-redbeat 2.4.2, ``redbeat/schedulers.py``) takes
+its own form: a URL starting ``redis-sentinel`` plus ``sentinels``/``service_name``/``db``/
+``password`` in ``redbeat_redis_options``; it builds a Sentinel and asks it for the master
+on every ``get_redis``, so beat follows a failover too.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from powerfleet.broker.clients import master_name, sentinel_kwargs
+from powerfleet.config.broker_urls import is_sentinel, parse_sentinel_url
+from powerfleet.config.fleet import BrokerConfig
+
+
+def transport_options(broker: BrokerConfig, url: str) -> dict[str, Any]:
+    """Extra broker/result-backend transport options for ``url``."""
+    if not is_sentinel(url):
+        return {}
+    return {"master_name": master_name(broker), "sentinel_kwargs": sentinel_kwargs(broker.sentinel)}
+
+
+def _ssl_dict(broker: BrokerConfig) -> dict[str, Any]:
+    opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if broker.sentinel.tls_ca_file:
+        opts["ssl_ca_certs"] = broker.sentinel.tls_ca_file
+    return opts
+
+
+def tls_settings(broker: BrokerConfig, broker_url: str, backend_url: str) -> dict[str, Any]:
+    """TLS for Sentinel-managed connections (rediss:// URLs carry theirs in the query)."""
+    if not broker.sentinel.tls:
+        return {}
+    out: dict[str, Any] = {}
+    if is_sentinel(broker_url):
+        out["broker_use_ssl"] = _ssl_dict(broker)
+        out["redbeat_redis_use_ssl"] = _ssl_dict(broker)
+    if is_sentinel(backend_url):
+        out["redis_backend_use_ssl"] = _ssl_dict(broker)
+    return out
+
+
+def redbeat_settings(broker: BrokerConfig, broker_url: str) -> dict[str, Any]:
+    """``redbeat_redis_url`` (and options, for Sentinel) for beat's schedule and lock."""
+    if not is_sentinel(broker_url):
+        return {"redbeat_redis_url": broker_url}
+    parsed = parse_sentinel_url(broker_url)
+    # RedBeat only checks the scheme and prints the URL in beat's banner (through kombu's URL
+    # parser, so it must be one host:port): the first Sentinel, no credentials.
+    host, port = parsed.sentinels[0]
+    url = f"redis-sentinel://{host}:{port}/{parsed.db}"
+    options: dict[str, Any] = {"sentinels": list(parsed.sentinels), "service_name": master_name(broker),
+                               "db": parsed.db, "socket_timeout": 10,
+                               "sentinel_kwargs": sentinel_kwargs(broker.sentinel)}
+    if parsed.password is not None:
+        options["password"] = parsed.password
+    if parsed.username is not None:
+        options["username"] = parsed.username
+    return {"redbeat_redis_url": url, "redbeat_redis_options": options}

@@ -1,0 +1,137 @@
+"""The fleet-wide read of one budget tick: group allowances for every configured deployment from
+one LIST each of nodes, DGDs and pods, plus the agents' enforcement reports (issue 18 item 2).
+
+A rack is charged for every GPU pod on its nodes, listed or not. A pod of a listed deployment is
+charged through that deployment's ledger (budget/ledger.py); every other GPU pod on a budgeted
+group's node (another tenant, an unlisted DGD) is charged at its power annotation's cap where it
+has one, else at the enforced limits its node's agent reports for its GPUs, else at the GPUs'
+maximum settable limit (budget/evidence.py). That charge is fixed: it lowers what the listed
+deployments may grow into and is never itself planned.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from powerfleet.budget.evidence import EnforcementReports, NoReports, pod_charge
+from powerfleet.budget.fleet import DeploymentView, group_limits
+from powerfleet.budget.program import DeploymentBudget, GroupLimit
+from powerfleet.budget.state import BudgetState
+from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
+from powerfleet.cluster.errors import PowerInputError
+from powerfleet.cluster.gpu_pods import GpuPod
+from powerfleet.cluster.ports import ClusterError, ClusterReader
+from powerfleet.cluster.power import parse_power_annotation
+
+
+class GpuPodReader(Protocol):
+    def list_gpu_pods(self) -> list[GpuPod]: ...
+
+
+class ClaimTemplates(Protocol):
+    def list_claim_templates(self, namespace: str) -> dict[str, tuple[str, ...]]: ...
+
+
+def _claim_classes(dra: ClaimTemplates | None, dgds: Sequence[DGD]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """namespace -> its ResourceClaimTemplates' device classes, read only where a DGD claims DRA devices."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for ns in sorted({d.namespace for d in dgds if any(c.gpu_claims for c in d.components)}):
+        try:
+            out[ns] = dra.list_claim_templates(ns) if dra is not None else {}
+        except ClusterError:
+            continue  # unread: a claim then counts as one that may allocate GPUs
+    return out
+
+
+@dataclass
+class TickPlan:
+    limits: dict[str, GroupLimit]
+    group_current: dict[str, int]  # the ledger: watts drawn or drawable at current counts, every pod included
+    skipped: dict[str, str]  # deployment -> why it is not evaluated
+    group_peak_bound: dict[str, int] = field(default_factory=dict)  # sum of max(current, limit): the peak bound
+    group_unmanaged: dict[str, int] = field(default_factory=dict)  # watts of GPU pods no listed deployment owns
+    group_basis: dict[str, dict[str, int]] = field(default_factory=dict)  # unmanaged watts by charge basis
+    group_measured: dict[str, float] = field(default_factory=dict)  # agent-reported draw (groups with reports)
+
+
+def budget_of(cfg: Any) -> DeploymentBudget:
+    return DeploymentBudget(power_limit_w=cfg.power_limit_w, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
+                            min_replicas=dict(cfg.min_replicas), sole_writer=cfg.sole_writer)
+
+
+def _cap(pod: GpuPod) -> int | None:
+    raw = pod.annotations.get(POWER_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return parse_power_annotation(raw).watts
+    except PowerInputError:
+        return None  # an unreadable cap is no cap: charged as unenforced
+
+
+def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str, str], budgets: Mapping[str, int],
+              reports: Mapping[str, Any], now: float, fresh_s: float, max_settable_w: int
+              ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """group -> watts of the GPU pods on it that no listed deployment owns, and the same by basis."""
+    watts: dict[str, int] = defaultdict(int)
+    basis: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for p in pods:
+        group = node_groups.get(p.node_name or "")
+        if group not in budgets or p.gpus <= 0 or not p.is_running_or_starting or p.uid in owned:
+            continue
+        charge = pod_charge(p.uid, p.gpus, _cap(p), reports, p.node_name, now, fresh_s, max_settable_w)
+        watts[group] += charge.watts
+        basis[group][charge.basis] += charge.watts
+    return dict(watts), {g: dict(b) for g, b in basis.items()}
+
+
+def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
+                group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
+                *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
+                dra: ClaimTemplates | None = None) -> TickPlan:
+    """Group allowances for every configured deployment from one LIST of nodes, DGDs and pods.
+    ``pods_reader``: every pod with its GPUs (None: only the deployments' own pods are read, and
+    no other tenant is charged)."""
+    if not groups:
+        return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
+    node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
+    dgds = {f"{d.namespace}/{d.name}": d for d in cluster.list_dgds() if isinstance(d, DGD)}
+    pods: Sequence[GpuPod] = (pods_reader.list_gpu_pods() if pods_reader is not None else
+                              [GpuPod(**p.model_dump()) for p in cluster.list_pods(label_selector=LABEL_DGD_NAME)])
+    by_dgd: dict[tuple[str, str], list[GpuPod]] = defaultdict(list)
+    for p in pods:
+        if LABEL_DGD_NAME in p.labels:
+            by_dgd[(p.namespace, p.labels[LABEL_DGD_NAME])].append(p)
+    proposals, admitted = state.proposals(), state.all_admitted()
+    classes = _claim_classes(dra, [d for k, d in dgds.items() if k in deployments])
+    views, skipped, owned = [], {}, set()
+    for key, cfg in deployments.items():
+        dgd = dgds.get(key)
+        if dgd is None:
+            skipped[key] = "not found or unreadable"
+            continue
+        own = by_dgd.get((dgd.namespace, dgd.name), [])
+        owned.update(p.uid for p in own)
+        views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
+                                    proposal=proposals.get(key), pods=own,
+                                    claim_classes=classes.get(dgd.namespace)))
+    group_nodes: dict[str, list[str]] = defaultdict(list)
+    for n, g in node_groups.items():
+        if g in groups:
+            group_nodes[g].append(n)
+    got = (reports or NoReports()).reports([n for ns in group_nodes.values() for n in ns])
+    tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
+    limits = group_limits(views, node_groups, groups, group_label, tenants)
+    current = {g: tenants.get(g, 0) for g in groups}
+    peak = dict(current)
+    for gl in limits.values():
+        for g in (gl.group or "").split(","):
+            if g in current:
+                current[g] += gl.current_w
+                peak[g] += max(gl.current_w, gl.limit_w or 0)
+    measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
+                for g, ns in group_nodes.items() if any(n in got for n in ns)}
+    return TickPlan(limits, current, skipped, peak, tenants, basis, measured)

@@ -1,0 +1,76 @@
+"""Every pod that holds GPUs, with its GPU count: what a rack's ledger charges (issue 18 item 2).
+
+One LIST of the cluster's pods per budget tick (API calls grow with the tick, not with pods x
+deployments). A pod's GPUs are the ``nvidia.com/gpu`` of its containers (limits, else requests)
+plus those of its native sidecars (init containers with ``restartPolicy: Always``, which hold
+their devices for the pod's life); a plain init container's GPUs are released before the main
+containers start and overlap them, so the pod holds the larger of the two sets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes import client
+
+from powerfleet.cluster.dgd import GPU_RESOURCE, INT_RE
+from powerfleet.cluster.kube import LIST_TIMEOUT_SECONDS, REQUEST_TIMEOUT_SECONDS, KubeCluster, _api_errors
+from powerfleet.cluster.objects import PodInfo
+
+
+class GpuPod(PodInfo):
+    gpus: int = 0  # nvidia.com/gpu the pod holds
+
+
+def _container_gpus(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    for key in ("limits", "requests"):
+        raw = (resources.get(key) or {}).get(GPU_RESOURCE)
+        if raw is not None:
+            text = str(raw).strip()
+            return int(text) if INT_RE.fullmatch(text) else 0
+    return 0
+
+
+def pod_gpus(spec: Mapping[str, Any]) -> int:
+    """GPUs a pod spec (as JSON) holds: containers and native sidecars together, or its largest
+    plain init container if that is more."""
+    containers: Sequence[Mapping[str, Any]] = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    inits: Sequence[Mapping[str, Any]] = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
+    sidecars = sum(_container_gpus(c) for c in inits if c.get("restartPolicy") == "Always")
+    plain = max((_container_gpus(c) for c in inits if c.get("restartPolicy") != "Always"), default=0)
+    return max(sidecars + sum(_container_gpus(c) for c in containers), plain)
+
+
+class KubeGpuPods:
+    """The ledger's pod LIST on the official client."""
+
+    def __init__(self, cluster: KubeCluster) -> None:
+        self.cluster = cluster
+        self.core = client.CoreV1Api(cluster.api_client)
+
+    def list_gpu_pods(self) -> list[GpuPod]:
+        """Every pod in the cluster with its GPU count (pods without GPUs come back with 0). The
+        response is read as JSON, not through the client's models: at thousands of pods that is
+        most of a tick's time."""
+        with _api_errors("list pods (all namespaces, for the ledger)"):
+            resp = self.core.list_pod_for_all_namespaces(timeout_seconds=LIST_TIMEOUT_SECONDS,
+                                                         _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                                                         _preload_content=False)
+            listed = json.loads(resp.data)
+        return [gpu_pod(p) for p in listed.get("items") or [] if isinstance(p, Mapping)]
+
+
+def gpu_pod(obj: Mapping[str, Any]) -> GpuPod:
+    """A pod as the API returns it (JSON) -> its ledger view."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    return GpuPod(name=str(meta.get("name") or ""), namespace=str(meta.get("namespace") or ""),
+                  uid=str(meta.get("uid") or ""), node_name=spec.get("nodeName") or None,
+                  phase=status.get("phase") or None, labels=dict(meta.get("labels") or {}),
+                  annotations=dict(meta.get("annotations") or {}),
+                  terminating=meta.get("deletionTimestamp") is not None,
+                  resource_version=str(meta.get("resourceVersion") or ""), gpus=pod_gpus(spec))

@@ -1,0 +1,48 @@
+"""The live guard's metrics (``powerfleet_power_*``), exported by the control workers that run it.
+
+The agent's side (overlays applied, fallback activations) is in the agent's own registry
+(agent/throttle.py).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from powerfleet.power.live import GuardPeriod
+
+MODES = ("release", "hold", "throttle_low", "throttle_all")
+
+GUARD_MODE = Gauge("powerfleet_power_guard_mode", "1 for the mode the group's guard was in at its last period",
+                   ["group", "mode"], multiprocess_mode="mostrecent")
+MEASURED = Gauge("powerfleet_power_group_measured_watts",
+                 "The group's measured draw as the guard counted it (silent GPUs at their safe caps)", ["group"],
+                 multiprocess_mode="mostrecent")
+LIMIT = Gauge("powerfleet_power_group_limit_watts", "The group's limit", ["group"], multiprocess_mode="mostrecent")
+THROTTLED = Gauge("powerfleet_power_throttled_gpus", "GPUs the guard holds below their requested cap",
+                  ["group"], multiprocess_mode="mostrecent")
+STALE = Gauge("powerfleet_power_stale_gpus", "GPUs without a fresh report, counted at their safe caps",
+              ["group"], multiprocess_mode="mostrecent")
+REFUSED = Gauge("powerfleet_power_group_refused",
+                "1 while the group is refused oversubscription (its minimum caps exceed its limit)", ["group"],
+                multiprocess_mode="mostrecent")
+THROTTLE_EVENTS = Counter("powerfleet_power_throttle_events_total", "Caps the guard lowered, by priority",
+                          ["group", "priority"])
+EXCURSIONS = Counter("powerfleet_power_excursion_periods_total",
+                     "Guard periods in which the group's measured draw was above its limit", ["group"])
+
+
+def observe(group: str, limit_w: float, period: GuardPeriod) -> None:
+    LIMIT.labels(group=group).set(limit_w)
+    REFUSED.labels(group=group).set(1 if period.refused else 0)
+    d = period.decision
+    if d is None:
+        return
+    for mode in MODES:
+        GUARD_MODE.labels(group=group, mode=mode).set(1 if d.mode == mode else 0)
+    MEASURED.labels(group=group).set(d.measured_w)
+    THROTTLED.labels(group=group).set(len(d.throttle))
+    STALE.labels(group=group).set(len(d.stale))
+    for e in d.events:
+        THROTTLE_EVENTS.labels(group=group, priority=e.priority).inc()
+    if period.over_limit:
+        EXCURSIONS.labels(group=group).inc()

@@ -1,0 +1,142 @@
+"""The live power guard: ``powerfleet.power.guard(group)``, run by beat every
+``power.guard_period_s`` per oversubscribed group (docs/power.md, "Live").
+
+Thin: read the group's view (nodes, pod priorities; cached), the agents' reports and the guard's
+memory from Redis, run one pure period (power/live.py), store the memory, send one
+``powerfleet.agent.throttle`` overlay per node (node-scoped, expiring after 1.5 periods).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from pydantic import Field
+
+from powerfleet.power import metrics as power_metrics
+from powerfleet.power.guard import GuardSettings
+from powerfleet.power.live import GuardMemory, GuardPeriod, guard_period
+from powerfleet.power.telemetry import RedisTelemetry, TelemetryReader
+from powerfleet.tasks.base import TaskArgs, TaskInputError, fleet_task
+from powerfleet.tasks.ports import clock, fleet_redis
+
+log = logging.getLogger("powerfleet.power")
+
+THROTTLE_TASK = "powerfleet.agent.throttle"
+MEMORY_KEY = "powerfleet:power:guard:{group}"
+LOCK_KEY = "powerfleet:power:guard:{group}:lock"
+DRAW_KEY = "powerfleet:power:draw:{group}"  # [t, W] per period, newest first: admission's window
+MEMORY_TTL_S = 86400  # a guard back after an outage resumes from what it sent last
+_refused: dict[str, str | None] = {}  # group -> the refusal last logged (one line per change)
+_topologies: dict[str, Any] = {}
+
+
+class GuardArgs(TaskArgs):
+    group: str = Field(min_length=1, max_length=253)
+
+
+class GuardResult(TaskArgs):
+    group: str
+    at: float
+    ran: bool = Field(description="false when another run for the group held its lock")
+    mode: str | None = None
+    measured_w: float | None = None
+    limit_w: float
+    refused: str | None = None
+    overlays: list[str] = Field(default_factory=list, description="nodes sent an overlay")
+    throttle: dict[str, float] = Field(default_factory=dict)
+    stale: list[str] = Field(default_factory=list)
+
+
+def _topology(app: Any) -> Any:
+    from powerfleet.cluster.kube import KubeCluster
+    from powerfleet.power.topology import ClusterTopology
+
+    cfg = app.fleet_config
+    key = cfg.budget.kubeconfig or ""
+    if key not in _topologies:  # the budget's cluster access: the same nodes, labels and pods
+        cluster = (KubeCluster.from_kubeconfig(key, component="powerfleet-power") if key
+                   else KubeCluster.in_cluster(component="powerfleet-power"))
+        priorities = {k: d.priority for k, d in cfg.budget.deployments.items()}
+        _topologies[key] = ClusterTopology(cluster, cfg.budget.group_label, priorities,
+                                           cfg.power.topology_refresh_s, clock)
+    return _topologies[key]
+
+
+def send_overlays(app: Any, period: GuardPeriod) -> list[str]:
+    """One throttle message per node, pipelined through one producer; each expires when useless."""
+    sent = []
+    with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
+        for node, overlay in sorted(period.overlays.items()):
+            app.send_task(THROTTLE_TASK, kwargs=overlay.model_dump(mode="json"), expires=overlay.ttl_s(),
+                          producer=producer, ignore_result=True)
+            sent.append(node)
+    return sent
+
+
+def run_guard(app: Any, group: str, limit_w: float, topology: Any, telemetry: TelemetryReader, r: Any,
+              now: float) -> GuardResult:
+    """One period for one group, with its I/O: the task's body, callable with other ports."""
+    settings = GuardSettings(period_s=app.fleet_config.power.guard_period_s)
+    # One run per group at a time. Released at the end: the next period's run, due one period
+    # later, must find it free; the expiry only covers a worker that died holding it.
+    lock, token = LOCK_KEY.format(group=group), uuid.uuid4().hex
+    if not r.set(lock, token, nx=True, px=max(1, int(settings.period_s * 1000))):
+        return GuardResult(group=group, at=now, ran=False, limit_w=limit_w)
+    try:
+        return _period(app, settings, group, limit_w, topology, telemetry, r, now)
+    finally:
+        held = r.get(lock)
+        if held is not None and (held.decode() if isinstance(held, bytes) else held) == token:
+            r.delete(lock)
+
+
+def _period(app: Any, settings: GuardSettings, group: str, limit_w: float, topology: Any,
+            telemetry: TelemetryReader, r: Any, now: float) -> GuardResult:
+    raw = r.get(MEMORY_KEY.format(group=group))
+    try:
+        memory = GuardMemory.from_json(json.loads(raw)) if raw else GuardMemory()
+    except ValueError:
+        memory = GuardMemory()
+    view = topology.view(group)
+    period = guard_period(settings, group, limit_w, view, telemetry.read(view.nodes), memory, now)
+    r.set(MEMORY_KEY.format(group=group), json.dumps(period.memory.to_json(), allow_nan=False), ex=MEMORY_TTL_S)
+    if period.refused != _refused.get(group):
+        if period.refused:
+            log.error("%s", period.refused)
+        elif group in _refused:
+            log.info("group %s: oversubscription no longer refused; guarding it", group)
+        _refused[group] = period.refused
+    if period.decision is not None:  # the measured figure admission reads (power/admission.py)
+        keep = int(app.fleet_config.power.admission_window_s / settings.period_s) + 1
+        pipe = r.pipeline(transaction=False)
+        pipe.lpush(DRAW_KEY.format(group=group), json.dumps([now, period.decision.measured_w], allow_nan=False))
+        pipe.ltrim(DRAW_KEY.format(group=group), 0, keep - 1)
+        pipe.expire(DRAW_KEY.format(group=group), MEMORY_TTL_S)
+        pipe.execute()
+    sent = send_overlays(app, period)
+    power_metrics.observe(group, limit_w, period)
+    d = period.decision
+    return GuardResult(group=group, at=now, ran=True, limit_w=limit_w, refused=period.refused, overlays=sent,
+                       mode=d.mode if d else None, measured_w=d.measured_w if d else None,
+                       throttle=dict(d.throttle) if d else {}, stale=list(d.stale) if d else [])
+
+
+def draw_history(r: Any, group: str) -> list[tuple[float, float]]:
+    """The group's measured draw per guard period over the admission window (for the ledger)."""
+    from powerfleet.power.admission import parse_draw_history
+
+    return parse_draw_history(r.lrange(DRAW_KEY.format(group=group), 0, -1))
+
+
+@fleet_task("powerfleet.power.guard", GuardArgs, acks_late=False)
+def guard(self: Any, params: GuardArgs) -> GuardResult:
+    """One guard period for one oversubscribed group (a lost run is replaced by the next period's)."""
+    limit = self.app.fleet_config.budget.oversubscribed().get(params.group)
+    if limit is None:
+        raise TaskInputError(f"powerfleet.power.guard: group: {params.group!r} is not an oversubscribed group "
+                             "(budget.groups.<g>.oversubscription > 1.0)")
+    return run_guard(self.app, params.group, limit, _topology(self.app), RedisTelemetry(fleet_redis(self.app)),
+                     fleet_redis(self.app), clock.now())

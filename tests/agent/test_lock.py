@@ -1,0 +1,56 @@
+"""One agent per node: the Redis lock against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from powerfleet.agent.lock import LockHeld, NodeLock, identity, lock_key
+from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def r(broker_url: str) -> redis.Redis:  # noqa: F811
+    return redis.Redis.from_url(broker_url)
+
+
+def test_a_second_agent_refuses_while_the_first_holds_the_lock(r: redis.Redis) -> None:
+    first = NodeLock(r, "n1", 45)
+    first.acquire()
+    second = NodeLock(r, "n1", 45, me={**identity(), "id": "other"})
+    with pytest.raises(LockHeld, match=r"another agent for node n1 is running \(pid \d+ on .*\); refusing to start"):
+        second.acquire()
+    assert first.renew() and first.held
+    NodeLock(r, "n2", 45).acquire()  # another node's agent is not affected
+
+
+def test_a_dead_holder_on_this_machine_is_taken_over_at_once(r: redis.Redis) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me = identity()
+    r.set(lock_key("n1"), json.dumps({**me, "id": "crashed", "pid": gone.pid, "start": "1"}), ex=45)
+    lock = NodeLock(r, "n1", 45, me=me)
+    lock.acquire()
+    assert lock.held and json.loads(r.get(lock_key("n1")))["id"] == me["id"]
+
+
+def test_a_holder_on_another_machine_is_waited_for(r: redis.Redis) -> None:
+    r.set(lock_key("n1"), json.dumps({"id": "x", "host": "elsewhere", "pid": 1, "boot": "another-boot"}), ex=45)
+    with pytest.raises(LockHeld, match="pid 1 on elsewhere"):
+        NodeLock(r, "n1", 45).acquire()
+
+
+def test_a_holder_that_sees_another_identity_stops_and_release_never_deletes_anothers_lock(r: redis.Redis) -> None:
+    lock = NodeLock(r, "n1", 45)
+    lock.acquire()
+    r.set(lock_key("n1"), json.dumps({"id": "usurper", "pid": 1}))  # e.g. after its key expired in an outage
+    assert not lock.renew() and not lock.held and "pid 1" in lock.why
+    lock.held = True
+    lock.release()
+    assert json.loads(r.get(lock_key("n1")))["id"] == "usurper"
+    r.delete(lock_key("n1"))
+    assert lock.renew() and lock.held  # an expired key is taken again by its last holder

@@ -1,0 +1,124 @@
+"""A rack is charged for every GPU pod on its nodes, listed or not (issue 18 item 2), with the
+basis of each charge (item 8), and its watts are shared max-min fairly (item 10)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.budget.evidence import ENFORCEMENT_KEY, Charge, GpuReport, RedisReports, parse_report, pod_charge
+from powerfleet.budget.groups import Member, allocate
+from powerfleet.budget.state import BudgetState
+from powerfleet.budget.tick import tick_limits
+from powerfleet.cluster.gpu_pods import KubeGpuPods, pod_gpus
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.config.fleet import DeploymentBudgetConfig
+from powerfleet.twin.apiserver import ApiServer
+from tests.budget.stand_in_operator import dgd, settle
+
+RACK = "powerfleet.io/rack"
+
+
+def gpu(n: int) -> dict:
+    return {"limits": {"nvidia.com/gpu": str(n)}}
+
+
+def test_pod_gpus_count_native_sidecars_and_the_larger_init_phase():
+    assert pod_gpus({"containers": [{"name": "main", "resources": gpu(2)}, {"name": "log"}]}) == 2
+    # a native sidecar (restartPolicy: Always) holds its GPU beside the main containers
+    assert pod_gpus({"initContainers": [{"name": "engine", "restartPolicy": "Always", "resources": gpu(4)}],
+                     "containers": [{"name": "main"}]}) == 4
+    # a plain init container runs before them: the pod holds the larger set
+    assert pod_gpus({"initContainers": [{"name": "warm", "resources": gpu(8)}],
+                     "containers": [{"name": "main", "resources": gpu(2)}]}) == 8
+    assert pod_gpus({"containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": 1}}}]}) == 1
+
+
+def test_a_pod_is_charged_its_cap_else_fresh_enforced_limits_else_the_max_settable_limit():
+    fresh = [GpuReport("GPU-a", "pod-1", 400, 310.0, at=100.0), GpuReport("GPU-b", "pod-1", 450, 300.0, at=100.0)]
+    assert pod_charge("pod-1", 2, 300, {"n": fresh}, "n", 120.0, 90.0, 1000) == Charge(600, "requested_cap")
+    got = pod_charge("pod-1", 2, None, {"n": fresh}, "n", 120.0, 90.0, 1000)
+    assert (got.watts, got.basis) == (850, "enforced")
+    stale = pod_charge("pod-1", 2, None, {"n": fresh}, "n", 200.0, 90.0, 1000)  # reports 100 s old, fresh for 90
+    assert (stale.watts, stale.basis) == (2000, "max_settable")
+    partial = pod_charge("pod-1", 3, None, {"n": fresh}, "n", 120.0, 90.0, 1000)  # one GPU without a report
+    assert partial.basis == "max_settable" and partial.watts == 3000
+    other_pod = pod_charge("pod-2", 1, None, {"n": fresh}, "n", 120.0, 90.0, 1000)
+    assert other_pod.basis == "max_settable"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=60), st.text(max_size=60), st.dictionaries(
+    st.sampled_from(["pod_uid", "enforced_w", "draw_w", "at", "x"]),
+    st.none() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5), max_size=5).map(json.dumps)))
+def test_a_report_of_any_shape_is_evidence_or_none(raw):
+    got = parse_report("GPU-x", raw)
+    assert got is None or (isinstance(got.enforced_w, int) and isinstance(got.at, float))
+
+
+def test_reports_are_read_from_one_hash_per_node(broker_url):
+    r = redis.Redis.from_url(broker_url)
+    r.delete(ENFORCEMENT_KEY.format(node="gpu-1"))
+    r.hset(ENFORCEMENT_KEY.format(node="gpu-1"), mapping={
+        "GPU-a": json.dumps({"pod_uid": "u1", "enforced_w": 500, "draw_w": 412.5, "at": 10.0}), "GPU-b": "garbage"})
+    got = RedisReports(r).reports(["gpu-1", "gpu-2"])
+    assert got == {"gpu-1": [GpuReport("GPU-a", "u1", 500, 412.5, 10.0)]}
+
+
+@pytest.fixture
+def rack(tmp_path: Path, broker_url: str):
+    with ApiServer() as api:
+        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kc")))
+        for n in ("gpu-0", "gpu-1"):
+            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {RACK: "r1"}}})
+        yield api, kube, BudgetState(redis.Redis.from_url(broker_url))
+        kube.close()
+
+
+def tenant(api, name: str, gpus: int, cap: str | None = None, node: str = "gpu-1") -> None:
+    api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "namespace": "other", "annotations": {} if cap is None else {"dynamo.nvidia.com/gpu-power-limit": cap}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "resources": gpu(gpus)}]},
+        "status": {"phase": "Running"}})
+
+
+def test_an_unmanaged_tenant_lowers_what_listed_deployments_may_grow_into(rack):
+    api, kube, state = rack
+    for name in ("a", "b", "c"):
+        api.apply(dgd(name, 1, 1))  # 1 GPU x 500 W per replica: 1,000 W each
+        settle(api, kube, name, ["gpu-0"])
+        state.propose(f"default/{name}", {"decode": 9}, at=0, source="test")
+    tenant(api, "unannotated", 2)  # no cap, no report: 2 x 1,000 W (maximum settable)
+    tenant(api, "capped", 1, cap="700")  # its annotation's cap: 700 W
+    tenant(api, "cpu-only", 0)  # holds no GPU: charged nothing
+    cfg = {f"default/{k}": DeploymentBudgetConfig(power_limit_w=10_000) for k in ("a", "b", "c")}
+    plan = tick_limits(kube, state, cfg, {"r1": 9000}, RACK, KubeGpuPods(kube), now=100.0, max_settable_w=1000)
+    assert plan.group_unmanaged == {"r1": 2700}
+    assert plan.group_basis == {"r1": {"max_settable": 2000, "requested_cap": 700}}
+    assert plan.group_current == {"r1": 3 * 1000 + 2700}
+    # 9,000 - 2,700 - 3 x 1,000 = 3,300 W free, split max-min fair: 1,100 W of growth each
+    assert [plan.limits[f"default/{k}"].limit_w for k in "abc"] == [2100, 2100, 2100]
+    assert plan.group_peak_bound == {"r1": 2700 + 3 * 2100} and plan.group_peak_bound["r1"] <= 9000
+    # without the tenants the same deployments would have been allowed 3,000 W each
+    alone = tick_limits(kube, state, cfg, {"r1": 9000}, RACK, None, now=100.0)
+    assert [alone.limits[f"default/{k}"].limit_w for k in "abc"] == [3000, 3000, 3000]
+
+
+def test_group_sharing_is_max_min_fair_with_an_unmanaged_tenant():
+    # docs/budget.md: minimums first, then the rest water-filled over what each wants (capped by its
+    # own limit); the tenant's draw is fixed. 10,000 W rack, tenant 2,000 W: 8,000 W to share.
+    from powerfleet.budget.fleet import UNMANAGED, unmanaged_member
+
+    members = {"small": Member(1000, 1500, 1000, 10_000), "big": Member(1000, 9000, 1000, 10_000),
+               "capped": Member(1000, 9000, 1000, 2500), UNMANAGED: unmanaged_member(2000)}
+    res = allocate(10_000, members)
+    shares = {k: a.share_w for k, a in res.allowances.items()}
+    # small wants 1,500 and gets it; capped is held at its own 2,500; big takes the rest
+    assert shares == {"small": 1500, "big": 4000, "capped": 2500, UNMANAGED: 2000}
+    # max-min: nobody could get more without taking from someone who has less than it
+    assert shares["big"] > shares["capped"] > shares["small"] and sum(shares.values()) == 10_000

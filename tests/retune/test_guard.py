@@ -1,0 +1,83 @@
+"""The noise guard: minimum traffic, a paired test on CRN batches, dwell (issue 20 item 5)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerfleet.retune.decision import Candidate, decide
+from powerfleet.retune.guard import Move, NoiseGuard, dwell_blocks, paired_confidence, t_cdf
+from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.retune.sweep import run_sweep
+from powerfleet.sim.policy import RouterPolicy
+from powerfleet.sim.trace import TraceRequest
+
+GUARD = NoiseGuard(min_requests=100, confidence=0.95, dwell_windows=3)
+
+
+def _cand(params: dict[str, float], batches: list[float], requests: int = 400) -> Candidate:
+    return Candidate(params=params, score=sum(batches) / len(batches), batches=batches, requests=requests)
+
+
+def test_the_t_distribution_matches_its_tables() -> None:
+    assert t_cdf(0.0, 5) == 0.5
+    assert abs(t_cdf(2.228, 10) - 0.975) < 1e-3 and abs(t_cdf(-1.753, 15) - 0.05) < 1e-3
+    assert abs(t_cdf(1.96, 10_000) - 0.975) < 1e-3
+
+
+def test_a_consistent_gain_applies_and_a_gain_carried_by_one_batch_does_not() -> None:
+    probe = _cand({"t": 1.0}, [1000.0] * 16)
+    steady = _cand({"t": 0.0}, [960.0 + (i % 3) for i in range(16)])  # better in every batch
+    lucky = _cand({"t": 0.0}, [1000.0 + (5 if i % 2 else -5) for i in range(15)] + [400.0])  # one batch
+    assert decide([steady], probe, "ttft", 1.0, guard=GUARD).action == "apply"
+    d = decide([lucky], probe, "ttft", 1.0, guard=GUARD)
+    assert lucky.score < probe.score * 0.97  # the mean alone would apply
+    assert d.action == "keep" and "confidence" in d.reason and d.confidence is not None and d.confidence < 0.95
+    assert decide([lucky], probe, "ttft", 1.0).action == "apply"  # without the guard: noise decides
+
+
+def test_too_few_requests_keep_and_the_decision_shows_margin_confidence_and_count() -> None:
+    probe = _cand({"t": 1.0}, [1000.0] * 16, requests=60)
+    best = _cand({"t": 0.0}, [900.0 + (i % 2) for i in range(16)], requests=60)
+    second = _cand({"t": 0.5}, [950.0] * 16, requests=60)
+    d = decide([second, best], probe, "ttft", 1.0, guard=GUARD)
+    assert d.action == "keep" and "only 60 requests" in d.reason
+    assert d.requests == 60 and d.runner_up_margin_pct is not None and abs(d.runner_up_margin_pct - 4.95) < 0.01
+    assert d.confidence is not None and d.confidence > 0.99
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(8, 32), spread=st.floats(0.01, 0.5),
+       base=st.floats(100.0, 5000.0))
+def test_candidate_and_probe_from_one_distribution_almost_never_apply(seed, batches, spread, base) -> None:
+    rng = random.Random(seed)
+    applied = 0
+    windows = 200
+    for _ in range(windows):
+        # Shared per-batch load (what CRN pairs) plus independent noise of the same law for both.
+        load = [base * (1 + rng.uniform(-0.5, 0.5)) for _ in range(batches)]
+        probe = _cand({"t": 1.0}, [x * (1 + rng.gauss(0, spread)) for x in load])
+        cand = _cand({"t": 0.0}, [x * (1 + rng.gauss(0, spread)) for x in load])
+        applied += decide([cand], probe, "ttft", 0.0, guard=GUARD).action == "apply"
+    assert applied <= windows * 0.1, applied  # the confidence (0.95, one-sided) holds it near 5 %
+
+
+def test_a_parameter_does_not_move_back_within_the_dwell() -> None:
+    moves = {"temperature": Move(window=10, previous=1.0)}  # moved 1.0 -> 0.0 at window 10
+    cur = {"temperature": 0.0, "prefill_load_scale": 1.0}
+    back = {"temperature": 1.0, "prefill_load_scale": 1.0}
+    assert "moving it back" in (dwell_blocks(moves, cur, back, 12, 3) or "")
+    assert dwell_blocks(moves, cur, back, 14, 3) is None  # the dwell has passed
+    assert dwell_blocks(moves, cur, {"temperature": 0.0, "prefill_load_scale": 4.0}, 11, 3) is None  # another knob
+    assert paired_confidence([1.0, 2.0], [2.0, 3.0], maximize=False) is None  # too few pairs to test
+
+
+def test_the_sweep_reports_confidence_and_requests_from_crn_batches() -> None:
+    reqs = [TraceRequest(timestamp_ms=i * 250.0, input_length=512 * (20 + i % 7), output_length=8,
+                         hash_ids=tuple(range((i % 5) * 100, (i % 5) * 100 + 20 + i % 7))) for i in range(320)]
+    res = run_sweep(reqs, 4, "ttft", RouterPolicy(temperature=1.0), DEFAULT_GRID.model_copy(update={
+        "overlap_score_credit": None, "prefill_load_scale": None}), processes=1, window=(0.0, None))
+    assert res.probe.requests == 320 and res.probe.batches is not None and len(res.probe.batches) == 16
+    assert res.decision.requests == 320 and res.decision.confidence is not None
