@@ -13,7 +13,7 @@ def _deployment(**over):  # type: ignore[no-untyped-def]
          "state": {"desired": {}, "last_window": 6_000_000, "rollback": "none", "pending": [{"window": 6_000_001}],
                    "outcomes": {"decided": 1, "abandoned": 0, "dropped": 0}},
          "decisions": [{"window": 6_000_000, "outcome": "keep", "requests": 70, "confidence": 0.5,
-                        "runner_up_margin_pct": -0.0004, "reason": "keep: +0.2 % does not beat the probe by more than 1 %"}]}
+                        "runner_up_margin_pct": -0.0004, "reason": "keep: +0.2 % beats the probe, but temperature moved at window 5999999 (0 -> 0.5)"}]}
     return {**d, **over}
 
 
@@ -23,7 +23,8 @@ def test_windows_show_as_clock_times_and_the_outcome_once() -> None:
     # window 6,000,000 of 300 s = [1_800_000_000, 1_800_000_300) = 2027-01-15 08:00:00-08:05:00 UTC
     assert "last window 2027-01-15 08:00:00-08:05:00 UTC (#6000000)" in text
     assert "in flight: 2027-01-15 08:05:00-08:10:00 UTC (#6000001)" in text
-    assert "window 2027-01-15 08:00:00-08:05:00 UTC (#6000000): keep: +0.2 % does not beat" in text
+    assert "window 2027-01-15 08:00:00-08:05:00 UTC (#6000000): keep: +0.2 % beats the probe, but temperature " \
+           "moved at window 2027-01-15 07:55:00-08:00:00 UTC (#5999999) (0 -> 0.5)" in text
     assert "keep: keep:" not in text and "-0.00" not in text and "runner-up 0.00 % behind" in text
 
 

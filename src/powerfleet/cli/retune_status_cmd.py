@@ -5,6 +5,7 @@ router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/j
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -75,7 +76,7 @@ def _text(d: dict[str, Any], cfg: Any = None) -> str:
             extra.append(f"runner-up {_pct(h['runner_up_margin_pct'])} behind")
         if h.get("confidence") is not None:
             extra.append(f"confidence {h['confidence']:.3f}")
-        reason = _without_prefix(h["reason"], h["outcome"])
+        reason = _WINDOW_INDEX.sub(lambda m: f"window {when(int(m.group(1)))}", _without_prefix(h["reason"], h["outcome"]))
         lines.append(f"  window {when(h['window'])}: {h['outcome']}: {reason}" + (f" [{', '.join(extra)}]" if extra else ""))
     for r in d["routers"]:
         conv = {True: "converged", False: "NOT converged", None: "no target"}[r["converged"]]
@@ -106,6 +107,9 @@ def _window_clock(cfg: Any, dgd: str) -> Any:
         return f"{day}{start:{form}}-{end:%H:%M:%S} UTC (#{k})"
 
     return when
+
+
+_WINDOW_INDEX = re.compile(r"\bwindow (\d{4,})\b")  # a window a reason names ("moved at window 89806186")
 
 
 def _pct(value: float) -> str:
