@@ -275,3 +275,15 @@ def test_agent_once_refuses_a_state_dir_it_cannot_write_before_setting_a_cap(tmp
     assert out.returncode == 2 and out.stdout == "", out.stdout
     assert out.stderr.strip().splitlines() == [
         f"powerfleet: error: --state-dir: cannot write to {tmp_path / 'file' / 'state'} (Not a directory)"]
+
+
+def test_input_nested_too_deeply_names_the_option_that_gave_it(files) -> None:
+    from tests.integration.conftest import run_cli
+
+    trace = str(Path(__file__).resolve().parents[1] / "sim" / "data")
+    deep = str(files["deep"])
+    for args, option in ((["validate", "dgd-update", "--old", deep, "--new", str(files["dup"])], "--old"),
+                         (["sim", "replay", "--trace", trace, "--workers", "2", "--profile", deep], "--profile")):
+        out = run_cli(*args)
+        assert out.returncode == 2 and out.stderr == f"powerfleet: error: {option}: {deep} is nested too deeply to parse\n", \
+            out.stderr[-500:]
