@@ -55,6 +55,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     out["huge_gpus"] = d / "huge-gpus.json"
     out["huge_gpus"].write_text('[{"index": 0, "uuid": "GPU-0", "min_w": 100, "max_w": 1e308, "default_w": 700, '
                                 '"current_w": 700, "pids": []}]')
+    out["gpus"] = d / "gpus.json"
+    out["gpus"].write_text('[{"index": 0, "uuid": "GPU-0", "min_w": 200, "max_w": 700, "default_w": 700, '
+                           '"current_w": 700, "pids": []}]')
+    out["pods_no_uid"] = d / "pods-no-uid.json"
+    out["pods_no_uid"].write_text('{"items": [{"metadata": {"name": "p", "namespace": "default"}, '
+                                  '"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}]}')
     out["deep"].write_text(DEEP)
     out["deep_object"].write_text(DEEP_OBJECT)
     (d / "file").write_text("a file, so no directory can be made under it")
@@ -180,6 +186,8 @@ def _cases(f: dict[str, Path], busy: int, not_redis: str = "redis://127.0.0.1:1/
         ("worker", ["worker", "--loglevel", "BOGUS"]),
         ("beat", ["beat", "--loglevel", "BOGUS"]),
         ("up", ["up", "--log-dir", str(f["unwritable"])]),
+        # A configured broker that is not Redis: one line before any process starts.
+        ("up", ["up", "--log-dir", str(f["dir"] / "up-logs")], {"POWERFLEET_BROKER__URL": not_redis}),
         ("demo", ["demo", "--duration", "30", "--nodes", "1", "--report", str(f["unwritable"])]),
         ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", '{"payload": 1, "payload": 2}']),
         ("trigger", ["trigger", "powerfleet.fleet.echo", "--timeout", "1e308"]),
@@ -187,6 +195,11 @@ def _cases(f: dict[str, Path], busy: int, not_redis: str = "redis://127.0.0.1:1/
         ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f["huge_gpus"]),
                         "--pods", str(f["no_pods"])]),
         ("retune status", ["retune", "status"], {"POWERFLEET_RETUNE__DEPLOYMENTS": "['../x']"}),
+        # A pod without a uid matches no process (its GPU would read as released); a namespace with a slash.
+        ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f["gpus"]),
+                        "--pods", str(f["pods_no_uid"])]),
+        ("agent once", ["agent", "once", "--node", "n1", "--dry-run", "--gpus", str(f["gpus"]),
+                        "--pods", str(f["no_pods"]), "--namespace", "a/b"]),
         ("budget plan", ["budget", "plan", "--input", "-"], None, None),
         ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", "-"], None, None),
         ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", "-"], None, b'{"payload": "caf\xe9"}'),
@@ -236,3 +249,41 @@ def test_hostile_input_fails_in_one_line_without_a_traceback(files, busy_port, n
             shown = " ".join(a if len(a) < 80 else a[:40] + "..." for a in case[1])
             problems.append(f"{shown}: exit {out.returncode}: {err[-600:]}")
     assert not problems, "\n".join(problems)
+
+
+def test_agent_once_refuses_a_state_dir_it_cannot_write_before_setting_a_cap(tmp_path) -> None:
+    """It used to set the cap, lose the record of the GPU it now manages, and exit 0."""
+    import json
+
+    from powerfleet.agent.simulated import write_proc_entry
+    from powerfleet.cluster.dgd import POWER_ANNOTATION
+    from tests.integration.conftest import run_cli
+
+    uid = "3f2b9c1e-1111-4a2b-9c3d-123456789abc"
+    write_proc_entry(tmp_path / "proc", 11, uid)
+    (tmp_path / "gpus.json").write_text(json.dumps([{"index": 0, "uuid": "GPU-0", "min_w": 200, "max_w": 700,
+                                                      "default_w": 700, "current_w": 700, "pids": [11]}]))
+    (tmp_path / "pods.json").write_text(json.dumps({"items": [{
+        "metadata": {"name": "p", "namespace": "default", "uid": uid, "annotations": {POWER_ANNOTATION: "400"}},
+        "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}]}))
+    (tmp_path / "file").write_text("a file, so no directory can be made under it")
+    base = ["agent", "once", "--node", "n1", "--gpus", str(tmp_path / "gpus.json"), "--pods", str(tmp_path / "pods.json"),
+            "--proc-root", str(tmp_path / "proc"), "--json"]
+    good = run_cli(*base, "--state-dir", str(tmp_path / "state"))  # no broker configured: no lock to take
+    assert good.returncode == 0 and json.loads(good.stdout)["gpus"][0]["cap_w"] == 400, good.stdout + good.stderr
+    out = run_cli(*base, "--state-dir", str(tmp_path / "file" / "state"))
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.stderr.strip().splitlines() == [
+        f"powerfleet: error: --state-dir: cannot write to {tmp_path / 'file' / 'state'} (Not a directory)"]
+
+
+def test_input_nested_too_deeply_names_the_option_that_gave_it(files) -> None:
+    from tests.integration.conftest import run_cli
+
+    trace = str(Path(__file__).resolve().parents[1] / "sim" / "data")
+    deep = str(files["deep"])
+    for args, option in ((["validate", "dgd-update", "--old", deep, "--new", str(files["dup"])], "--old"),
+                         (["sim", "replay", "--trace", trace, "--workers", "2", "--profile", deep], "--profile")):
+        out = run_cli(*args)
+        assert out.returncode == 2 and out.stderr == f"powerfleet: error: {option}: {deep} is nested too deeply to parse\n", \
+            out.stderr[-500:]

@@ -169,6 +169,7 @@ def test_flower_http_api_runs_a_task(control_worker, launcher: Launcher, app) ->
         assert wait_for(lambda: len(ticks_found()) == 3 and ticks_found(), "Flower to find the ticks") == {
             "powerfleet.fleet.reconcile", "powerfleet.budget.tick", "powerfleet.retune.tick"}
         _flower_refuses_what_trigger_refuses(client, auth, app)
+        _flower_shows_who_consumes_each_queue(client, auth, app, launcher)
         _flower_refuses_worker_control(client, auth, app)
     assert "pw-123" not in flower.log.read_text()
 
@@ -211,6 +212,36 @@ def _flower_refuses_what_trigger_refuses(client, auth, app) -> None:
         sent = client.post("/api/task/send-task/powerfleet.fleet.echo", auth=auth, json=body)
         assert sent.status_code == 200, sent.text
         assert app.AsyncResult(sent.json()["task-id"]).get(timeout=30)["payload"] == body["kwargs"]["payload"]
+
+
+def _flower_shows_who_consumes_each_queue(client, auth, app, launcher: Launcher) -> None:
+    """The Broker page's Consumers column (and /api/queues/length) names each queue's workers.
+
+    Flower's Redis adapter never filled it, and Flower inspected workers only at its start: the
+    worker started here after Flower is found without anyone asking Flower to refresh.
+    """
+    launcher.spawn("late", "worker", "--queues", "sweep", "--name", "late@test")
+    wait_worker(app, "late@test")
+    r = redis.Redis.from_url(app.conf.broker_url)
+    r.rpush("node.gpu-gone", "{}")  # a node queue whose agent is gone: listed, consumed by nobody
+    try:
+        def rows() -> dict[str, dict]:
+            answer = client.get("/api/queues/length", auth=auth)
+            assert answer.status_code == 200, answer.text
+            got = {q["name"]: q for q in answer.json()["active_queues"]}
+            return got if got.get("sweep", {}).get("consumers") == "ctl@test, late@test" else {}
+
+        got = wait_for(rows, "Flower to name both consumers of sweep", timeout_s=60)
+        assert got["control"]["consumers"] == "ctl@test"
+        assert got["node.gpu-gone"]["consumers"] == "none" and got["node.gpu-gone"]["messages"] == 1
+        page = client.get("/broker", auth=auth)
+        assert page.status_code == 200
+        assert "<td>ctl@test, late@test</td>" in page.text and "<td>node.gpu-gone</td>" in page.text
+        # /api/workers lists each worker's queues, the late one included.
+        workers = client.get("/api/workers", auth=auth).json()
+        assert [q["name"] for q in workers["late@test"]["active_queues"]] == ["sweep"]
+    finally:
+        r.delete("node.gpu-gone")
 
 
 def _flower_refuses_worker_control(client, auth, app) -> None:
@@ -282,3 +313,13 @@ def test_beat_metrics_show_every_queue_depth(launcher: Launcher, app) -> None:
         return None
 
     assert wait_for(depth, "beat to export the stranded node queue's depth") == 1
+
+
+def test_a_bad_loglevel_is_one_line_even_with_a_live_broker(fleet_env) -> None:
+    # With a broker there, the level reaches Celery's own CLI, whose click error was a traceback.
+    for args in (["agent", "--node", "n1", "--loglevel", "BOGUS"], ["worker", "--loglevel", "BOGUS"]):
+        out = run_cli(*args, env=fleet_env)
+        assert out.returncode == 2, (args, out.stderr)
+        # One line and nothing before it (the agent used to warn about cluster access first).
+        assert out.stderr.strip().splitlines() == [
+            "powerfleet: error: --loglevel: 'BOGUS' is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)"], out.stderr

@@ -98,3 +98,18 @@ def test_skipped_results_and_ticks_lead_with_a_summary_flower_can_search() -> No
     ok = {"node": "a", "ran": True, "skipped": None}
     assert summarised("powerfleet.agent.reconcile", ok, TICK_FAMILIES) is ok
     assert summarised("powerfleet.retune.window", {"status": "not-leader"}, TICK_FAMILIES) == {"status": "not-leader"}
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_flower_worker_control_is_patched_off_unless_allowed(allow: bool) -> None:
+    import subprocess
+
+    # In a fresh interpreter: the patch changes Flower's handler classes for the whole process.
+    code = ("from powerfleet.cli.flower_api import install_task_api_checks, CONTROL_HANDLERS\n"
+            "from flower.api import control, tasks, BaseApiHandler\n"
+            f"install_task_api_checks(allow_worker_control={allow})\n"
+            "handlers = [getattr(control, n) for n in CONTROL_HANDLERS] + [tasks.TaskAbort]\n"
+            "print(sorted({h.prepare is BaseApiHandler.prepare for h in handlers}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("[True]" if allow else "[False]")

@@ -20,6 +20,10 @@ def pod_from_object(obj: Any, where: str) -> PodInfo:
         raise ValueError(f"{where}: metadata, spec and status must be objects")
     if obj.get("kind", "Pod") != "Pod" or not meta.get("name"):
         raise ValueError(f"{where}: not a Pod (kind {obj.get('kind')!r}, metadata.name {meta.get('name')!r})")
+    if not isinstance(meta.get("uid"), str) or not meta["uid"]:
+        # The agent matches a GPU's processes to pods by uid (their cgroup path): a pod without
+        # one would match nothing, and its GPU would read as released. kubectl always prints it.
+        raise ValueError(f"{where}: metadata.uid: required (a pod from `kubectl get pods -o json` has one)")
     try:
         return PodInfo(
             name=meta.get("name", ""), namespace=meta.get("namespace") or "", uid=meta.get("uid") or "",

@@ -12,6 +12,7 @@ import typer
 
 from powerfleet.cli.context import export_config_path, fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json, read_text_input
+from powerfleet.cli.processes import LOGLEVEL_HELP, check_loglevel
 from powerfleet.config.fleet import is_node_name
 
 ONCE_SCHEMA = "powerfleet.agent.once/v1"  # docs/json-contracts.md
@@ -29,7 +30,7 @@ def _check_node(node: str) -> None:
 def agent(
     ctx: typer.Context,
     node: Optional[str] = typer.Option(None, "--node", help="The GPU node this agent owns; it consumes node.<NODE>."),
-    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l", help=LOGLEVEL_HELP, callback=check_loglevel),
     metrics_port: Optional[int] = typer.Option(
         None, "--metrics-port", help="Serve /metrics and /readyz here (default agent.probe_port, else metrics.port; 0 disables)."),
 ) -> None:
@@ -123,6 +124,8 @@ def once(
     from prometheus_client import CollectorRegistry
 
     namespaces = list(namespace or config.agent.namespaces)
+    if namespace:
+        _check_namespaces(config, namespace)
     # Both files are read and checked before anything else, so bad input fails first (exit 2).
     listed = devices = None
     if pods is not None:
@@ -140,10 +143,17 @@ def once(
     else:
         cluster, why = connect_cluster(config)
         list_pods = node_pod_lister(cluster, node, namespaces, why)
+    record_dir = state_dir or node_state_dir(config.agent.state_dir, node)
+    if not dry_run:
+        # A real pass sets caps and must record what it manages: a directory it cannot write would
+        # apply a cap and lose the record (the next agent could not give it back). Checked first.
+        from powerfleet.cli.up import prepare_log_dir
+
+        prepare_log_dir(Path(record_dir), "--state-dir" if state_dir else "agent.state_dir")
     open_gpus = (lambda: SimulatedGpus(devices)) if devices is not None else open_backend(config, node)
     agent = NodeAgent(node, open_gpus=open_gpus, list_pods=list_pods,
                       proc_root=proc_root or config.agent.proc_root,
-                      state=StateStore(state_dir or node_state_dir(config.agent.state_dir, node)), clock=SystemClock(),
+                      state=StateStore(record_dir), clock=SystemClock(),
                       safe_default_watts=safe_default_watts or config.agent.safe_default_watts,
                       safe_default_fraction=config.agent.safe_default_fraction, complete_view=not namespaces,
                       metrics=AgentMetrics(CollectorRegistry()))
@@ -163,6 +173,16 @@ def once(
         _print_human(report)
     if report.skipped:
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _check_namespaces(config: Any, namespaces: list[str]) -> None:
+    """--namespace goes through the same check as agent.namespaces (a Kubernetes namespace name)."""
+    from pydantic import ValidationError
+
+    try:
+        type(config.agent).model_validate({**config.agent.model_dump(), "namespaces": namespaces})
+    except ValidationError as exc:
+        fail(f"--namespace: {exc.errors()[0]['msg'].removeprefix('Value error, ')}")
 
 
 def _take_once_lock(config: Any, node: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ class DemoRun:
     ended_at: float = 0.0
     _ticks_seen: dict[str, float] = field(default_factory=dict)
     _tick_detail: dict[str, str] = field(default_factory=dict)
-    _budget_seen: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    _budget_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     timeline: list[tuple[float, str]] = field(default_factory=list)  # (wall-clock time, what happened)
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
@@ -192,24 +193,37 @@ class DemoRun:
                 key = (dgd, int(h.get("window", -1)), str(h.get("outcome")))
                 if key not in self._decisions_seen:
                     self._decisions_seen.add(key)
-                    self._decision(f"retune {dgd} window {self._window_span(key[1])}: {key[2]}"
-                                   f"{_reason_text(key[2], str(h.get('reason') or ''))}")
+                    reason = _reason_text(key[2], str(h.get("reason") or ""), self.window_s)
+                    self._decision(f"retune {dgd} window {self._window_span(key[1])}: {key[2]}{reason}")
         s.steps = self.scenario.states()
         view.update(s)
 
     def _budget_news(self) -> None:
         """A budget evaluation whose verdict or limit changed: the clamp, the limit and what it leaves."""
         from powerfleet.budget.state import BudgetState
+        from powerfleet.twin.report import budget_event
 
         for dgd, fig in sorted(BudgetState(self.redis).figures().items()):
-            seen = (fig.get("reason"), fig.get("limit_w"))
+            status = self._budget_status(dgd)
+            # A new line when the verdict, the limit or the clamp's reasons change.
+            seen = (fig.get("reason"), fig.get("limit_w"), tuple(status.get("reasons") or ()))
             if self._budget_seen.get(dgd) == seen:
                 continue
             self._budget_seen[dgd] = seen
+            if status.get("powerLimitWatts") is not None:  # the persisted evaluation: limit and share
+                self._decision(budget_event(dgd, status, self.twin.budgets))
+                continue
             watts = ", ".join(f"{label} {fig[k]} W" for k, label in (("limit_w", "limit"), ("settled_w", "settled"),
                                                                      ("peak_w", "peak")) if fig.get(k) is not None)
             gpus = f" on {fig['gpus']} GPUs" if fig.get("gpus") is not None else ""
             self._decision(f"budget {dgd}: {fig.get('reason')}" + (f" ({watts}{gpus})" if watts else ""))
+
+    def _budget_status(self, dgd: str) -> dict[str, Any]:
+        """The status the evaluation persisted for ``ns/name`` (empty when it cannot be read)."""
+        try:
+            return self.scenario.budget_status(dgd.partition("/")[2] or dgd)
+        except Exception:  # noqa: BLE001 - the line falls back to the figures in Redis
+            return {}
 
     # -- judging and the report --
 
@@ -279,8 +293,13 @@ class DemoRun:
         return index
 
 
-def _reason_text(outcome: str, reason: str) -> str:
-    """`` - <reason>`` without the outcome said twice (``keep: keep: ...``)."""
+def _reason_text(outcome: str, reason: str, window_s: int) -> str:
+    """`` - <reason>`` without the outcome said twice (``keep: keep: ...``), and a window the
+    reason names ("moved at window 179612441") as its clock times, like every other window."""
     while reason.startswith(f"{outcome}:"):
         reason = reason[len(outcome) + 1:].strip()
+    reason = _WINDOW_INDEX.sub(lambda m: f"window {window_span(int(m.group(1)), window_s)}", reason)
     return f" - {reason}" if reason else ""
+
+
+_WINDOW_INDEX = re.compile(r"\bwindow (\d{4,})\b")

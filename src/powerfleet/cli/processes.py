@@ -133,8 +133,10 @@ def flower(
     from celery.bin.celery import celery as celery_cli
 
     from powerfleet.cli.flower_api import install_task_api_checks
+    from powerfleet.cli.flower_queues import install_queue_consumers
 
     install_task_api_checks(allow_worker_control=config.flower.allow_worker_control)
+    install_queue_consumers()  # the Broker page's Consumers column: which worker consumes each queue
 
     celery_cli.main(args=argv, prog_name="powerfleet flower")
 

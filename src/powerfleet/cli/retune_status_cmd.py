@@ -5,6 +5,7 @@ router convergence (read-only; the powerfleet.retune.status/v1 JSON is in docs/j
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -42,18 +43,21 @@ def status(
         if not data["deployments"]:
             sys.stdout.write("no deployment has retune configured (retune.deployments)\n")
         for d in data["deployments"]:
-            sys.stdout.write(_text(d))
+            sys.stdout.write(_text(d, cfg))
     if unreachable and len(unreachable) == len(data["deployments"]):
         fail(f"cannot reach the cluster: {unreachable[0]['error']}", EXIT_FAILURE)
 
 
-def _text(d: dict[str, Any]) -> str:
+def _text(d: dict[str, Any], cfg: Any = None) -> str:
     if "error" in d:
         return f"{d['deployment']}: error: {d['error']}\n"
+    if d.get("dgd") == "not found":
+        # Configured but absent: nothing is enabled or led; say so first, not "enabled".
+        return f"{d['deployment']}: not found (in retune.deployments, but no such DynamoGraphDeployment)\n"
+    when = _window_clock(cfg, d["deployment"])
     lead = d["leader"] or {}
     lines = [f"{d['deployment']}: {'enabled' if d['enabled'] else 'disabled'}, mode {d['mode']}, "
-             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"
-             + ("; DGD not found" if d.get("dgd") == "not found" else "")]
+             f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
     prof = d.get("engine_profile") or {}
     lines.append(f"  engine profile {prof.get('name')} ({prof.get('source')})")
     if d["corrupt_state"]:
@@ -61,20 +65,58 @@ def _text(d: dict[str, Any]) -> str:
     st = d["state"]
     if st:
         desired = ", ".join(f"{k}={v:g}" for k, v in sorted(st["desired"].items())) if st["desired"] else "none"
-        last = st["last_window"] if st["last_window"] is not None else "none"
+        last = when(st["last_window"]) if st["last_window"] is not None else "none"
         lines.append(f"  last window {last}, rollback {st['rollback']}, desired {desired}")
         o = st["outcomes"]
         lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
-                     f"in flight: {', '.join(str(p['window']) for p in st['pending']) or 'none'}")
+                     f"in flight: {', '.join(when(p['window']) for p in st['pending']) or 'none'}")
     for h in d["decisions"]:
         extra = [f"{h['requests']} requests"] if h.get("requests") is not None else []
         if h.get("runner_up_margin_pct") is not None:
-            extra.append(f"runner-up {h['runner_up_margin_pct']:.2f} % behind")
+            extra.append(f"runner-up {_pct(h['runner_up_margin_pct'])} behind")
         if h.get("confidence") is not None:
             extra.append(f"confidence {h['confidence']:.3f}")
-        lines.append(f"  window {h['window']}: {h['outcome']}: {h['reason']}" + (f" [{', '.join(extra)}]" if extra else ""))
+        reason = _WINDOW_INDEX.sub(lambda m: f"window {when(int(m.group(1)))}", _without_prefix(h["reason"], h["outcome"]))
+        lines.append(f"  window {when(h['window'])}: {h['outcome']}: {reason}" + (f" [{', '.join(extra)}]" if extra else ""))
     for r in d["routers"]:
         conv = {True: "converged", False: "NOT converged", None: "no target"}[r["converged"]]
         lines.append(f"  router {r['pod']}: {conv}" + (f" ({r['error']})" if r.get("error") else
                                                         f" revision {r.get('revision')}"))
     return "\n".join(lines) + "\n"
+
+
+def _window_clock(cfg: Any, dgd: str) -> Any:
+    """Window k as its UTC clock times (``12:05:00-12:10:00 UTC (#k)``): an epoch index alone says nothing."""
+    if cfg is None:
+        return str
+    from datetime import datetime, timezone
+
+    from powerfleet.retune.settings import schedule
+    from powerfleet.retune.windows import window
+
+    interval, phase = schedule(cfg, dgd)
+
+    def when(k: int) -> str:
+        try:
+            w = window(int(k), interval, phase)
+            start, end = (datetime.fromtimestamp(t, timezone.utc) for t in (w.start, w.end))
+        except (ValueError, OverflowError, OSError):  # an index no clock can show
+            return f"#{k}"
+        form = "%H:%M:%S" if start.date() == end.date() else "%Y-%m-%d %H:%M:%S"
+        day = "" if start.date() == datetime.now(timezone.utc).date() else start.strftime("%Y-%m-%d ")
+        return f"{day}{start:{form}}-{end:%H:%M:%S} UTC (#{k})"
+
+    return when
+
+
+_WINDOW_INDEX = re.compile(r"\bwindow (\d{4,})\b")  # a window a reason names ("moved at window 89806186")
+
+
+def _pct(value: float) -> str:
+    shown = round(value, 2) or 0.0  # never "-0.00 %"
+    return f"{shown:.2f} %"
+
+
+def _without_prefix(reason: str, outcome: str) -> str:
+    """Decision reasons start with their outcome ("keep: ..."); the line already says it once."""
+    return reason.removeprefix(f"{outcome}: ")

@@ -130,6 +130,8 @@ def load_profile_opt(profile: Path | None) -> Any:
         return load_profile(profile)
     except ValueError as exc:
         bad(str(exc))
+    except RecursionError:
+        bad(f"--profile: {profile} is nested too deeply to parse")
 
 
 def _fmt_stats(name: str, s: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from powerfleet.cli.context import export_config_path, fleet_config, redact
+from powerfleet.cli.context import check_broker_reachable, export_config_path, fleet_config, redact
 from powerfleet.cli.errors import EXIT_FAILURE, fail
 from powerfleet.config import FleetConfig
 
@@ -35,6 +35,9 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
         where = f"embedded redis-server at {url}"
     else:
         url = config.broker.url
+        # Before anything starts: an unreachable broker, or one that is not Redis, is one line
+        # here rather than every process failing on it in its own log.
+        check_broker_reachable(url, broker=config.broker)
         where = f"broker {redact(url)}"
     # Other commands (status, trigger) need it; a password is never printed (it is in the config).
     paste = f"export POWERFLEET_BROKER__URL={shlex.quote(url)}" if redact(url) == url else "as configured"

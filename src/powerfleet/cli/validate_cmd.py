@@ -23,6 +23,8 @@ def _read_dgd_file(path: Path, option: str) -> Any:
         doc = load_document(text)  # refuses duplicate keys, as kubectl does
     except ManifestError as exc:
         fail(f"{path} is not valid YAML or JSON: {exc}")
+    except RecursionError:
+        fail(f"{option}: {path} is nested too deeply to parse")
     if not isinstance(doc, dict):
         fail(f"{path} does not hold a DGD object")
     return doc

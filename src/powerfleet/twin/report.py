@@ -13,7 +13,8 @@ TTFT per retune window (labelled by its start time), the frontend's settings (re
 against the default settings replayed on the same window.
 
 ``timeline`` lists what happened, in clock time: the run's own events (sweeps launched, retune
-decisions, scenario steps) and every change of a deployment role's caps, read from the samples.
+decisions, scenario steps, budget evaluations with the limit and the share of the racks' budgets
+that set it: ``budget_event``) and every change of a deployment role's caps, read from the samples.
 ``dropped_requests`` gives each deployment's dropped requests with their cause. Every time axis
 counts seconds from the first sample and names its clock time, the clock of the live view.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,39 @@ def timeline(samples: Sequence[Sample], events: Sequence[tuple[float, str]]) -> 
     t0 = samples[0].t if samples else (events[0][0] if events else 0.0)
     merged = sorted([*events, *cap_events(samples)], key=lambda e: e[0])
     return [{"at": clock(t), "t_s": round(t - t0, 1), "event": text} for t, text in merged]
+
+
+def budget_event(dgd: str, status: Mapping[str, Any], group_budget_w: Mapping[str, float]) -> str:
+    """One budget evaluation as a timeline line: its verdict and reasons, the limit it planned
+    against and where that limit came from, the share of its racks' budgets or its own limit.
+
+    ``status`` is what the evaluation persisted (powerLimitWatts = min(own limit, the group
+    allowance)); so a limit below the own limit is the deployment's share of its groups. When the
+    share is below the deployment's minimum footprint the evaluation plans at the footprint and
+    says the share in its message."""
+    reasons = [r for r in status.get("reasons") or [] if r]
+    head = f"budget {dgd}: {status.get('reason')}" + (f" [{', '.join(reasons)}]" if reasons else "")
+    limit, own, group = status.get("powerLimitWatts"), status.get("ownLimitWatts"), status.get("group")
+    if limit is None:
+        return head
+    racks = ", ".join(f"{g} ({group_budget_w[g]:.0f} W)" if g in group_budget_w else g
+                      for g in str(group).split(",")) if group else ""
+    below = _FOOTPRINT.search(str(status.get("message") or ""))
+    if below and racks:
+        where = f"its minimum footprint; its share of {racks} is only {below.group(1)} W"
+    elif racks and own is not None and limit < own:
+        where = f"its share of {racks}, under its own {own} W"
+    elif racks:
+        where = f"its own limit (its share of {racks} is no lower)"
+    else:
+        where = "its own limit"
+    figures = ", ".join(f"{label} {status[k]} W" for k, label in (("settledWatts", "settled"), ("peakWatts", "peak"))
+                        if status.get(k) is not None)
+    gpus = f" on {status['gpus']} GPUs" if status.get("gpus") is not None else ""
+    return f"{head}: limit {limit} W = {where}" + (f"; {figures}{gpus}" if figures else "")
+
+
+_FOOTPRINT = re.compile(r"allowance (\d+) W is below the minimum footprint")
 
 
 def summary(*, samples: Sequence[Sample], windows: Sequence[WindowTtft], checks: Sequence[Check],
