@@ -181,3 +181,24 @@ def test_a_warm_start_and_its_batches_are_deterministic() -> None:
     assert json.dumps(a.to_json_dict()) == json.dumps(b.to_json_dict())
     assert a.requests == sum(x.requests for x in parts) == sum(arr.scored)
     assert not math.isnan(a.ttft_ms.mean or math.nan)
+
+
+def test_the_commands_replay_and_sweep_the_pools_and_refuse_bad_options_in_one_line() -> None:
+    from tests.sim.test_sim_cli import TINY, run as cli
+
+    args = ("--trace", str(TINY), "--workers", "2", "--prefill-workers", "3", "--kv-transfer-gb-s", "16")
+    a = cli("sim", "replay", *args, "--json")
+    assert a.returncode == 0, a.stderr
+    d = json.loads(a.stdout)
+    assert d["schema"] == "powerfleet.sim.replay/v1" and d["workers"] == 5 and d["gpus"] == 20
+    assert d["disaggregated"]["prefill_workers"] == 3 and d["disaggregated"]["kv_transfer_gb_s"] == 16
+    assert sum(d["disaggregated"]["requests_per_decode_worker"]) == d["requests"]
+    sw = cli("retune", "sweep", *args, "--objective", "ttft", "--current", "{}", "--processes", "1", "--no-search",
+             "--json")
+    assert sw.returncode == 0, sw.stderr
+    assert json.loads(sw.stdout)["workers"] == 5
+    for bad, msg in ((("--prefill-workers", "0"), "--prefill-workers must be >= 1"),
+                     (("--prefill-workers", "1", "--kv-transfer-gb-s", "0"), "--kv-transfer-gb-s"),
+                     (("--prefill-profile", str(TINY)), "--prefill-profile needs --prefill-workers")):
+        out = cli("sim", "replay", "--trace", str(TINY), "--workers", "2", *bad)
+        assert out.returncode != 0 and msg in out.stderr and len(out.stderr.strip().splitlines()) == 1
