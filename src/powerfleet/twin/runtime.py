@@ -318,7 +318,10 @@ class Twin:
             names = {p["metadata"]["name"] for p in workers}
             caps = [g.cap_w for g in gpus if g.pod in names]
             cap_fraction = (sum(caps) / len(caps) / GPU_DEFAULT_W) if caps else 1.0
-            done = fe.close_windows(now, len(workers), cap_fraction)
+            roles = [(p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) for p in pods
+                     if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == fe.dgd and _is_ready(p)]
+            prefill = roles.count("prefill") if "prefill" in roles or "decode" in roles else None
+            done = fe.close_windows(now, len(workers), cap_fraction, prefill)
             if done is not None:
                 with self._lock:
                     self.windows.append(done)
