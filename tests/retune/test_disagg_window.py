@@ -50,6 +50,10 @@ def test_a_disaggregated_window_is_decided_by_the_disaggregated_model(world, kub
     assert out["status"] == "decided" and out["outcome"] in ("apply", "keep"), out
     rec = Deployment.open(cfg, ports, DGD).store.read()[0].history[-1]
     assert rec.outcome in ("apply", "keep") and rec.replicas_verified
+    from powerfleet.retune.status import deployment_status
+    shown = deployment_status(cfg, kube, ports.router, DGD, ports.clock)["replayed_as"]
+    assert shown == {"kind": "disaggregated", "prefill_workers": 3, "decode_workers": 2, "kv_transfer_gb_s": 32.0,
+                     "prefill_engine_profile": {"name": "h200-llama3-70b-tp4", "source": "built-in (fallback)"}}
 
     path = tmp_path / "traffic.jsonl"
     path.write_text("\n".join(lines) + "\n")

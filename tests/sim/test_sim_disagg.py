@@ -72,6 +72,18 @@ def test_the_prefill_router_follows_the_prefix_and_the_decode_router_the_load() 
         RouterPolicy(overlap_score_credit=0.0, prefill_load_scale=0.0, temperature=0.5)
 
 
+def test_a_prompt_behind_a_long_one_reuses_the_blocks_already_computed() -> None:
+    """A's 40 blocks take three 8,192-token steps; B (the same 40 blocks and one more) is
+    admitted in the third, when A's first 32 blocks are computed and cached (as vLLM caches
+    each full block once computed), so B computes only the rest."""
+    a = req(0, 40 * 512, 5, tuple(range(40)))
+    b = req(1, 41 * 512, 5, tuple(range(41)))
+    res = run([a, b], Pools(1, 1)).result()
+    assert res.hit_blocks == [0, 32]
+    steps = [P.prefill_ms(8192), P.prefill_ms(8192), P.prefill_ms(8192)]  # A 4,096 + B 4,096 in the third
+    assert run([a, b], Pools(1, 1)).prefill.handoffs[0] == (pytest.approx(sum(steps), rel=1e-12), 0)
+
+
 def test_the_pools_are_independent() -> None:
     """The decode pool never changes what the prefill pool did, and a decode pool fed the same
     handoffs does the same whatever the prefill pool's size."""

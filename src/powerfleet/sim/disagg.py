@@ -17,7 +17,7 @@ token. So:
 
 The prefill pool is the aggregated engine (``engine.Simulation``) fed with the same requests
 cut to one output token: it finishes a request when its prompt is done, and its prompt
-blocks stay in its prefix cache. Nothing on the decode side feeds back into the prefill pool
+blocks stay in its prefix cache (entering it chunk by chunk, ``PrefillSteps``). Nothing on the decode side feeds back into the prefill pool
 (no back-pressure), so the pools run one after the other over the same stop time, which keeps
 ``run(until)`` and ``fork(policy)`` (the sweep's warm start) exact.
 
@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from powerfleet.sim.batch import Worker
+from powerfleet.sim.batch import MIXED, StepModel, Worker
 from powerfleet.sim.decode import DecodePool, decode_policy
 from powerfleet.sim.engine import EngineConfig, EngineResult, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
@@ -100,6 +100,44 @@ class PrefillRouter(Router):
         return wid
 
 
+class PrefillSteps(StepModel):
+    """The prefill workers' step model: a prompt's full blocks enter the prefix cache as its
+    chunks are computed (vLLM caches each full block once computed, and Dynamo's mocker
+    does), not only when the whole prompt is done; a request admitted behind a long prompt
+    that shares its prefix reuses what is already computed. (The aggregated engine commits
+    at the end of the prompt; its results are kept as they are.)"""
+
+    __slots__ = ("committed",)
+
+    @classmethod
+    def wrap(cls, base: StepModel) -> PrefillSteps:
+        self = cls.__new__(cls)
+        for name in StepModel.__slots__:
+            setattr(self, name, getattr(base, name))
+        self.committed: dict[int, int] = {}  # request -> prompt blocks past its hits already committed
+        return self
+
+    def advance(self, w: Worker, t: float) -> None:
+        chunk = w.chunk if w.kind == MIXED else []
+        super().advance(w, t)
+        bt = self.bt
+        for r, _ in chunk:
+            if r.left <= 0:
+                continue  # done: prefill_done committed the rest
+            full = min((r.length - r.left) // bt, r.nhash)
+            start = r.hits + self.committed.get(r.idx, 0)
+            if full > start:
+                hits, n = r.hits, r.nhash
+                r.hits, r.nhash = start, full  # commit_prompt moves blocks [hits, nhash)
+                w.cache.commit_prompt(r)
+                r.hits, r.nhash = hits, n
+                self.committed[r.idx] = full - hits
+
+    def prefill_done(self, w: Worker, r: Req, t: float) -> None:
+        r.hits += self.committed.pop(r.idx, 0)  # only the blocks not yet committed move now
+        super().prefill_done(w, r, t)
+
+
 class PrefillPool(Simulation):
     """The aggregated engine as a prefill pool: every request ends with its prompt, and each
     end is a handoff (time, request) in the order the engine produced them."""
@@ -114,6 +152,7 @@ class PrefillPool(Simulation):
             max_batched_tokens=engine.max_num_batched_tokens, predict_prefill_ms=self.predict_prefill_ms,
             steps_at=self.steps_at,
         )
+        self.model = PrefillSteps.wrap(self.model)
         self.handoffs: list[tuple[float, int]] = []
 
     def on_finish(self, w: Worker, r: Req, t: float) -> None:
