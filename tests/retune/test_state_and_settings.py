@@ -221,3 +221,13 @@ def test_a_disaggregated_deployment_is_replayed_as_its_pools_and_other_shapes_ar
     empty = copy.deepcopy(disagg)
     empty["spec"]["services"]["prefill"]["replicas"] = 0
     assert "prefill pool has no replicas" in " ".join(str(p) for p in check(s, _snap(empty)))
+    # a profile file without the KV size: the transfer cannot be modelled, said before any sweep
+    prof = tmp_path / "no-kv.json"
+    prof.write_text(json.dumps({"name": "no-kv", "kv_capacity_tokens": 100000,
+                                "prefill": {"tokens": [0, 1000], "ms": [1, 100]},
+                                "decode": {"batch": [1], "kv_tokens": [0, 100000], "ms": [[10, 20]]}}))
+    blind = resolve(RetuneConfig(deployments=["llm-disagg"], trace_dir=str(tmp_path), engine_profile=str(prof)),
+                    "llm-disagg")
+    failed = {p.code: str(p) for p in check(blind, _snap(disagg))}
+    assert "kv_bytes_per_token" in failed["disaggregated"]
+    assert "disaggregated" not in {p.code for p in check(blind, _snap(agg))}  # aggregated workers need none

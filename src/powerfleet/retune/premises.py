@@ -181,6 +181,10 @@ def check(s: DeploymentSettings, snap: Snapshot,
     if shape := unmodelled_shape(snap.dgd):
         out.append(Premise("disaggregated", f"{shape}: the simulator replays aggregated workers or one prefill "
                            "and one decode pool, so a sweep would not describe this deployment's routing"))
+    elif disaggregated_pools(snap.dgd) and s.kv_bytes_per_token is None:
+        out.append(Premise("disaggregated", f"the engine profiles ({s.prefill_engine_profile_name}, "
+                           f"{s.engine_profile_name}) give no kv_bytes_per_token, which the KV transfer between "
+                           "the prefill and decode pools needs; add it to the profile file"))
     if reasons := unsettled_reasons(snap.dgd):
         out.append(Premise("dgd-unsettled", "; ".join(reasons)))
     if not snap.frontends:

@@ -62,6 +62,7 @@ class DeploymentSettings:
     prefill_engine_profile: str | None = None
     prefill_engine_profile_name: str = ""
     kv_transfer_gb_s: float = DEFAULT_KV_TRANSFER_GB_S
+    kv_bytes_per_token: int | None = None  # what the transfer moves (the prefill profile's, else the decode's)
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
@@ -158,8 +159,10 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                             f"({m['shard_timeout_s']:g}) so a sweep can finish inside its budget")
     if m["time_budget_s"] >= m["window_interval_s"]:
         raise SettingsError(f"{where}: time_budget_s must be shorter than the window interval, or sweeps overlap")
-    profile_name = _profile_name(where, "engine_profile", m["engine_profile"], default_profile().name)
-    prefill_name = _profile_name(where, "prefill_engine_profile", m["prefill_engine_profile"], profile_name)
+    profile_name, kvb = _profile_name(where, "engine_profile", m["engine_profile"],
+                                      (default_profile().name, default_profile().kv_bytes_per_token))
+    prefill_name, prefill_kvb = _profile_name(where, "prefill_engine_profile", m["prefill_engine_profile"],
+                                              (profile_name, kvb))
     sweep_keys = {"grid": grid.model_dump(exclude_none=True), "profile": [m["engine_profile"], profile_name], "objective": objective.value,
                   "prefill_profile": [m["prefill_engine_profile"], prefill_name], "kv_transfer_gb_s": m["kv_transfer_gb_s"],
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
@@ -182,16 +185,17 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         promote_max_age_windows=cfg.promote_max_age_windows,
         engine_profile=m["engine_profile"], engine_profile_name=profile_name,
         prefill_engine_profile=m["prefill_engine_profile"], prefill_engine_profile_name=prefill_name,
-        kv_transfer_gb_s=float(m["kv_transfer_gb_s"]),
+        kv_transfer_gb_s=float(m["kv_transfer_gb_s"]), kv_bytes_per_token=prefill_kvb or kvb,
     )
 
 
-def _profile_name(where: str, key: str, path: str | None, fallback: str) -> str:
-    """The name of the profile a key names (checked now: a bad file stops the deployment in
-    one line), or ``fallback``."""
+def _profile_name(where: str, key: str, path: str | None, fallback: tuple[str, int | None]) -> tuple[str, int | None]:
+    """(name, KV bytes per token) of the profile a key names (checked now: a bad file stops the
+    deployment in one line), or ``fallback``."""
     if path is None:
         return fallback
     try:
-        return load_profile(path).name
+        prof = load_profile(path)
     except (OSError, ValueError) as exc:
         raise SettingsError(f"{where}: {key}: {exc}") from None
+    return prof.name, prof.kv_bytes_per_token
