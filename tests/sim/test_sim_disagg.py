@@ -214,3 +214,21 @@ def test_the_commands_replay_and_sweep_the_pools_and_refuse_bad_options_in_one_l
                      (("--prefill-profile", str(TINY)), "--prefill-profile needs --prefill-workers")):
         out = cli("sim", "replay", "--trace", str(TINY), "--workers", "2", *bad)
         assert out.returncode != 0 and msg in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_each_pool_runs_at_its_own_power_cap() -> None:
+    """A 0.6 cap on the prefill pool slows the prompt by the cap curve's prefill factor; the same
+    cap on the decode pool leaves a memory-bound decode step nearly as it was."""
+    from powerfleet.sim.profile import CapCurve
+
+    one = [req(0, 1000, 11, (1, 2))]
+    base = run(one, Pools(1, 1)).result()
+    slow_prefill = run(one, Pools(1, 1, prefill_cap_fraction=0.6)).result()
+    slow_decode = run(one, Pools(1, 1, decode_cap_fraction=0.6)).result()
+    c = CapCurve()
+    assert slow_prefill.first_token_ms[0] - base.first_token_ms[0] == pytest.approx(
+        P.prefill_ms(1000) * (1 / c.prefill_throughput(0.6) - 1), rel=1e-9)
+    assert slow_decode.first_token_ms[0] - base.first_token_ms[0] == pytest.approx(
+        P.decode_ms(1, 1000) * (1 / c.decode_throughput(0.6) - 1), rel=1e-9)
+    with pytest.raises(ValueError, match="cap fraction"):
+        run(one, Pools(1, 1, decode_cap_fraction=0.05))

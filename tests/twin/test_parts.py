@@ -154,3 +154,9 @@ def test_a_disaggregated_frontend_scores_its_window_with_the_disaggregated_model
     want = replay_batches(arr, Pools(3, 2), RouterPolicy(), fe.seed + done.window)[0].ttft_ms.mean
     agg = replay_batches(arr, 2, RouterPolicy(), fe.seed + done.window)[0].ttft_ms.mean
     assert done.ttft_ms_current == want != agg
+    # the prefill pool at its own cap: a 0.6 cap slows its prompts
+    fe.serve([(t0 + 10 + r.timestamp_ms / 1000.0 / 10, r) for r in reqs], 1.0)
+    capped = fe.close_windows(t0 + 20, 2, 1.0, prefill=3, prefill_cap_fraction=0.6)
+    fe.serve([(t0 + 20 + r.timestamp_ms / 1000.0 / 10, r) for r in reqs], 1.0)
+    full = fe.close_windows(t0 + 30, 2, 1.0, prefill=3)
+    assert capped is not None and full is not None and capped.ttft_ms_current > full.ttft_ms_current

@@ -78,9 +78,15 @@ class DecodeModel(StepModel):
         queued = w.waiting
         w.waiting = _NOTHING  # what still waits needs KV, not a prefill chunk
         try:
-            return super().start(w, t)
+            started = super().start(w, t)
         finally:
             w.waiting = queued
+        if started and self.awaiting[w.wid] and w.k > 1:
+            # A run whose first step brings someone's first token ends there: the first token
+            # and the router's bookkeeping of it (output blocks) happen when they happen.
+            w.k = 1
+            w.end = w.t0 + w.a
+        return started
 
     def advance(self, w: Worker, t: float) -> None:
         # The run's first step ends at t0 + a: the first token of every request that joined it.

@@ -64,6 +64,10 @@ class Pools:
     prefill_profile: TimingProfile | None = None
     decode_profile: TimingProfile | None = None
     kv_transfer_gb_s: float = DEFAULT_KV_TRANSFER_GB_S
+    # Each pool's GPU power cap / default TDP (None: the replay's ``cap_fraction``): the pools
+    # carry their own power annotations, and prefill slows under a cap where decode barely does.
+    prefill_cap_fraction: float | None = None
+    decode_cap_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_workers < 1 or self.decode_workers < 1:
@@ -179,6 +183,10 @@ class DisaggSimulation:
                              "is not modelled for it")
         curve = cap_curve or CapCurve()
         validate_cap_fraction(cap_fraction, curve)
+        pre_cap = cap_fraction if pools.prefill_cap_fraction is None else pools.prefill_cap_fraction
+        dec_cap = cap_fraction if pools.decode_cap_fraction is None else pools.decode_cap_fraction
+        validate_cap_fraction(pre_cap, curve)
+        validate_cap_fraction(dec_cap, curve)
         pre, dec = pools.profiles(profile)
         kvb = pre.kv_bytes_per_token or dec.kv_bytes_per_token
         if kvb is None:
@@ -189,12 +197,12 @@ class DisaggSimulation:
         n = len(arr.arrival_ms)
         self.prefill = PrefillPool(
             arr.arrival_ms, arr.isl, arr.hashes, pools.prefill_workers, policy, pre, eng, seed * 2 + 1, router,
-            prefill_speed=curve.prefill_throughput(cap_fraction), decode_speed=curve.decode_throughput(cap_fraction),
+            prefill_speed=curve.prefill_throughput(pre_cap), decode_speed=curve.decode_throughput(pre_cap),
             max_run_steps=max_run_steps)
         self.decode = DecodePool(
             n, arr.isl, arr.osl, arr.hashes, pools.decode_workers, policy, dec, block_tokens=eng.block_tokens,
             max_num_seqs=eng.max_num_seqs, max_num_batched_tokens=eng.max_num_batched_tokens,
-            router_seed=seed * 2 + 2, decode_speed=curve.decode_throughput(cap_fraction),
+            router_seed=seed * 2 + 2, decode_speed=curve.decode_throughput(dec_cap),
             transfer_ms_per_token=transfer_ms_per_token(kvb, pools.kv_transfer_gb_s),
             max_run_steps=max_run_steps, router=router)
 

@@ -173,10 +173,12 @@ class TwinFrontend:
 
     # -- per-window engine replay --
 
-    def close_windows(self, now: float, workers: int, cap_fraction: float, prefill: int | None = None) -> WindowTtft | None:
+    def close_windows(self, now: float, workers: int, cap_fraction: float, prefill: int | None = None,
+                      prefill_cap_fraction: float | None = None) -> WindowTtft | None:
         """At a window boundary, replay the finished window; returns its figures (None mid-window).
         ``prefill``: a disaggregated deployment's ready prefill workers (``workers``: its decode
-        workers), replayed as its two pools, as retune sweeps it (sim/disagg.py)."""
+        workers, at ``cap_fraction``), replayed as its two pools, as retune sweeps it
+        (sim/disagg.py); the prefill pool at ``prefill_cap_fraction`` (None: ``cap_fraction``)."""
         k = int(now // self.window_s)
         if self._window is None:
             self._window = k
@@ -194,7 +196,8 @@ class TwinFrontend:
         if reqs and workers > 0 and prefill != 0:
             cap = min(max(cap_fraction, 0.2), 1.0)
             arr = prepare(reqs, seed=self.seed + done)
-            pools = workers if prefill is None else Pools(prefill, workers)
+            pre_cap = None if prefill_cap_fraction is None else min(max(prefill_cap_fraction, 0.2), 1.0)
+            pools = workers if prefill is None else Pools(prefill, workers, prefill_cap_fraction=pre_cap)
             current = replay_batches(arr, pools, policy, self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
             default = replay_batches(arr, pools, RouterPolicy(), self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
         out = WindowTtft(self.dgd, done, start, len(reqs), workers, current, default, policy.model_dump())
