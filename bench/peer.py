@@ -5,11 +5,13 @@
    the whole synthetic trace) in powerfleet and in Dynamo (several runs: Dynamo's tie-break
    is not seeded) and prints mean / p50 / p90 TTFT, block hit rate and wall time, and
    whether powerfleet lies within Dynamo's band widened by 3 % (TTFT) or 1 point (hit rate).
-2. retune: sweeps a window, then replays its choice and the defaults on the next window in
+2. disagg: the same for disaggregated replays (a prefill and a decode pool, the KV transfer
+   between them) against the peer's disaggregated replay, over pool sizes, settings and links.
+3. retune: sweeps a window, then replays its choice and the defaults on the next window in
    both simulators (warm-started by the window swept), so a decision is checked by a
    simulator powerfleet did not write.
 
-Usage: python bench/peer.py [--runs 3] [--part fidelity|retune|all] [--workers 8]
+Usage: python bench/peer.py [--runs 3] [--part fidelity|disagg|retune|all] [--workers 8]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from powerfleet.retune.grid import DEFAULT_GRID
 from powerfleet.retune.sweep import run_sweep
 from powerfleet.sim import peer
+from powerfleet.sim.disagg import Pools
 from powerfleet.sim.engine import EngineConfig
 from powerfleet.sim.policy import RouterOptions, RouterPolicy
 from powerfleet.sim.profile import default_profile
@@ -55,15 +58,16 @@ def band_check(ours: float, lo: float, hi: float, rel: float = 0.0, abs_: float 
 
 
 def compare(name: str, reqs: list[TraceRequest], workers: int, pol: RouterPolicy, opts: RouterOptions,
-            eng: EngineConfig, table: Path, runs: int, scored_from_ms: float = 0.0) -> dict[str, Any]:
+            eng: EngineConfig, table: Path, runs: int, scored_from_ms: float = 0.0,
+            pools: Pools | None = None) -> dict[str, Any]:
     prof = default_profile()
     blocks = prof.kv_capacity_tokens // eng.block_tokens
     dyn = [peer.run_peer(reqs, workers, pol, table=table, kv_blocks=blocks, options=opts, engine=eng,
-                         scored_from_ms=scored_from_ms) for _ in range(runs)]
+                         scored_from_ms=scored_from_ms, pools=pools) for _ in range(runs)]
     # With random ties powerfleet's run is one draw too: average its figures over as many seeds.
     seeds = range(runs) if opts.router_tie_break == "random" else range(1)
-    mine = [peer.run_ours(reqs, workers, pol, options=opts, engine=eng, scored_from_ms=scored_from_ms, seed=s)
-            for s in seeds]
+    mine = [peer.run_ours(reqs, workers, pol, options=opts, engine=eng, scored_from_ms=scored_from_ms, seed=s,
+                          pools=pools) for s in seeds]
     ours = peer.Metrics(**{k: (sum(getattr(m, k) for m in mine) / len(mine)) if k != "requests" else mine[0].requests
                            for k in peer.Metrics.__dataclass_fields__})
     row: dict[str, Any] = {"case": name, "ours": ours.as_dict(), "ours_seeds": len(mine),
@@ -117,6 +121,22 @@ def fidelity(slices: dict[str, list[TraceRequest]], workers: int, table: Path, r
     return rows
 
 
+def disagg(slices: dict[str, list[TraceRequest]], table: Path, runs: int, matched: bool) -> list[dict[str, Any]]:
+    """Disaggregated replays (sim/disagg.py) against the peer's (prefill and decode pools, its KV
+    transfer at the same bytes per token and GB/s): pool sizes, settings and a slow link."""
+    rows = []
+    base = RouterOptions(router_tie_break="random") if matched else RouterOptions()
+    cases = [("4P+4D: " + k, pol, Pools(4, 4)) for k, pol in SETTINGS.items()]
+    cases += [("2P+6D: default", RouterPolicy(), Pools(2, 6)), ("6P+2D: default", RouterPolicy(), Pools(6, 2)),
+              ("4P+4D: default, link 6.4 GB/s", RouterPolicy(), Pools(4, 4, kv_transfer_gb_s=6.4))]
+    for sname, reqs in slices.items():
+        for name, pol, pools in cases:
+            row = compare(f"{sname}: {name}", reqs, pools.total, pol, base, EngineConfig(), table, runs, pools=pools)
+            print(fmt(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def retune(reqs: list[TraceRequest], workers: int, table: Path, runs: int, windows: list[tuple[float, float]],
            processes: int) -> list[dict[str, Any]]:
     """Sweep window k (warm-started), replay its choice and the defaults on window k+1."""
@@ -152,7 +172,7 @@ def retune(reqs: list[TraceRequest], workers: int, table: Path, runs: int, windo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="Dynamo runs per case (its tie-break is not seeded)")
-    ap.add_argument("--part", choices=("fidelity", "retune", "all"), default="all")
+    ap.add_argument("--part", choices=("fidelity", "retune", "disagg", "all"), default="all")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--out", help="also write the rows as JSON here")
@@ -168,6 +188,9 @@ def main() -> None:
         if args.part in ("fidelity", "all"):
             slices = {"conversation 0:1800": select_window(conv, 0, 1800), "synthetic": synth}
             out["fidelity"] = fidelity(slices, args.workers, table, args.runs, args.matched)
+        if args.part in ("disagg", "all"):
+            slices = {"conversation 0:1800": select_window(conv, 0, 1800), "synthetic": synth}
+            out["disagg"] = disagg(slices, table, args.runs, args.matched)
         if args.part in ("retune", "all"):
             wins = [(0.0, 1200.0), (1200.0, 2400.0), (2400.0, 3537.0)]
             out["retune"] = retune(conv, args.workers, table, args.runs, wins, args.processes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -14,7 +15,7 @@ from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import Fenced, leader_lease_name
-from powerfleet.retune.premises import Frontend, Snapshot, check
+from powerfleet.retune.premises import Frontend, Snapshot, check, prefill_replicas, worker_replicas
 from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
 from powerfleet.sim.policy import RouterPolicy
@@ -196,10 +197,37 @@ def test_a_write_below_the_saved_states_term_is_refused_even_by_a_lower_reclaime
     assert dep.store.read()[0].last_window == 7 and dep.store.read()[0].term == 5
 
 
-def test_a_disaggregated_deployment_is_refused_by_a_premise(tmp_path) -> None:
-    """The twin's llm-disagg shape: prefill and decode workers (subComponentType)."""
+def test_a_disaggregated_deployment_is_replayed_as_its_pools_and_other_shapes_are_refused(tmp_path) -> None:
+    """The twin's llm-disagg shape (prefill and decode workers, subComponentType) passes the
+    shape premise and is replayed as its two pools; a shape the model does not cover is refused."""
     s = resolve(RetuneConfig(deployments=["llm-disagg"], trace_dir=str(tmp_path)), "llm-disagg")
     disagg = next(m for m in dgd_manifests(TwinSpec()) if m["metadata"]["name"] == "llm-disagg")
-    failed = {p.code: str(p) for p in check(s, _snap(disagg))}
-    assert "disaggregated" in failed and "prefill" in failed["disaggregated"] and "decode" in failed["disaggregated"]
-    assert "disaggregated" not in {p.code for p in check(s, _snap(dgd_object("llama")))}
+    assert "disaggregated" not in {p.code for p in check(s, _snap(disagg))}
+    parsed = parse_dgd(disagg)
+    reps = {n: c["replicas"] for n, c in disagg["spec"]["services"].items()}
+    assert prefill_replicas(parsed) == reps["prefill"] and worker_replicas(parsed) == reps["decode"]
+    agg = dgd_object("llama")
+    assert prefill_replicas(parse_dgd(agg)) is None and worker_replicas(parse_dgd(agg)) == 4
+    assert "disaggregated" not in {p.code for p in check(s, _snap(agg))}
+    lone = copy.deepcopy(disagg)
+    del lone["spec"]["services"]["prefill"]
+    failed = {p.code: str(p) for p in check(s, _snap(lone))}
+    assert "a decode pool without a prefill pool" in failed["disaggregated"]
+    mixed = copy.deepcopy(disagg)
+    mixed["spec"]["services"]["extra"] = {**disagg["spec"]["services"]["decode"]}
+    del mixed["spec"]["services"]["extra"]["subComponentType"]
+    failed = {p.code: str(p) for p in check(s, _snap(mixed))}
+    assert "aggregated workers beside the prefill and decode pools" in failed["disaggregated"]
+    empty = copy.deepcopy(disagg)
+    empty["spec"]["services"]["prefill"]["replicas"] = 0
+    assert "prefill pool has no replicas" in " ".join(str(p) for p in check(s, _snap(empty)))
+    # a profile file without the KV size: the transfer cannot be modelled, said before any sweep
+    prof = tmp_path / "no-kv.json"
+    prof.write_text(json.dumps({"name": "no-kv", "kv_capacity_tokens": 100000,
+                                "prefill": {"tokens": [0, 1000], "ms": [1, 100]},
+                                "decode": {"batch": [1], "kv_tokens": [0, 100000], "ms": [[10, 20]]}}))
+    blind = resolve(RetuneConfig(deployments=["llm-disagg"], trace_dir=str(tmp_path), engine_profile=str(prof)),
+                    "llm-disagg")
+    failed = {p.code: str(p) for p in check(blind, _snap(disagg))}
+    assert "kv_bytes_per_token" in failed["disaggregated"]
+    assert "disaggregated" not in {p.code for p in check(blind, _snap(agg))}  # aggregated workers need none

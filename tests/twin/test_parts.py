@@ -133,3 +133,30 @@ def test_shared_proc_root_links_every_node_with_unique_pids(tmp_path: Path) -> N
     assert pod_uid_for_pid(shared, pid_a) == UID_A and pod_uid_for_pid(shared, pid_b) == UID_B
     b.tick([], lambda i, cap, pod: (70.0, False))
     assert pod_uid_for_pid(shared, pid_b) is None and not (shared / str(pid_b)).is_symlink()
+
+
+def test_a_disaggregated_frontend_scores_its_window_with_the_disaggregated_model(tmp_path: Path) -> None:
+    from powerfleet.sim.disagg import Pools, replay_batches
+    from powerfleet.sim.policy import RouterPolicy
+    from powerfleet.sim.replay import prepare
+    from powerfleet.sim.trace import TraceRequest
+
+    fe = TwinFrontend("llm-disagg", "llm-disagg-frontend-0", tmp_path, window_s=10)
+    reqs = synthetic_requests(seed=2, span_s=30, rate=2.0)[:20]
+    t0 = 1_800_000_000.0
+    fe.close_windows(t0, 2, 1.0, prefill=3)
+    arrivals = [(t0 + r.timestamp_ms / 1000.0 / 10, r) for r in reqs]
+    fe.serve(arrivals, 1.0)
+    done = fe.close_windows(t0 + 10, 2, 1.0, prefill=3)
+    assert done is not None and done.requests == 20
+    window = [TraceRequest((t - t0) * 1000.0, r.input_length, r.output_length, r.hash_ids) for t, r in arrivals]
+    arr = prepare(window, seed=fe.seed + done.window)
+    want = replay_batches(arr, Pools(3, 2), RouterPolicy(), fe.seed + done.window)[0].ttft_ms.mean
+    agg = replay_batches(arr, 2, RouterPolicy(), fe.seed + done.window)[0].ttft_ms.mean
+    assert done.ttft_ms_current == want != agg
+    # the prefill pool at its own cap: a 0.6 cap slows its prompts
+    fe.serve([(t0 + 10 + r.timestamp_ms / 1000.0 / 10, r) for r in reqs], 1.0)
+    capped = fe.close_windows(t0 + 20, 2, 1.0, prefill=3, prefill_cap_fraction=0.6)
+    fe.serve([(t0 + 20 + r.timestamp_ms / 1000.0 / 10, r) for r in reqs], 1.0)
+    full = fe.close_windows(t0 + 30, 2, 1.0, prefill=3)
+    assert capped is not None and full is not None and capped.ttft_ms_current > full.ttft_ms_current

@@ -15,6 +15,9 @@ from powerfleet.cli.context import fleet_app, fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.cli.sim_cmd import (
     EngineOpt,
+    KvLinkOpt,
+    PrefillProfileOpt,
+    PrefillWorkersOpt,
     ProfileOpt,
     ReplayInputs,
     RouterOpt,
@@ -27,6 +30,7 @@ from powerfleet.cli.sim_cmd import (
     WorkersOpt,
     bad,
     check_counts,
+    pools_opt,
 )
 
 app = typer.Typer(help="KV-router retune: sweeps and decisions.", no_args_is_help=True)
@@ -74,6 +78,9 @@ def sweep_cmd(
     profile: ProfileOpt = None,
     engine: EngineOpt = None,
     router: RouterOpt = None,
+    prefill_workers: PrefillWorkersOpt = None,
+    prefill_profile: PrefillProfileOpt = None,
+    kv_transfer_gb_s: KvLinkOpt = _LIVE.kv_transfer_gb_s,
     search: bool = typer.Option(True, "--search/--no-search", help="Extend a knob beyond the grid's edge when the best sits on it."),
     search_rounds: int = typer.Option(_LIVE.search_rounds, "--search-rounds", min=0, max=50, help="At most this many rounds of the edge search (the live default)."),
     refine: bool = typer.Option(False, "--refine", help="After the edge search, also score midpoints around the best."),
@@ -107,6 +114,7 @@ def sweep_cmd(
     inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=current, policy_opt="--current",
                             sla=sla, window=window, warmup_s=warmup_s, profile=profile, engine=engine,
                             router=router, strict=strict)
+    pools = pools_opt(workers, prefill_workers, prefill_profile, kv_transfer_gb_s, inp.profile)
     try:
         g = load_grid(grid)
         g.points(inp.policy)
@@ -119,7 +127,7 @@ def sweep_cmd(
     prog, update = _progress_bar()
     try:
         result = run_sweep(
-            inp.requests, workers, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
+            inp.requests, pools, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
             window=inp.window, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
             profile=inp.profile, engine=inp.engine, progress=update, warmup_s=inp.warmup_s, router=inp.router,
             search=EdgeSearch(enabled=search and search_rounds > 0, max_rounds=search_rounds, refine=refine),

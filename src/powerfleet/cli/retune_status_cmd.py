@@ -60,6 +60,13 @@ def _text(d: dict[str, Any], cfg: Any = None) -> str:
              f"leader {lead.get('holder') or '-'} (term {lead.get('term') or '-'})"]
     prof = d.get("engine_profile") or {}
     lines.append(f"  engine profile {prof.get('name')} ({prof.get('source')})")
+    rep = d.get("replayed_as") or {}
+    if rep.get("kind") == "disaggregated":
+        pp = rep["prefill_engine_profile"]
+        lines.append(f"  replayed as {rep['prefill_workers']} prefill ({pp['name']}, {pp['source']}) + "
+                     f"{rep['decode_workers']} decode workers, KV link {rep['kv_transfer_gb_s']:g} GB/s")
+    elif rep:
+        lines.append(f"  replayed as {rep['workers']} aggregated workers")
     if d["corrupt_state"]:
         lines.append(f"  state: CORRUPT ({d['corrupt_state']}); replaced at the next claim")
     st = d["state"]

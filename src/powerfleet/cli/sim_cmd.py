@@ -48,6 +48,37 @@ ProfileOpt = Annotated[
 EngineOpt = Annotated[str | None, typer.Option("--engine", help=ENGINE_HELP)]
 RouterOpt = Annotated[str | None, typer.Option("--router", help=ROUTER_HELP)]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="A malformed line or corrupt gzip member is fatal.")]
+PrefillWorkersOpt = Annotated[
+    int | None,
+    typer.Option("--prefill-workers", help="Disaggregated: this many prefill workers, --workers is the decode "
+                                           "pool (default: aggregated workers)."),
+]
+PrefillProfileOpt = Annotated[
+    Path | None, typer.Option("--prefill-profile", help="Disaggregated: the prefill pool's profile (default: --profile's).")
+]
+KvLinkOpt = Annotated[
+    float, typer.Option("--kv-transfer-gb-s", help="Disaggregated: the prefill -> decode KV link, GB/s (64: InfiniBand).")
+]
+
+
+def pools_opt(workers: int, prefill_workers: int | None, prefill_profile: Path | None, kv_gb_s: float,
+              decode_profile: Any) -> Any:
+    """``--workers`` alone, or with ``--prefill-workers`` the disaggregated pools (sim/disagg.py)."""
+    from powerfleet.sim.disagg import Pools
+
+    if prefill_workers is None:
+        if prefill_profile is not None:
+            bad("--prefill-profile needs --prefill-workers")
+        return workers
+    check_counts(prefill_workers=(prefill_workers, 1))
+    if prefill_workers > MAX_WORKERS:
+        bad(f"--prefill-workers must be <= {MAX_WORKERS}, got {prefill_workers}")
+    pre = load_profile_opt(prefill_profile) if prefill_profile is not None else None
+    try:
+        return Pools(prefill_workers, workers, prefill_profile=pre, decode_profile=decode_profile,
+                     kv_transfer_gb_s=kv_gb_s)
+    except ValueError as exc:
+        bad(f"--kv-transfer-gb-s: {exc}")
 
 
 def bad(message: str) -> NoReturn:
@@ -155,18 +186,24 @@ def replay_cmd(
     profile: ProfileOpt = None,
     engine: EngineOpt = None,
     router: RouterOpt = None,
+    prefill_workers: PrefillWorkersOpt = None,
+    prefill_profile: PrefillProfileOpt = None,
+    kv_transfer_gb_s: KvLinkOpt = 64.0,
     strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.sim.replay/v1 JSON summary."),
 ) -> None:
-    """Replay a trace over N workers under one router policy and summarise it."""
+    """Replay a trace over N workers (or a prefill and a decode pool) under one router policy and summarise it."""
+    from powerfleet.sim import disagg
     from powerfleet.sim.replay import replay
 
     inp = ReplayInputs.load(trace=trace, workers=workers, seed=seed, policy=policy, policy_opt="--policy",
                             sla=sla, window=window, warmup_s=warmup_s, profile=profile, engine=engine,
                             router=router, strict=strict)
+    pools = pools_opt(workers, prefill_workers, prefill_profile, kv_transfer_gb_s, inp.profile)
+    run = replay if isinstance(pools, int) else disagg.replay
     try:
-        summary = replay(
-            inp.requests, workers, inp.policy, seed, sla=inp.sla, speedup=speedup, window=inp.window,
+        summary = run(
+            inp.requests, pools, inp.policy, seed, sla=inp.sla, speedup=speedup, window=inp.window,
             jitter_ms=jitter_ms, profile=inp.profile, engine=inp.engine, cap_fraction=cap, router=inp.router,
             warmup_s=inp.warmup_s,
         )
@@ -190,3 +227,8 @@ def replay_cmd(
         out.write(_fmt_stats(name, st) + "\n")
     if s.goodput_req_s is not None:
         out.write(f"goodput {s.goodput_req_s:.3f} req/s ({s.goodput_requests} requests met the SLA)\n")
+    if isinstance(s, disagg.DisaggSummary):
+        d = s.disaggregated
+        out.write(f"disaggregated: {d.prefill_workers} prefill ({d.prefill_profile}) + {d.decode_workers} decode "
+                  f"({d.decode_profile}) workers, KV link {d.kv_transfer_gb_s:g} GB/s, "
+                  + _fmt_stats("KV transfer", d.kv_transfer_ms).replace("KV transfer", "transfer", 1) + "\n")

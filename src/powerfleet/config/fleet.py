@@ -175,6 +175,8 @@ class RetuneDeploymentConfig(_Strict):
     dwell_windows: int | None = Field(None, ge=0, le=10_000)
     search_rounds: int | None = Field(None, ge=0, le=50)
     engine_profile: str | None = None  # fleet config only (the DGD annotation may not name a file)
+    prefill_engine_profile: str | None = None  # fleet config only, like engine_profile
+    kv_transfer_gb_s: float | None = Field(None, gt=0, le=100_000, allow_inf_nan=False)
     max_shards: int | None = Field(None, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     shard_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -205,6 +207,11 @@ class RetuneConfig(_Strict):
     # The engine profile the sweeps replay (a measured table, `sim replay --profile`); None:
     # the built-in Llama-3-70B TP4 H200 roofline fit, shown as the fallback in `retune status`.
     engine_profile: str | None = None
+    # A disaggregated deployment (prefill and decode pools): its prefill workers' profile
+    # (None: engine_profile's), and the prefill -> decode KV link in GB/s (64: inter-node
+    # InfiniBand, the P/D bandwidth of Dynamo's mocker; ~600 for NVLink). docs/sim.md.
+    prefill_engine_profile: str | None = None
+    kv_transfer_gb_s: float = Field(64.0, gt=0, le=100_000, allow_inf_nan=False)
     max_shards: int = Field(3, ge=1, le=256)
     time_budget_s: float = Field(240.0, gt=0, allow_inf_nan=False)
     shard_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)

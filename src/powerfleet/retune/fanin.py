@@ -40,6 +40,16 @@ def _k(*parts: str) -> str:
     return PREFIX + ":".join(parts)
 
 
+class DisaggSpec(BaseModel):
+    """A disaggregated deployment's prefill pool and KV link (the spec's ``replicas`` and
+    ``profile`` are then the decode pool's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prefill_replicas: int
+    prefill_profile: str | None = None  # None: the spec's profile
+    kv_transfer_gb_s: float
+
+
 class ShardSpec(BaseModel):
     """Everything a shard's result depends on; its hash is the shard's key."""
 
@@ -58,9 +68,12 @@ class ShardSpec(BaseModel):
     start_s: float = 0.0  # scoring starts this many seconds after the file's first record (warm-up before)
     warm_policy: dict[str, float] | None = None  # the settings that served the warm-up span
     profile: str | None = None  # the engine profile file (None: the built-in profile)
+    disagg: DisaggSpec | None = None  # None: aggregated workers
 
     def key(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+        # An aggregated spec hashes as it did before ``disagg`` existed (results stay adoptable).
+        dump = self.model_dump_json(exclude={"disagg"} if self.disagg is None else None)
+        return hashlib.sha256(dump.encode()).hexdigest()[:32]
 
 
 class ShardResult(BaseModel):
@@ -87,6 +100,7 @@ class SweepRecord(BaseModel):
     window_file: str
     requests: int
     replicas: int
+    prefill_replicas: int | None = None  # a disaggregated deployment's prefill pool (replicas: its decode pool)
     current: dict[str, float]
     shards: list[ShardSpec]
     status: Status = "running"

@@ -23,7 +23,7 @@ from powerfleet.retune.guard import Move, dwell_blocks
 from powerfleet.retune.leadership import Fenced
 from powerfleet.retune.live import SHARD_TASK, actuate
 from powerfleet.retune.metrics import CANDIDATES, IMPROVEMENT, SWEEP_SECONDS, WINDOWS
-from powerfleet.retune.premises import worker_replicas
+from powerfleet.retune.premises import prefill_replicas, worker_replicas
 from powerfleet.retune.state import DecisionRecord, Moved, RetuneState
 from powerfleet.sim.policy import RouterPolicy
 
@@ -81,7 +81,8 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
                 return searching
         probe, cands, missing = _gather(rec, results)
         adopted = fan.adopted(sid)
-        verified = dep.dgd is not None and worker_replicas(dep.dgd) == rec.replicas
+        verified = (dep.dgd is not None and worker_replicas(dep.dgd) == rec.replicas
+                    and prefill_replicas(dep.dgd) == rec.prefill_replicas)
         common = dict(candidates=len(cands), candidates_failed=sum(1 for c in cands if not c.rankable()),
                       replicas=rec.replicas, replicas_verified=verified)
         for c in cands:

@@ -20,11 +20,11 @@ from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.cut import CutError, cut_window
 from powerfleet.retune.decision import Candidate
 from powerfleet.retune.fencing import Barriers
-from powerfleet.retune.fanin import ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
+from powerfleet.retune.fanin import DisaggSpec, ShardResult, ShardSpec, SweepRecord, file_sha256, sweep_id
 from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.metrics import APPLIED, CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
-from powerfleet.retune.premises import check, worker_replicas
+from powerfleet.retune.premises import check, prefill_replicas, worker_replicas
 from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
 from powerfleet.retune.windows import last_closed_window, window
@@ -113,6 +113,9 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         return {"status": "no-traffic", **cut_info}
     assert snap.dgd is not None
     replicas = worker_replicas(snap.dgd)
+    prefill = prefill_replicas(snap.dgd)  # a disaggregated deployment: replayed as its two pools
+    disagg = None if prefill is None else DisaggSpec(prefill_replicas=prefill, prefill_profile=s.prefill_engine_profile,
+                                                     kv_transfer_gb_s=s.kv_transfer_gb_s)
     current = current_settings(dep, state, snap.frontend_policies)
     points = s.grid.points(RouterPolicy.model_validate(current))
     digest = file_sha256(cut.path)
@@ -130,14 +133,14 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
                          index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas,
                          start_s=start_s, warm_policy=dict(current) if start_s > 0 else None,
-                         profile=s.engine_profile)
+                         profile=s.engine_profile, disagg=disagg)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
     rec = SweepRecord(sid=sid, dgd=dgd, window=k, term=t.term,
                       identity=t.identity, generation=s.generation, mode=s.mode, launched_at=now,
                       deadline=now + s.time_budget_s, window_file=ref, requests=cut.requests,
-                      replicas=replicas, current=current, shards=shards, extra=cut_info)
+                      replicas=replicas, prefill_replicas=prefill, current=current, shards=shards, extra=cut_info)
     if not ports.fanin.register(rec):  # a concurrent duplicate launch registered first
         return {"status": "resent", "sid": rec.sid}
     for sh in shards:
@@ -173,7 +176,8 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
                                            sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
                                            warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy,
-                                           profile=spec.profile)
+                                           profile=spec.profile,
+                                           disagg=spec.disagg.model_dump() if spec.disagg is not None else None)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"

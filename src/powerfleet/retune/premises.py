@@ -7,7 +7,8 @@ launch. Codes (docs/retune.md lists them with the fix for each):
 ``settings-invalid``, ``dgd-missing``, ``dgd-unsettled``, ``no-frontend``,
 ``frontend-unreachable``, ``worker-router-override``, ``credit-zero-frontend``,
 ``trace-dir-unreadable``, ``time-budget``, ``load-scaling-on``, ``no-sweep-consumer``,
-``sweep-cannot-read``.
+``sweep-cannot-read``, ``disaggregated`` (a shape of pools the simulator does not model; one
+prefill and one decode pool are replayed as such, sim/disagg.py).
 """
 
 from __future__ import annotations
@@ -61,13 +62,24 @@ def frontends_of(dgd: DGD, pods: Sequence[PodInfo]) -> tuple[list[Frontend], lis
     return found, missing
 
 
+def _role(c: Any) -> ComponentType | None:
+    """A component's role: its ``subComponentType`` when that names a pool, else its type."""
+    return c.sub_type if c.sub_type in (ComponentType.PREFILL, ComponentType.DECODE) else c.type
+
+
+def _replicas(dgd: DGD, role: ComponentType) -> int:
+    return sum(c.replicas for c in dgd.components if _role(c) is role)
+
+
 def worker_replicas(dgd: DGD) -> int:
-    """Replicas the sweep replays: the aggregated workers, else the decode workers."""
-    for kind in (ComponentType.WORKER, ComponentType.DECODE):
-        n = sum(c.replicas for c in dgd.components if c.type is kind)
-        if n:
-            return n
-    return 0
+    """Replicas the sweep replays: the aggregated workers, else the decode pool."""
+    return _replicas(dgd, ComponentType.WORKER) or _replicas(dgd, ComponentType.DECODE)
+
+
+def prefill_replicas(dgd: DGD) -> int | None:
+    """A disaggregated deployment's prefill pool (its decode pool is ``worker_replicas``);
+    None for aggregated workers."""
+    return _replicas(dgd, ComponentType.PREFILL) if disaggregated_pools(dgd) else None
 
 
 def disaggregated_pools(dgd: DGD) -> list[str]:
@@ -75,6 +87,20 @@ def disaggregated_pools(dgd: DGD) -> list[str]:
     kinds = {ComponentType.PREFILL, ComponentType.DECODE}
     found = {k.value for c in dgd.components for k in (c.type, c.sub_type) if k in kinds}
     return sorted(found)
+
+
+def unmodelled_shape(dgd: DGD) -> str | None:
+    """Why the simulator cannot replay this deployment's workers, if it cannot: the
+    disaggregated model needs exactly one prefill and one decode pool, and no aggregated
+    workers beside them."""
+    pools = disaggregated_pools(dgd)
+    if not pools:
+        return None
+    if pools != ["decode", "prefill"]:
+        return f"a {pools[0]} pool without a {'decode' if pools[0] == 'prefill' else 'prefill'} pool"
+    if any(_role(c) is ComponentType.WORKER for c in dgd.components):
+        return "aggregated workers beside the prefill and decode pools"
+    return None
 
 
 def unsettled_reasons(dgd: DGD) -> list[str]:
@@ -152,10 +178,13 @@ def check(s: DeploymentSettings, snap: Snapshot,
     out: list[Premise] = []
     if snap.dgd is None or snap.dgd_obj is None:
         return [Premise("dgd-missing", f"deployment {s.namespace}/{s.dgd} does not exist")]
-    if pools := disaggregated_pools(snap.dgd):
-        out.append(Premise("disaggregated", f"separate {' and '.join(pools)} pools: the simulator replays "
-                           "aggregated workers only, so a sweep would not describe this deployment's routing "
-                           "(retune refuses it until the disaggregated model exists)"))
+    if shape := unmodelled_shape(snap.dgd):
+        out.append(Premise("disaggregated", f"{shape}: the simulator replays aggregated workers or one prefill "
+                           "and one decode pool, so a sweep would not describe this deployment's routing"))
+    elif disaggregated_pools(snap.dgd) and s.kv_bytes_per_token is None:
+        out.append(Premise("disaggregated", f"the engine profiles ({s.prefill_engine_profile_name}, "
+                           f"{s.engine_profile_name}) give no kv_bytes_per_token, which the KV transfer between "
+                           "the prefill and decode pools needs; add it to the profile file"))
     if reasons := unsettled_reasons(snap.dgd):
         out.append(Premise("dgd-unsettled", "; ".join(reasons)))
     if not snap.frontends:
@@ -188,4 +217,6 @@ def check(s: DeploymentSettings, snap: Snapshot,
                                                 f"the trace directory {s.trace_dir!r}; mount the trace volume there"))
     if worker_replicas(snap.dgd) < 1:
         out.append(Premise("dgd-unsettled", "the deployment has no worker replicas to replay"))
+    elif prefill_replicas(snap.dgd) == 0:
+        out.append(Premise("dgd-unsettled", "the deployment's prefill pool has no replicas to replay"))
     return out

@@ -22,6 +22,7 @@ from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
 from powerfleet.retune.windows import last_closed_window
+from powerfleet.sim.disagg import DEFAULT_KV_TRANSFER_GB_S, Pools
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
 from powerfleet.sim.profile import default_profile, load_profile
 
@@ -57,6 +58,11 @@ class DeploymentSettings:
     promote_max_age_windows: int = 3
     engine_profile: str | None = None  # a profile file every shard loads; None: the built-in profile
     engine_profile_name: str = ""
+    # A disaggregated deployment's prefill pool profile (None: engine_profile's) and KV link.
+    prefill_engine_profile: str | None = None
+    prefill_engine_profile_name: str = ""
+    kv_transfer_gb_s: float = DEFAULT_KV_TRANSFER_GB_S
+    kv_bytes_per_token: int | None = None  # what the transfer moves (the prefill profile's, else the decode's)
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
 
     def searched_credit_positive(self) -> bool:
@@ -66,7 +72,7 @@ class DeploymentSettings:
 
 # The window schedule comes from the fleet config only: a sender (trigger, Flower, the tick)
 # must be able to bound a window index without reading the DGD (``closed_window``).
-SCHEDULE_KEYS = ("window_interval_s", "window_phase_s", "engine_profile")
+SCHEDULE_KEYS = ("window_interval_s", "window_phase_s", "engine_profile", "prefill_engine_profile")
 
 
 def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
@@ -78,6 +84,14 @@ def sweep_options(s: DeploymentSettings) -> dict[str, Any]:
             "profile": load_profile(s.engine_profile) if s.engine_profile is not None else None}
 
 
+def pools(s: DeploymentSettings, prefill: int, decode: int) -> Pools:
+    """What a sweep of a disaggregated deployment replays (``run_sweep(requests, pools(...), ...)``):
+    its replica counts, the prefill profile (the decode pool takes ``sweep_options``' profile)
+    and the KV link."""
+    pre = load_profile(s.prefill_engine_profile) if s.prefill_engine_profile is not None else None
+    return Pools(prefill, decode, prefill_profile=pre, kv_transfer_gb_s=s.kv_transfer_gb_s)
+
+
 def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
     raw = annotations.get(DGD_ANNOTATION)
     if raw is None:
@@ -87,8 +101,8 @@ def dgd_overrides(annotations: dict[str, str]) -> RetuneDeploymentConfig | None:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise SettingsError(f"annotation {DGD_ANNOTATION}: not JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
     if isinstance(obj, dict) and any(k in obj for k in SCHEDULE_KEYS):
-        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s, window_phase_s and engine_profile "
-                            "are set in the fleet config (retune.per_deployment), not on the DGD")
+        raise SettingsError(f"annotation {DGD_ANNOTATION}: window_interval_s, window_phase_s and the engine "
+                            "profiles are set in the fleet config (retune.per_deployment), not on the DGD")
     try:
         return RetuneDeploymentConfig.model_validate(obj)
     except ValidationError as exc:
@@ -145,13 +159,12 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                             f"({m['shard_timeout_s']:g}) so a sweep can finish inside its budget")
     if m["time_budget_s"] >= m["window_interval_s"]:
         raise SettingsError(f"{where}: time_budget_s must be shorter than the window interval, or sweeps overlap")
-    profile_name = default_profile().name
-    if m["engine_profile"] is not None:
-        try:
-            profile_name = load_profile(m["engine_profile"]).name
-        except (OSError, ValueError) as exc:
-            raise SettingsError(f"{where}: engine_profile: {exc}") from None
+    profile_name, kvb = _profile_name(where, "engine_profile", m["engine_profile"],
+                                      (default_profile().name, default_profile().kv_bytes_per_token))
+    prefill_name, prefill_kvb = _profile_name(where, "prefill_engine_profile", m["prefill_engine_profile"],
+                                              (profile_name, kvb))
     sweep_keys = {"grid": grid.model_dump(exclude_none=True), "profile": [m["engine_profile"], profile_name], "objective": objective.value,
+                  "prefill_profile": [m["prefill_engine_profile"], prefill_name], "kv_transfer_gb_s": m["kv_transfer_gb_s"],
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
                   "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
@@ -171,4 +184,18 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
         promote_max_age_windows=cfg.promote_max_age_windows,
         engine_profile=m["engine_profile"], engine_profile_name=profile_name,
+        prefill_engine_profile=m["prefill_engine_profile"], prefill_engine_profile_name=prefill_name,
+        kv_transfer_gb_s=float(m["kv_transfer_gb_s"]), kv_bytes_per_token=prefill_kvb or kvb,
     )
+
+
+def _profile_name(where: str, key: str, path: str | None, fallback: tuple[str, int | None]) -> tuple[str, int | None]:
+    """(name, KV bytes per token) of the profile a key names (checked now: a bad file stops the
+    deployment in one line), or ``fallback``."""
+    if path is None:
+        return fallback
+    try:
+        prof = load_profile(path)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"{where}: {key}: {exc}") from None
+    return prof.name, prof.kv_bytes_per_token

@@ -13,7 +13,7 @@ from powerfleet.cluster.router import RouterClient
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.actuator import read_all, same, target_for
 from powerfleet.retune.context import Deployment, LeaseCluster, Ports
-from powerfleet.retune.premises import frontends_of
+from powerfleet.retune.premises import frontends_of, prefill_replicas, worker_replicas
 from powerfleet.retune.settings import SettingsError, configured
 from powerfleet.retune.state import OUTCOME_CLASS
 
@@ -58,6 +58,7 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
     out["dgd"] = "found"
     if dep.dgd is None:
         return out
+    out["replayed_as"] = _replayed_as(dep)
     pods = cluster.list_pods(dep.dgd.namespace, label_selector=dep.dgd.pod_selector)
     frontends, _ = frontends_of(dep.dgd, pods)
     got, errors = read_all(router, frontends)
@@ -72,6 +73,20 @@ def deployment_status(cfg: RetuneConfig, cluster: LeaseCluster, router: RouterCl
                        converged=None if want is None else same(cur.policy, want))
         out["routers"].append(row)
     return out
+
+
+def _replayed_as(dep: Deployment) -> dict[str, Any]:
+    """What the sweeps replay: the aggregated workers, or the prefill and decode pools with the
+    prefill profile and the KV link (docs/sim.md "Disaggregated replay")."""
+    assert dep.dgd is not None
+    s = dep.settings
+    prefill = prefill_replicas(dep.dgd)
+    if prefill is None:
+        return {"kind": "aggregated", "workers": worker_replicas(dep.dgd)}
+    return {"kind": "disaggregated", "prefill_workers": prefill, "decode_workers": worker_replicas(dep.dgd),
+            "prefill_engine_profile": {"name": s.prefill_engine_profile_name,
+                                       "source": s.prefill_engine_profile or s.engine_profile or "built-in (fallback)"},
+            "kv_transfer_gb_s": s.kv_transfer_gb_s}
 
 
 def _outcome_counts(counts: dict[str, int]) -> dict[str, Any]:

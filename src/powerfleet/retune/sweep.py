@@ -20,10 +20,11 @@ from powerfleet.retune.decision import Candidate, Decision, decide
 from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.grid import EdgeSearch, SweepGrid, search_beyond, split_shards
 from powerfleet.retune.objectives import DIRECTION, UNITS, Objective, parse_objective, score
+from powerfleet.sim.disagg import DisaggSimulation, Pools, replay_batches, warm_snapshot
 from powerfleet.sim.engine import EngineConfig, Simulation
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy
 from powerfleet.sim.profile import TimingProfile, load_profile
-from powerfleet.sim.replay import Arrivals, prepare, replay_batches, warm_snapshot, warmup_span
+from powerfleet.sim.replay import Arrivals, prepare, warmup_span
 from powerfleet.sim.summary import VersionedJson
 from powerfleet.sim.trace import TraceRequest
 
@@ -83,7 +84,7 @@ def _key(params: dict[str, Any]) -> tuple[Any, ...]:
 
 def evaluate(
     arr: Arrivals,
-    workers: int,
+    workers: int | Pools,
     policy: RouterPolicy,
     seed: int,
     objective: Objective,
@@ -92,7 +93,7 @@ def evaluate(
     shard: int | None = None,
     engine: EngineConfig | None = None,
     router: RouterOptions | None = None,
-    warm: Simulation | None = None,
+    warm: Simulation | DisaggSimulation | None = None,
 ) -> Candidate:
     """Replay one setting and score it (a failed score is a candidate with ``ok`` false);
     ``warm``: the shared warm-up state to continue from (``replay.warm_snapshot``)."""
@@ -106,7 +107,7 @@ def evaluate(
 
 def run_shard(
     arr: Arrivals,
-    workers: int,
+    workers: int | Pools,
     points: Sequence[RouterPolicy],
     seed: int,
     objective: Objective | str,
@@ -115,7 +116,7 @@ def run_shard(
     profile: TimingProfile | None = None,
     engine: EngineConfig | None = None,
     router: RouterOptions | None = None,
-    warm: Simulation | None = None,
+    warm: Simulation | DisaggSimulation | None = None,
 ) -> list[Candidate]:
     """What one shard task does: replay and score its points in order."""
     obj = parse_objective(objective) if isinstance(objective, str) else objective
@@ -137,6 +138,7 @@ def run_shard_from_trace(
     router: dict[str, Any] | None = None,
     warmup_policy: dict[str, Any] | None = None,
     profile: str | None = None,
+    disagg: dict[str, Any] | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -150,6 +152,8 @@ def run_shard_from_trace(
     warm-up span (the current ones; what ``run_sweep`` uses): it is replayed once under
     them and every point continues from a copy. Without it each point replays the
     warm-up under its own settings. ``router``: Dynamo's further router options (JSON).
+    ``disagg`` (``fanin.DisaggSpec``'s fields): a disaggregated deployment, ``workers`` and
+    ``profile`` its decode pool's (``sim.disagg.Pools``).
     """
     from powerfleet.sim.engine import parse_engine
     from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
@@ -161,10 +165,15 @@ def run_shard_from_trace(
     arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
     eng, opts = parse_engine(engine), parse_router_options(router)
     prof = load_profile(profile) if profile is not None else None
+    pools: int | Pools = workers
+    if disagg is not None:
+        pre = disagg.get("prefill_profile")
+        pools = Pools(disagg["prefill_replicas"], workers, prefill_profile=load_profile(pre) if pre else None,
+                      decode_profile=prof, kv_transfer_gb_s=disagg["kv_transfer_gb_s"])
     warm = None
     if warmup_policy is not None:
-        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
-    return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
+        warm = warm_snapshot(arr, pools, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+    return run_shard(arr, pools, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
 
 
 _STATE: dict[str, Any] = {}
@@ -230,7 +239,7 @@ def _gather(ex: Executor, items: Items, tick: Callable[[int], None]) -> list[lis
 
 def run_sweep(
     requests: Sequence[TraceRequest],
-    workers: int,
+    workers: int | Pools,
     objective: Objective | str,
     current: RouterPolicy,
     grid: SweepGrid,
@@ -295,7 +304,7 @@ def run_sweep(
         objective=obj.value,
         direction=DIRECTION[obj],
         units=UNITS[obj],
-        workers=workers,
+        workers=workers if isinstance(workers, int) else workers.total,
         seed=seed,
         shards=len(shards),
         grid_points=len(points),

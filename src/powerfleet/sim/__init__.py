@@ -12,8 +12,12 @@ Public API (what the Celery tasks call):
   once and forked per candidate
 * ``TimingProfile``, ``default_profile``, ``load_profile``, ``CapCurve`` (``sim.profile``)
 * ``EngineConfig``, ``parse_engine`` (``sim.engine``)
+* ``Pools``, ``DisaggSimulation`` (``sim.disagg``): a disaggregated deployment (prefill pool,
+  decode pool, KV transfer); ``sim.disagg.replay`` / ``replay_batches`` / ``warm_snapshot``
+  take a replica count or ``Pools``
 """
 
+from powerfleet.sim.disagg import DisaggSimulation, Pools
 from powerfleet.sim.engine import EngineConfig, Simulation, parse_engine
 from powerfleet.sim.policy import SLA, RouterOptions, RouterPolicy, parse_policy, parse_router_options, parse_sla
 from powerfleet.sim.profile import CapCurve, TimingProfile, default_profile, load_profile
@@ -22,7 +26,7 @@ from powerfleet.sim.summary import REPLAY_SCHEMA, ReplaySummary
 from powerfleet.sim.trace import Trace, TraceError, TraceRequest, iter_trace, read_trace, select_window
 
 __all__ = [
-    "REPLAY_SCHEMA", "SLA", "CapCurve", "EngineConfig", "ReplaySummary", "RouterOptions", "RouterPolicy",
+    "REPLAY_SCHEMA", "SLA", "CapCurve", "DisaggSimulation", "EngineConfig", "Pools", "ReplaySummary", "RouterOptions", "RouterPolicy",
     "Simulation", "TimingProfile", "Trace", "TraceError", "TraceRequest", "default_profile", "iter_trace",
     "load_profile", "parse_engine", "parse_policy", "parse_router_options", "parse_sla", "parse_window",
     "prepare", "read_trace", "replay", "replay_arrivals", "select_window", "warm_snapshot",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from powerfleet.sim.disagg import DisaggSimulation, Pools
 from powerfleet.sim.engine import EngineConfig, simulate
 from powerfleet.sim.policy import RouterOptions, RouterPolicy
 from powerfleet.sim.profile import TimingProfile, default_profile
@@ -143,27 +144,42 @@ def run_peer(
     options: RouterOptions | None = None,
     engine: EngineConfig | None = None,
     scored_from_ms: float = 0.0,
+    pools: Pools | None = None,
 ) -> Metrics:
     """One Dynamo replay of ``requests`` (times as recorded); requests arriving before
-    ``scored_from_ms`` (from the first one) are a warm-up and are not scored."""
+    ``scored_from_ms`` (from the first one) are a warm-up and are not scored. ``pools``: a
+    disaggregated replay (``workers`` is then ignored; both pools use ``table`` and
+    ``kv_blocks``, the transfer the default profile's KV size over ``pools.kv_transfer_gb_s``)."""
     _quiet()
     from dynamo._core import run_mocker_trace_replay
 
     eng = engine or EngineConfig()
     o = options or RouterOptions()
-    args = {"engine": {
-        "block_size": eng.block_tokens, "num_gpu_blocks": kv_blocks,
-        "max_num_seqs": eng.max_num_seqs, "max_num_batched_tokens": eng.max_num_batched_tokens,
-        "timing_model": {"type": "external", "provider": "dynamo_profile", "config": {"path": str(table)}},
-    }}
+
+    def args(**more: Any) -> dict[str, Any]:
+        return {"engine": {
+            "block_size": eng.block_tokens, "num_gpu_blocks": kv_blocks,
+            "max_num_seqs": eng.max_num_seqs, "max_num_batched_tokens": eng.max_num_batched_tokens,
+            "timing_model": {"type": "external", "provider": "dynamo_profile", "config": {"path": str(table)}},
+            **more,
+        }}
+
+    if pools is None:
+        layout: dict[str, Any] = {"extra_engine_args": args(), "num_workers": workers}
+    else:
+        link = {"kv_transfer_bytes_per_token": default_profile().kv_bytes_per_token,
+                "kv_transfer_bandwidth": pools.kv_transfer_gb_s}  # GB/s (1e9 bytes), as ours
+        layout = {"prefill_engine_args": args(worker_type="prefill", **link),
+                  "decode_engine_args": args(worker_type="decode", **link),
+                  "num_prefill_workers": pools.prefill_workers, "num_decode_workers": pools.decode_workers}
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "trace.jsonl"
         f.write_text("".join(dumps_request(r) + "\n" for r in requests))
         t = time.perf_counter()
         res = run_mocker_trace_replay(
-            [str(f)], extra_engine_args=args, router_config=router_config(policy, o), num_workers=workers,
-            router_mode="kv_router", trace_block_size=eng.block_tokens, capture_per_request=True,
-            kv_event_lag_ms=o.kv_event_lag_ms or None,
+            [str(f)], router_config=router_config(policy, o), router_mode="kv_router",
+            trace_block_size=eng.block_tokens, capture_per_request=True, kv_event_lag_ms=o.kv_event_lag_ms or None,
+            **layout,
         )
         wall = time.perf_counter() - t
     t0 = min((r.timestamp_ms for r in requests), default=0.0)
@@ -194,13 +210,18 @@ def run_ours(
     profile: TimingProfile | None = None,
     seed: int = 0,
     scored_from_ms: float = 0.0,
+    pools: Pools | None = None,
 ) -> Metrics:
-    """powerfleet's replay of the same requests, reduced with the same definitions."""
+    """powerfleet's replay of the same requests, reduced with the same definitions (``pools``:
+    the disaggregated replay)."""
     prof = profile or default_profile()
     t = time.perf_counter()
     arr = prepare(requests, seed=seed, warmup_s=0)
-    res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, policy, prof, engine or EngineConfig(),
-                   seed * 2 + 1, router=options)
+    if pools is None:
+        res = simulate(arr.arrival_ms, arr.isl, arr.osl, arr.hashes, workers, policy, prof, engine or EngineConfig(),
+                       seed * 2 + 1, router=options)
+    else:
+        res = DisaggSimulation(arr, pools, policy, seed, profile=prof, engine=engine, router=options).run().result()
     wall = time.perf_counter() - t
     ttft: list[float] = []
     hits = blocks = 0

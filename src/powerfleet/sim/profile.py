@@ -74,6 +74,9 @@ class ProfileFile(BaseModel):
     source: str = ""
     gpus_per_replica: int = Field(1, ge=1)
     kv_capacity_tokens: int = Field(gt=0)
+    # Bytes of KV one token occupies on the whole replica (all layers, K and V): what a
+    # disaggregated replay moves from a prefill to a decode worker (sim/disagg.py).
+    kv_bytes_per_token: int | None = Field(None, gt=0)
     prefill: _PrefillTable
     decode: _DecodeTable
 
@@ -106,6 +109,7 @@ class TimingProfile:
     prefill_ms: Callable[[float], float]
     decode_ms: Callable[[int, float], float]
     decode_linear_in_kv: bool = False
+    kv_bytes_per_token: int | None = None  # None: unknown (a disaggregated replay then refuses it)
 
 
 DEFAULT_PROFILE_NAME = "h200-llama3-70b-tp4"
@@ -130,6 +134,9 @@ def default_profile() -> TimingProfile:
         prefill_ms=prefill_ms,
         decode_ms=decode_ms,
         decode_linear_in_kv=True,
+        # Llama-3-70B in BF16: 80 layers x 8 KV heads x 128 x (K, V) x 2 bytes = 320 KiB
+        # (power_sim.md section 6.4)
+        kv_bytes_per_token=327_680,
     )
 
 
@@ -153,6 +160,7 @@ def profile_from_spec(spec: ProfileFile) -> TimingProfile:
         kv_capacity_tokens=spec.kv_capacity_tokens,
         prefill_ms=prefill_ms,
         decode_ms=decode_ms,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
     )
 
 

@@ -217,15 +217,20 @@ def replay_batches(
                          window_ms=arr.window_ms, sla=sla, policy=policy, seed=seed, profile=profile.name,
                          cap_fraction=cap_fraction, scored=mask)
 
-    whole = summary(arr.scored)
+    return summary(arr.scored), [summary(m) for m in batch_masks(arr, res.arrival_ms, batches)]
+
+
+def batch_masks(arr: Arrivals, arrival_ms: list[float], batches: int) -> list[tuple[bool, ...]]:
+    """The scored requests cut into ``batches`` consecutive groups by arrival (none when fewer
+    requests than batches): one mask per batch."""
     scored = [i for i in range(len(arr.osl)) if arr.scored is None or arr.scored[i]]
-    parts: list[ReplaySummary] = []
+    masks: list[tuple[bool, ...]] = []
     if batches > 0 and len(scored) >= batches:
-        order = sorted(scored, key=lambda i: res.arrival_ms[i])
+        order = sorted(scored, key=lambda i: arrival_ms[i])
         for b in range(batches):
             mine = set(order[b * len(order) // batches:(b + 1) * len(order) // batches])
-            parts.append(summary(tuple(i in mine for i in range(len(arr.osl)))))
-    return whole, parts
+            masks.append(tuple(i in mine for i in range(len(arr.osl))))
+    return masks
 
 
 def replay(

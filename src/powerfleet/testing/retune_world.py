@@ -29,7 +29,9 @@ def start_of(k: int) -> float:
 
 
 def dgd_object(name: str, *, frontends: int = 2, workers: int = 4, annotations: dict[str, str] | None = None,
-               worker_env: list[dict[str, str]] | None = None) -> dict[str, Any]:
+               worker_env: list[dict[str, str]] | None = None, prefill: int | None = None) -> dict[str, Any]:
+    """A settled DGD: frontends and ``workers`` aggregated workers, or with ``prefill`` a
+    disaggregated one (a ``prefill`` pool of that size and a ``decode`` pool of ``workers``)."""
     def comp(cname: str, ctype: str, replicas: int, env: list[dict[str, str]] | None = None) -> dict[str, Any]:
         main: dict[str, Any] = {"name": "main", "image": "m"}
         if env:
@@ -37,14 +39,16 @@ def dgd_object(name: str, *, frontends: int = 2, workers: int = 4, annotations: 
         return {"name": cname, "type": ctype, "replicas": replicas,
                 "podTemplate": {"metadata": {}, "spec": {"containers": [main]}}}
 
+    pools = [("worker", workers)] if prefill is None else [("prefill", prefill), ("decode", workers)]
     return {
         # v1beta1: the components list is its form (a real server prunes it from a v1alpha1 object).
         "apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
         "metadata": {"name": name, "namespace": "default", "generation": 1, "annotations": annotations or {}},
-        "spec": {"components": [comp("frontend", "frontend", frontends), comp("worker", "worker", workers, worker_env)]},
+        "spec": {"components": [comp("frontend", "frontend", frontends)]
+                 + [comp(kind, kind, n, worker_env) for kind, n in pools]},
         "status": {"observedGeneration": 1, "state": "successful",
                    "components": {"frontend": {"replicas": frontends, "readyReplicas": frontends},
-                                  "worker": {"replicas": workers, "readyReplicas": workers}}},
+                                  **{kind: {"replicas": n, "readyReplicas": n} for kind, n in pools}}},
     }
 
 

@@ -9,8 +9,9 @@ Each ``TwinFrontend`` composes the retune fixture ``LoopbackFrontend`` (``GET/PA
 * it exposes the load a signal would read on its own ``/metrics`` (Prometheus text);
 * at the end of every retune window it replays that window's requests through the
   simulator's router and engine model twice, with its current router policy and with the
-  default policy, over the deployment's ready workers at their current cap: the TTFT of
-  "retuned" against "fixed default settings" on the same window (the report's plot).
+  default policy, over the deployment's ready workers at their current cap (a disaggregated
+  deployment as its prefill and decode pools): the TTFT of "retuned" against "fixed default
+  settings" on the same window (the report's plot).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from powerfleet.sim.disagg import Pools, replay_batches
 from powerfleet.sim.policy import RouterPolicy
-from powerfleet.sim.replay import prepare, replay_arrivals
+from powerfleet.sim.replay import prepare
 from powerfleet.sim.trace import TraceRequest
 from powerfleet.twin.frontend import LoopbackFrontend
 
@@ -171,8 +173,12 @@ class TwinFrontend:
 
     # -- per-window engine replay --
 
-    def close_windows(self, now: float, workers: int, cap_fraction: float) -> WindowTtft | None:
-        """At a window boundary, replay the finished window; returns its figures (None mid-window)."""
+    def close_windows(self, now: float, workers: int, cap_fraction: float, prefill: int | None = None,
+                      prefill_cap_fraction: float | None = None) -> WindowTtft | None:
+        """At a window boundary, replay the finished window; returns its figures (None mid-window).
+        ``prefill``: a disaggregated deployment's ready prefill workers (``workers``: its decode
+        workers, at ``cap_fraction``), replayed as its two pools, as retune sweeps it
+        (sim/disagg.py); the prefill pool at ``prefill_cap_fraction`` (None: ``cap_fraction``)."""
         k = int(now // self.window_s)
         if self._window is None:
             self._window = k
@@ -187,11 +193,13 @@ class TwinFrontend:
         policy = self.router.policy
         reqs = [TraceRequest((t - start) * 1000.0, r.input_length, r.output_length, r.hash_ids) for t, r in batch]
         current = default = None
-        if reqs and workers > 0:
+        if reqs and workers > 0 and prefill != 0:
             cap = min(max(cap_fraction, 0.2), 1.0)
             arr = prepare(reqs, seed=self.seed + done)
-            current = replay_arrivals(arr, workers, policy, self.seed + done, cap_fraction=cap).ttft_ms.mean
-            default = replay_arrivals(arr, workers, RouterPolicy(), self.seed + done, cap_fraction=cap).ttft_ms.mean
+            pre_cap = None if prefill_cap_fraction is None else min(max(prefill_cap_fraction, 0.2), 1.0)
+            pools = workers if prefill is None else Pools(prefill, workers, prefill_cap_fraction=pre_cap)
+            current = replay_batches(arr, pools, policy, self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
+            default = replay_batches(arr, pools, RouterPolicy(), self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
         out = WindowTtft(self.dgd, done, start, len(reqs), workers, current, default, policy.model_dump())
         self.windows.append(out)
         return out

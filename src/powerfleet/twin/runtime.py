@@ -320,7 +320,15 @@ class Twin:
             names = {p["metadata"]["name"] for p in workers}
             caps = [g.cap_w for g in gpus if g.pod in names]
             cap_fraction = (sum(caps) / len(caps) / GPU_DEFAULT_W) if caps else 1.0
-            done = fe.close_windows(now, len(workers), cap_fraction)
+            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == fe.dgd and _is_ready(p)]
+            roles = [(p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) for p in mine]
+            prefill = pre_cap = None
+            if "prefill" in roles or "decode" in roles:  # disaggregated: the prefill pool at its own cap
+                pre = {p["metadata"]["name"] for p, role in zip(mine, roles) if role == "prefill"}
+                prefill = len(pre)
+                pre_caps = [g.cap_w for g in gpus if g.pod in pre]
+                pre_cap = sum(pre_caps) / len(pre_caps) / GPU_DEFAULT_W if pre_caps else None
+            done = fe.close_windows(now, len(workers), cap_fraction, prefill, pre_cap)
             if done is not None:
                 with self._lock:
                     self.windows.append(done)
