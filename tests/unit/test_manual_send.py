@@ -98,3 +98,15 @@ def test_skipped_results_and_ticks_lead_with_a_summary_flower_can_search() -> No
     ok = {"node": "a", "ran": True, "skipped": None}
     assert summarised("powerfleet.agent.reconcile", ok, TICK_FAMILIES) is ok
     assert summarised("powerfleet.retune.window", {"status": "not-leader"}, TICK_FAMILIES) == {"status": "not-leader"}
+
+
+def test_a_load_proposal_no_role_could_follow_is_refused_where_it_is_sent(app) -> None:
+    from powerfleet.tasks.base import TaskInputError
+
+    ok = {"deployment": "default/a", "load": {"decode": 30.0}, "target_per_replica": {"decode": 10.0}}
+    app.check_send("powerfleet.budget.propose_load", None, ok)
+    for load, target in ((1e300, 1e-300), (10.0, 0.0)):
+        bad = {**ok, "load": {"decode": load}, "target_per_replica": {"decode": target}}
+        with pytest.raises(TaskInputError) as got:
+            app.check_send("powerfleet.budget.propose_load", None, bad)
+        assert "\n" not in str(got.value) and "target_per_replica" in str(got.value)
