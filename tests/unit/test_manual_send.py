@@ -113,3 +113,15 @@ def test_flower_worker_control_is_patched_off_unless_allowed(allow: bool) -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("[True]" if allow else "[False]")
+
+
+def test_a_load_proposal_no_role_could_follow_is_refused_where_it_is_sent(app) -> None:
+    from powerfleet.tasks.base import TaskInputError
+
+    ok = {"deployment": "default/a", "load": {"decode": 30.0}, "target_per_replica": {"decode": 10.0}}
+    app.check_send("powerfleet.budget.propose_load", None, ok)
+    for load, target in ((1e300, 1e-300), (10.0, 0.0)):
+        bad = {**ok, "load": {"decode": load}, "target_per_replica": {"decode": target}}
+        with pytest.raises(TaskInputError) as got:
+            app.check_send("powerfleet.budget.propose_load", None, bad)
+        assert "\n" not in str(got.value) and "target_per_replica" in str(got.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.tasks.base import NoArgs, TaskArgs, TaskInputError, fleet_task
@@ -107,6 +107,15 @@ class ProposeLoadArgs(TaskArgs):
     deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
     load: dict[Role, float] = Field(min_length=1)  # e.g. active requests per role, from frontend metrics
     target_per_replica: dict[Role, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _counts_a_role_can_have(self) -> "ProposeLoadArgs":
+        # The same rule the task applies, so an impossible ratio is refused where it is sent
+        # (trigger, Flower), not only in the worker.
+        from powerfleet.budget.load import replicas_for_load
+
+        replicas_for_load(self.load, self.target_per_replica)
+        return self
 
 
 class ProposeResult(TaskArgs):
