@@ -25,7 +25,8 @@ TEST_PASSWORD = "sentinel-test-Secret-42"  # the Redis nodes' and the Sentinels'
 # every 2 s, INFO every 10 s, and an old master reconfigured as a replica only after four hello
 # periods, which made a graceful failover's demotion take ~11 s. A TILT (the timer delayed over
 # 2 s, which a loaded machine can cause) lasts 2 s instead of 30.
-FAST_PERIODS = {"info-period": 500, "publish-period": 500, "ask-period": 200, "tilt-period": 2000}
+FAST_PERIODS = {"info-period": 500, "publish-period": 500, "ping-period": 200, "ask-period": 200,
+                "tilt-period": 2000}
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:

@@ -18,108 +18,45 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
 
-from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
-from powerfleet.beat.ticklog import TickLog
 from powerfleet.broker.clients import redis_client
-from powerfleet.broker.embedded import free_loopback_port
 from powerfleet.broker.publish import BrokerRefusedWrite
 from powerfleet.budget.state import OTHER_WRITER, REPLICAS
-from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config import load_config
 from powerfleet.tasks.fleet import fan_out
-from powerfleet.workers.app import TICK_FAMILIES, FleetCelery, create_app
-from powerfleet.workers.launcher import Launcher
-from tests.agent.conftest import device
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.retune_world import BASE_K, start_of, traffic_lines, write_segments
+from powerfleet.workers.app import TICK_FAMILIES, create_app
+from tests.budget.stand_in_operator import budget_status, replicas, settle
 from tests.integration.conftest import run_cli, wait_worker
-from tests.reliability.faults import HookedApiServer
+from tests.reliability.sentinel_fleet import (
+    ALPHA,
+    BUDGET_NODES,
+    NODES,
+    RETUNE_BUDGET_S,
+    Fleet,
+    carries_on,
+    reconnects,
+    running_fleet,
+)
 from tests.reliability.sentinels import TEST_PASSWORD, SentinelCluster
-from tests.reliability.test_redis_restart import node_pod, tick_passes
+from tests.reliability.test_redis_restart import state_of
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-NODES = ("gpu-node-h", "gpu-node-i")
 SECRET = TEST_PASSWORD  # the Redis nodes' and the Sentinels' password
-ALPHA = "default/alpha"  # the power-aware deployment (its pods on BUDGET_NODES, no agent there)
-BUDGET_NODES = ["gpu-node-b"]
-
-
-@dataclass
-class Fleet:
-    cluster: SentinelCluster
-    api: HookedApiServer
-    kube: KubeCluster
-    launcher: Launcher
-    app: FleetCelery
-    ticks: TickLog
-    probe_ports: dict[str, int]
-    env: dict[str, str]
+# What a retune window may end in after losing the master mid-sweep: (outcome, failure_reason).
+ONE_OUTCOME = {("apply", None), ("keep", None), ("abandoned", "time-budget"), ("dropped", "lost-broker-state")}
 
 
 @pytest.fixture(scope="module")
 def fleet(sentinel_cluster: SentinelCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("sentinel-fleet")
-    cluster = sentinel_cluster
-    cluster.restore()
-    with HookedApiServer() as api:
-        kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-        kube = KubeCluster.from_kubeconfig(str(kubeconfig))
-        api.apply(dgd("alpha", 1, 1))
-        settle(api, kube, "alpha", BUDGET_NODES)
-        env = {**cluster.env(), "POWERFLEET_NODES": f"[{', '.join(NODES)}]",
-               "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
-               "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5",
-               "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "1",
-               "POWERFLEET_AGENT__GPU_BACKEND": "simulated", "POWERFLEET_AGENT__SIMULATED_DIR": str(tmp / "sim"),
-               "POWERFLEET_AGENT__KUBECONFIG": str(kubeconfig),
-               "POWERFLEET_AGENT__STATE_DIR": str(tmp / "state"), "POWERFLEET_AGENT__NAMESPACES": "[llm]",
-               "POWERFLEET_BUDGET__KUBECONFIG": str(kubeconfig),
-               "POWERFLEET_BUDGET__DEPLOYMENTS": json.dumps({ALPHA: {"power_limit_w": 4000}})}
-        ports = {n: free_loopback_port() for n in NODES}
-        with Launcher(log_dir=tmp / "logs", env=dict(env)) as launcher:
-            for i, node in enumerate(NODES):
-                uid = f"{i:08d}-0000-4000-8000-00000000000{i}"
-                api.apply(node_pod(node, uid))
-                write_proc_entry(tmp / "proc" / node, 4242, uid)
-                SimulatedGpus.shared(tmp / "sim" / f"{node}.json", [device(0, pids=[4242])])
-                launcher.spawn(node, "agent", "--node", node, env={
-                    "POWERFLEET_AGENT__PROC_ROOT": str(tmp / "proc" / node),
-                    "POWERFLEET_AGENT__PROBE_PORT": str(ports[node])})
-            launcher.spawn("ctl", "worker", "--queues", "control,sweep", "--name", "ctl@sentinel")
-            app = create_app(load_config(environ=env))
-            for name in ("ctl@sentinel", *(f"agent@{n}" for n in NODES)):
-                wait_worker(app, name, timeout_s=90)
-            launcher.spawn("beat", "beat")
-            ticks = TickLog(redis_client(cluster.url, app.fleet_config.broker, socket_timeout=2))
-            try:
-                yield Fleet(cluster, api, kube, launcher, app, ticks, ports, env)
-            finally:
-                kube.close()
-
-
-def carries_on(fleet: Fleet, since: float) -> None:
-    """After a promotion at ``since``: each family ticks, each node passes, nobody died."""
-    passes = {n: tick_passes(fleet.probe_ports[n]) for n in NODES}
-    for family in TICK_FAMILIES:
-        wait_for(lambda f=family: fleet.ticks.last_ticks().get(f, 0) > since,
-                 f"a {family} tick after the promotion (beat leading again)", 60, every_s=0.2)
-    for node in NODES:
-        wait_for(lambda n=node: tick_passes(fleet.probe_ports[n]) > passes[n],
-                 f"a reconcile pass on {node} after the promotion", 60, every_s=0.2)
-    assert fleet.launcher.dead_children() == []
-
-
-def reconnects(port: int, kind: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    key = f'powerfleet_broker_reconnects_total{{kind="{kind}"}} '
-    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), -1.0)
+    with running_fleet(sentinel_cluster, tmp_path_factory.mktemp("sentinel-fleet")) as f:
+        yield f
 
 
 # -- on the cluster alone, before the module's fleet starts (they change the master's settings) --
@@ -242,3 +179,40 @@ def test_no_budget_evaluation_acts_on_state_from_before_the_master_was_killed(fl
     promoted = redis.Redis(port=stale, password=SECRET, socket_timeout=5)
     assert promoted.hget(OTHER_WRITER, ALPHA) is None  # no "another writer" finding, then or since
     promoted.close()
+
+
+def test_a_master_killed_mid_sweep_leaves_the_retune_window_exactly_one_outcome(fleet: Fleet,
+                                                                                sentinels: SentinelCluster) -> None:
+    """The master dies while a shard reads the window (the sweep record, fan-in counters and
+    results live in Redis): the window still ends in exactly one recorded outcome in the state
+    Lease, nothing stays pending, and later ticks launch nothing for it again."""
+    rt = fleet.retune
+    k = BASE_K + 1
+
+    def tick() -> dict[str, Any]:  # no "now": the worker reads the clock file
+        return rt.app.send_task("powerfleet.retune.tick", kwargs={}).get(timeout=90)
+
+    assert tick()["launched"] == []  # enabled in window K
+    write_segments(rt.world.trace_dir, "llama", sorted(rt.world.frontends["llama"]), traffic_lines(6000, start_of(k)))
+    rt.clock.set(start_of(k + 1) + 1)
+    assert tick()["launched"] == [{"dgd": "llama", "window": k}]
+    rec = wait_for(lambda: next(iter(rt.fan.active("llama")), None), "the sweep record", 60)
+    wait_for(lambda: rt.fan.readers(rec.sid), "a shard reading the window", 60, every_s=0.005)
+
+    old = sentinels.master_port()
+    sentinels.kill(old)  # SIGKILL mid-sweep
+    sentinels.wait_new_master(old)
+    wait_worker(rt.app, rt.worker, timeout_s=90)  # it reconnected by itself
+    rt.clock.set(start_of(k + 1) + 1 + RETUNE_BUDGET_S + 1)  # past the sweep's deadline
+    after = tick()
+    assert after["launched"] == [] and after["deployments"][0]["status"] == "leader", after
+    kube = fleet.kube
+    st = wait_for(lambda: (s := state_of(kube)) is not None and s.last_window == k and s, "window k ended", 120)
+    ended = [h for h in st.history if h.window == k]
+    assert len(ended) == 1 and (ended[0].outcome, ended[0].failure_reason) in ONE_OUTCOME, st.history
+    assert st.pending == [] and st.counts == {ended[0].outcome: 1}, st  # one outcome, counted once
+    rt.clock.set(start_of(k + 1) + 59)
+    assert tick()["launched"] == []  # later ticks neither relaunch it nor end it again
+    again = state_of(kube)
+    assert again is not None and [h.window for h in again.history].count(k) == 1 and again.counts == st.counts
+    carries_on(fleet, time.time())  # the rest of the fleet went through the same failover
