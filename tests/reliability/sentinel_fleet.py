@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -56,6 +57,7 @@ class Retune:
     world: World
     clock: FileClock
     fan: FanIn
+    enabled: Any  # the first tick's AsyncResult, sent at start-up: it enables retune in window BASE_K
     worker: str = "retune@sentinel"
 
 
@@ -72,8 +74,10 @@ class Fleet:
     retune: Retune
 
 
-def _retune_config(cluster: SentinelCluster, world: World, clock: FileClock, path: Path) -> Path:
-    config = {"broker": cluster.broker_config(RETUNE_DB), "clock_file": clock.path,
+def retune_config(cluster: SentinelCluster, world: World, clock: FileClock, path: Path, db: int = RETUNE_DB) -> Path:
+    """A fleet.yaml retuning ``llama`` of ``world`` on the cluster's database ``db``, time from ``clock``
+    (also bench/failover.py's)."""
+    config = {"broker": cluster.broker_config(db), "clock_file": clock.path,
               "retune": {"deployments": ["llama"], "window_interval_s": INTERVAL, "trace_dir": str(world.trace_dir),
                          "kubeconfig": str(world.kubeconfig), "grid": GRID, "objective": "ttft",
                          "min_improvement_percentage": 0.0, "max_shards": 2, "min_requests": 0, "confidence": 0.0,
@@ -96,7 +100,7 @@ def running_fleet(cluster: SentinelCluster, tmp: Path) -> Iterator[Fleet]:
         world.add_deployment("llama")
         clock = FileClock(str(tmp / "now"))
         clock.set(start_of(BASE_K) + 1)
-        retune_cfg = _retune_config(cluster, world, clock, tmp / "retune.yaml")
+        retune_cfg = retune_config(cluster, world, clock, tmp / "retune.yaml")
         env = {**cluster.env(), "POWERFLEET_NODES": f"[{', '.join(NODES)}]",
                "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
                "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5",
@@ -129,7 +133,10 @@ def running_fleet(cluster: SentinelCluster, tmp: Path) -> Iterator[Fleet]:
                 wait_worker(rapp, "retune@sentinel", timeout_s=90)
                 ticks = TickLog(redis_client(cluster.url, app.fleet_config.broker, socket_timeout=2))
                 fan = FanIn(redis_client(rapp.conf.broker_url, rapp.fleet_config.broker, socket_timeout=5))
-                yield Fleet(cluster, api, kube, launcher, app, ticks, ports, env, Retune(rapp, world, clock, fan))
+                # The first tick (a fresh worker's slowest) runs while the other tests do.
+                enabled = rapp.send_task("powerfleet.retune.tick", kwargs={})
+                yield Fleet(cluster, api, kube, launcher, app, ticks, ports, env,
+                            Retune(rapp, world, clock, fan, enabled))
             finally:
                 # The processes' graceful stops prove nothing here and took seconds each.
                 for child in list(launcher.children):

@@ -1,17 +1,18 @@
 """The fleet on a replicated Redis behind three Sentinels, through the loss of its master.
 
-Real processes on loopback: redis-server as master and two replicas (min-replicas-to-write 1),
-three Sentinels (`redis-server --sentinel`, down-after 800 ms), shared by the module's tests
-(the ``sentinels`` fixture hands each one the cluster whole again), and the fleet pointed at
-them with a ``sentinel://`` URL list: beat, a control worker and one agent per node (simulated
-GPUs, pods on the loopback API server), and one power-aware deployment whose budget is
-evaluated every second. A graceful ``SENTINEL FAILOVER``, a SIGKILL of the master while a
-reconcile fan-out is in flight, and one while a budget evaluation runs on a replica that missed
-the master's last writes: after each promotion, with nobody restarting anything, beat leads
-again and every tick family ticks, every node gets a reconcile pass, no evaluation acts on the
-state from before the failover, and no process has died. The CLI's one-line errors for a
-master no Sentinel knows, and a publish refused with NOREPLICAS (retried, then one line), run
-first, on the cluster alone.
+Real processes on loopback: the session's redis-server master and two replicas
+(min-replicas-to-write 1) and three Sentinels (`redis-server --sentinel`, down-after 800 ms;
+tests/reliability/conftest.py, handed to each test whole again by ``sentinels``), and the fleet
+pointed at them with ``sentinel://`` URL lists (tests/reliability/sentinel_fleet.py): beat, a
+control worker, one agent per node and the budget of one deployment, and a retune worker on a
+clock file. A graceful ``SENTINEL FAILOVER``, then a SIGKILL of the master while a reconcile
+fan-out is in flight, while a budget evaluation runs on a replica that missed the master's last
+writes, and while a retune shard reads its window: after each promotion, with nobody restarting
+anything, beat leads again, every tick family ticks, every node gets a reconcile pass, no
+evaluation acts on budget state older than the failover, the retune window ends in exactly one
+recorded outcome, and no process has died. The CLI's one-line errors for a master no Sentinel
+knows, and a publish refused with NOREPLICAS (retried, then one line), run first, on the
+cluster alone.
 """
 
 from __future__ import annotations
@@ -192,8 +193,8 @@ def test_a_master_killed_mid_sweep_leaves_the_retune_window_exactly_one_outcome(
     def tick() -> dict[str, Any]:  # no "now": the worker reads the clock file
         return rt.app.send_task("powerfleet.retune.tick", kwargs={}).get(timeout=90)
 
-    assert tick()["launched"] == []  # enabled in window K
-    write_segments(rt.world.trace_dir, "llama", sorted(rt.world.frontends["llama"]), traffic_lines(6000, start_of(k)))
+    assert rt.enabled.get(timeout=90)["launched"] == []  # enabled in window K (at the fleet's start)
+    write_segments(rt.world.trace_dir, "llama", sorted(rt.world.frontends["llama"]), traffic_lines(4000, start_of(k)))
     rt.clock.set(start_of(k + 1) + 1)
     assert tick()["launched"] == [{"dgd": "llama", "window": k}]
     rec = wait_for(lambda: next(iter(rt.fan.active("llama")), None), "the sweep record", 60)
