@@ -29,8 +29,8 @@ SENTINEL_TIMEOUT_S = 2.0
 # How long a Sentinel-managed client retries a command that finds no master (refused, the
 # master unreachable, NOREPLICAS): a failover takes a few seconds (promotion at
 # down-after-milliseconds plus about 2 s: ~7 s with the chart's 5000). redis-py's default (three
-# retries, jittered backoff from 1 s) gave up after a second or two and failed every retune
-# shard running when the master was killed (docs/reliability.md "Broker failover").
+# retries, jittered backoff from 1 s) gave up after a second or two, failing the commands of
+# whatever ran through the failover (a retune shard's fan-in write, in the first Sentinel runs).
 FAILOVER_RETRY_S = 15.0
 
 
