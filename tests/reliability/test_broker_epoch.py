@@ -1,11 +1,13 @@
-"""The broker epoch (broker/epoch.py) and NOREPLICAS as an outage (broker/publish.py), on a real
-master and replica: a record from before a promotion is not trusted by the budget; a refused
-write is a ConnectionError that every Redis client of the process waits out."""
+"""The fleet's Redis clients on real servers: the broker epoch (broker/epoch.py: a record from
+before a promotion is not trusted by the budget), NOREPLICAS as an outage (broker/publish.py: a
+ConnectionError every client waits out), and a client of the one factory (broker/clients.py)
+writing through a graceful failover, on the session's Sentinel cluster."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from powerfleet.broker.clients import redis_client
 from powerfleet.broker.epoch import broker_epoch
 from powerfleet.broker.publish import NoReplicas, is_noreplicas, noreplicas_is_unavailable
 from powerfleet.budget.state import REPLICAS, BudgetState
-from tests.reliability.sentinels import SentinelCluster
+from powerfleet.config import load_config
+from tests.reliability.sentinels import TEST_PASSWORD, SentinelCluster
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +64,31 @@ def test_a_write_refused_with_noreplicas_is_a_connection_error(pair: tuple[redis
     assert is_noreplicas(err.value)
     master.config_set("min-replicas-to-write", 0)
     assert master.set("k", "v") and master.get("k") == b"v"
+
+
+def test_a_client_writing_through_a_graceful_failover_reaches_the_new_master(sentinels: SentinelCluster) -> None:
+    """A write under way when the failover starts: the old master refuses it (NOREPLICAS here for
+    every write, then READONLY once demoted) and the client retries. Each retry must dial the
+    master the Sentinels name: redis-py 8 alone redialled the old address until its retries ran
+    out (FollowingConnection, broker/clients.py)."""
+    db = 3
+    noreplicas_is_unavailable()
+    client = redis_client(sentinels.url_for(db), load_config(environ=sentinels.env(db)).broker, socket_timeout=5)
+    client.set("through", "before")  # its pooled connection is on the old master
+    old = sentinels.master_port()
+    refusing = sentinels.client(old)
+    refusing.config_set("min-replicas-to-write", 5)  # more than it has: it takes no write now
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            write = pool.submit(client.set, "through", "after")
+            sentinels.graceful_failover()
+            new = sentinels.wait_new_master(old)
+            assert write.result(timeout=60)
+    finally:
+        refusing.config_set("min-replicas-to-write", 1)
+        refusing.close()
+    promoted = redis.Redis(port=new, db=db, password=TEST_PASSWORD, socket_timeout=5)
+    assert promoted.get("through") == b"after"
+    promoted.delete("through")
+    promoted.close()
+    client.close()

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.connection import SSLConnection
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from powerfleet.config.broker_urls import SentinelUrl, is_sentinel, parse_sentinel_url
 from powerfleet.config.fleet import BrokerConfig, SentinelConfig
@@ -61,6 +62,25 @@ class FailoverRetry(Retry):
                 if left <= 0:
                     raise error
                 self._sleep(min(self._backoff.compute(failures), left))
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the Sentinels for the master whenever it dials.
+
+    redis-py 8 redials a connection dropped inside a command's retry from send_packed_command,
+    through the plain connect, to the address it had: after a failover every retry went back to
+    the demoted master ("The previous master is now a slave") until the retries ran out, and a
+    worker's announcement blocked its consumer for the whole retry time.
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()  # SentinelManagedConnection.connect: resolves the master first
+        super().send_packed_command(command, check_health)
+
+
+class FollowingSSLConnection(FollowingConnection, SSLConnection):
+    pass
 
 
 class BrokerConfigError(Exception):
@@ -113,4 +133,5 @@ def redis_client(url: str, broker: BrokerConfig, **options: Any) -> redis.Redis:
     sentinel, parsed = sentinel_for(url, broker)
     creds = {k: v for k, v in (("username", parsed.username), ("password", parsed.password)) if v is not None}
     options.setdefault("retry", FailoverRetry())  # a failover is seconds of "no master": wait them out
+    options.setdefault("connection_class", FollowingSSLConnection if broker.sentinel.tls else FollowingConnection)
     return sentinel.master_for(master_name(broker), db=parsed.db, **creds, **options)
