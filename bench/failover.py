@@ -13,9 +13,18 @@ replicas, three Sentinels, the fleet (beat + a control worker) on ``sentinel://`
     master is killed, with min-replicas-to-write 0 and 1.
 (d) As (b), but a graceful ``SENTINEL FAILOVER`` instead of the kill, the publisher following
     Sentinel's +switch-master (as every fleet process does, powerfleet.broker.follow) or not.
+(e) Retune windows: a control+sweep worker retunes one deployment (loopback API server and
+    frontends, a clock file the bench moves); for each of --windows windows the master is
+    SIGKILLed while a shard reads the window, the killed node is restarted as a replica, and
+    the clock is moved past the sweep's deadline; printed: windows that ended in exactly one
+    recorded outcome (the state Lease's history), and the outcomes.
+
+(a), (b), (c) and (e) run with min-replicas-to-write 0 and 1 (--min-replicas: only one); (e) with
+Sentinel's internal periods shortened as in the tests (tests/reliability/sentinels.py).
 
     .venv/bin/python bench/failover.py [--tasks 1000] [--rate 400] [--down-after-ms 800]
-                                       [--only a|b|c|d] [--repeat 1] [--json]
+                                       [--only a|b|c|d|e] [--repeat 1] [--windows 3]
+                                       [--min-replicas 0|1] [--json]
 """
 
 from __future__ import annotations
@@ -36,18 +45,25 @@ import redis  # noqa: E402
 from powerfleet.beat.ticklog import TickLog  # noqa: E402
 from powerfleet.broker.clients import redis_client  # noqa: E402
 from powerfleet.broker.follow import follow_switches  # noqa: E402
+from powerfleet.clock import FileClock  # noqa: E402
+from powerfleet.cluster.kube import KubeCluster  # noqa: E402
 from powerfleet.config import load_config  # noqa: E402
+from powerfleet.retune.fanin import FanIn  # noqa: E402
+from powerfleet.testing.retune_world import BASE_K, World, start_of, traffic_lines, write_segments  # noqa: E402
+from powerfleet.twin.apiserver import ApiServer  # noqa: E402
 from powerfleet.workers.app import TICK_FAMILIES, create_app  # noqa: E402
 from powerfleet.workers.launcher import Launcher  # noqa: E402
 from tests.integration.conftest import wait_worker  # noqa: E402
+from tests.reliability.sentinel_fleet import RETUNE_BUDGET_S, retune_config  # noqa: E402
 from tests.reliability.sentinels import SentinelCluster  # noqa: E402
+from tests.reliability.test_redis_restart import state_of  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 QUEUE_NODE = "bench-failover"
 
 
-def resume(base: Path, graceful: bool, down_after_ms: int) -> dict[str, Any]:
-    with SentinelCluster(base, replicas=2, down_after_ms=down_after_ms) as cluster:
+def resume(base: Path, graceful: bool, down_after_ms: int, min_replicas: int) -> dict[str, Any]:
+    with SentinelCluster(base, replicas=2, down_after_ms=down_after_ms, min_replicas_to_write=min_replicas) as cluster:
         env = {**cluster.env(), "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
                "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5",
                "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "1"}
@@ -77,7 +93,8 @@ def resume(base: Path, graceful: bool, down_after_ms: int) -> dict[str, Any]:
                 cluster.wait_demoted(old, timeout_s=60)
                 demoted = round(time.time() - lost_at, 2)
             alive = not launcher.dead_children()
-    out = {"scenario": "SENTINEL FAILOVER" if graceful else "SIGKILL master", "promoted_s": round(promoted, 2),
+    out = {"scenario": ("SENTINEL FAILOVER" if graceful else "SIGKILL master") + f", min-replicas-to-write {min_replicas}",
+           "promoted_s": round(promoted, 2),
            "first_tick_s": first, "processes_alive": alive}
     if graceful:
         out["old_master_demoted_s"] = demoted
@@ -154,25 +171,92 @@ def loss(base: Path, tasks: int, rate: float, min_replicas: int, unsynced: bool,
                            max((int(t.split("-")[1]) for t in lost), default=None)]}
 
 
+def windows(base: Path, count: int, min_replicas: int, down_after_ms: int) -> dict[str, Any]:
+    # Sentinel's periods shortened as in the tests (restarting the killed node between windows
+    # took Sentinel over 40 s to take in with its defaults): they change how long a failover
+    # takes, not what survives it.
+    with SentinelCluster(base / "redis", replicas=2, down_after_ms=down_after_ms, fast=True, failover_timeout_ms=4000,
+                         min_replicas_to_write=min_replicas) as cluster, ApiServer() as api:
+        (base / "traces").mkdir()
+        world = World(api, base / "traces", api.write_kubeconfig(base / "kubeconfig"))
+        world.add_deployment("llama")
+        clock = FileClock(str(base / "now"))
+        clock.set(start_of(BASE_K) + 1)
+        cfg = retune_config(cluster, world, clock, base / "fleet.yaml", db=0)
+        app = create_app(load_config(cfg, environ={}))
+        kube = KubeCluster.from_kubeconfig(str(world.kubeconfig))
+        fan = FanIn(redis_client(app.conf.broker_url, app.fleet_config.broker, socket_timeout=5))
+        ended: list[dict[str, Any]] = []
+
+        def tick() -> dict[str, Any]:
+            return app.send_task("powerfleet.retune.tick", kwargs={}).get(timeout=120)
+
+        try:
+            with Launcher(log_dir=base / "logs", env={"POWERFLEET_CONFIG": str(cfg)}) as launcher:
+                launcher.spawn("worker", "worker", "--queues", "control,sweep", "--name", "retune@bench",
+                               "--concurrency", "3")
+                wait_worker(app, "retune@bench", timeout_s=120)
+                tick()  # enables retune in window BASE_K
+                for i in range(count):
+                    k = BASE_K + 1 + i
+                    write_segments(world.trace_dir, "llama", sorted(world.frontends["llama"]),
+                                   traffic_lines(4000, start_of(k), seed=k), tag=f"seg{k}")
+                    clock.set(start_of(k + 1) + 1)
+                    launched = tick()["launched"]
+                    rec = wait_for(lambda: next(iter(fan.active("llama")), None), "the sweep record", 120)
+                    reading = True
+                    try:
+                        wait_for(lambda: fan.readers(rec.sid), "a shard reading", 60, every_s=0.005)
+                    except AssertionError:
+                        reading = False  # the shards were done first: killed after the sweep
+                    old = cluster.master_port()
+                    cluster.kill(old)
+                    cluster.wait_new_master(old, timeout_s=60)
+                    cluster.restore()
+                    wait_worker(app, "retune@bench", timeout_s=120)
+                    clock.set(start_of(k + 1) + 1 + RETUNE_BUDGET_S + 1)
+                    wait_for(lambda: tick() is not None, "a tick after the failover", 120, every_s=1)
+                    state = wait_for(lambda: (s := state_of(kube)) is not None and s.last_window is not None
+                                     and s.last_window >= k and s, f"window {k} ended", 180, every_s=0.5)
+                    mine = [h for h in state.history if h.window == k]
+                    ended.append({"window": k, "launched": launched == [{"dgd": "llama", "window": k}],
+                                  "killed_while_reading": reading, "outcomes": len(mine),
+                                  "pending": [p.window for p in state.pending],
+                                  "outcome": [f"{h.outcome}/{h.failure_reason}" for h in mine]})
+        finally:
+            kube.close()
+            world.stop()
+    once = sum(1 for e in ended if e["outcomes"] == 1 and e["window"] not in e["pending"])
+    kinds: dict[str, int] = {}
+    for e in ended:
+        for o in e["outcome"]:
+            kinds[o] = kinds.get(o, 0) + 1
+    return {"scenario": f"retune windows, SIGKILL mid-sweep, min-replicas-to-write {min_replicas}",
+            "windows": len(ended), "ended_exactly_once": once, "outcomes": kinds, "windows_detail": ended}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=400.0)
     ap.add_argument("--down-after-ms", type=int, default=800)
-    ap.add_argument("--only", choices=["a", "b", "c", "d"])
+    ap.add_argument("--only", choices=["a", "b", "c", "d", "e"])
+    ap.add_argument("--windows", type=int, default=3, help="windows in (e) per setting")
     ap.add_argument("--repeat", type=int, default=1, help="runs of (b) per setting")
-    ap.add_argument("--min-replicas", type=int, choices=[0, 1], help="only this min-replicas-to-write in (b), (c)")
+    ap.add_argument("--min-replicas", type=int, choices=[0, 1], help="only this min-replicas-to-write in (a), (b), (c), (e)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="powerfleet-failover-") as tmp:
         base = Path(tmp)
+        settings = (0, 1) if args.min_replicas is None else (args.min_replicas,)
         if args.only in (None, "a"):
-            results.append(resume(base / "a-kill", False, args.down_after_ms))
-            results.append(resume(base / "a-graceful", True, args.down_after_ms))
+            for mr in settings:
+                results.append(resume(base / f"a-kill-{mr}", False, args.down_after_ms, mr))
+                results.append(resume(base / f"a-graceful-{mr}", True, args.down_after_ms, mr))
         for section, unsynced in (("b", False), ("c", True)):
             if args.only in (None, section):
-                for mr in (0, 1) if args.min_replicas is None else (args.min_replicas,):
+                for mr in settings:
                     for rep in range(args.repeat if section == "b" else 1):
                         results.append(loss(base / f"{section}-{mr}-{rep}", args.tasks, args.rate, mr, unsynced,
                                             args.down_after_ms))
@@ -180,6 +264,9 @@ def main() -> int:
             for follow in (False, True):
                 results.append(loss(base / f"d-{follow}", args.tasks, args.rate, args.min_replicas or 0, False,
                                     args.down_after_ms, graceful=True, follow=follow))
+        if args.only in (None, "e"):
+            for mr in settings:
+                results.append(windows(base / f"e-{mr}", args.windows, mr, args.down_after_ms))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

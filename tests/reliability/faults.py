@@ -11,7 +11,7 @@ API is "down" for the fleet.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -83,3 +83,34 @@ class FaultyApiServer(ApiServer):
         finally:
             self.fault = None
             self._healed.set()
+
+
+class HookedApiServer(ApiServer):
+    """ApiServer that runs a callback once, before serving the first request that matches: a test
+    acts at a chosen point of a worker's pass (e.g. kills the Redis master while a budget
+    evaluation reads its deployment), then the request is served as usual."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self._hook: tuple[str, str, Callable[[], None]] | None = None
+        self._lock = threading.Lock()
+        self.fired = threading.Event()
+
+    def once(self, method: str, path_suffix: str, action: Callable[[], None]) -> threading.Event:
+        with self._lock:
+            self.fired.clear()
+            self._hook = (method, path_suffix, action)
+        return self.fired
+
+    def handle(self, req: Handler, method: str) -> None:
+        with self._lock:
+            hook = self._hook
+            hit = hook is not None and hook[0] == method and req.path.split("?")[0].endswith(hook[1])
+            if hit:
+                self._hook = None
+        if hit and hook is not None:
+            try:
+                hook[2]()
+            finally:
+                self.fired.set()
+        return super().handle(req, method)

@@ -19,6 +19,14 @@ from powerfleet.broker.embedded import find_redis_server, free_loopback_port, st
 from tests.waiting import wait_for
 
 MASTER_NAME = "fleet"
+TEST_PASSWORD = "sentinel-test-Secret-42"  # the Redis nodes' and the Sentinels' password in tests
+# ``fast``: Sentinel's internal periods (SENTINEL DEBUG, Redis 7) shortened for tests. The
+# defaults are what a deployment runs (and what bench/failover.py measures): hello messages
+# every 2 s, INFO every 10 s, and an old master reconfigured as a replica only after four hello
+# periods, which made a graceful failover's demotion take ~11 s. A TILT (the timer delayed over
+# 2 s, which a loaded machine can cause) lasts 2 s instead of 30.
+FAST_PERIODS = {"info-period": 500, "publish-period": 500, "ping-period": 200, "ask-period": 200,
+                "tilt-period": 2000}
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -41,7 +49,8 @@ class SentinelCluster:
 
     def __init__(self, base: Path, replicas: int = 2, sentinels: int = 3, down_after_ms: int = 800,
                  min_replicas_to_write: int = 0, min_replicas_max_lag: int = 10, sync_delay_s: int = 0,
-                 password: str | None = None) -> None:
+                 password: str | None = None, fast: bool = False, failover_timeout_ms: int = 10000,
+                 unpromotable: int = 0) -> None:
         self.dir = base
         self.dir.mkdir(parents=True, exist_ok=True)
         self.redis_ports = [free_loopback_port() for _ in range(1 + replicas)]
@@ -52,17 +61,33 @@ class SentinelCluster:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         # One password for the Redis nodes and the Sentinels (the chart's choice too).
         self.password = password
+        self.fast = fast
+        self.failover_timeout_ms = failover_timeout_ms
+        # The last ``unpromotable`` replicas run with replica-priority 0: Sentinel never promotes
+        # them, so a test knows which replica a failover picks (the other one).
+        self.priority = {p: 0 for p in self.redis_ports[len(self.redis_ports) - unpromotable:]} if unpromotable else {}
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{p}/0" for i, p in enumerate(self.sentinel_ports))
+        return self.url_for(0)
 
-    def env(self) -> dict[str, str]:
-        env = {"POWERFLEET_BROKER__URL": self.url, "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": MASTER_NAME}
+    def url_for(self, db: int) -> str:
+        """The fleet's ``sentinel://`` list for database ``db`` (tests sharing a cluster use their own)."""
+        auth = f":{self.password}@" if self.password else ""
+        return ";".join(f"sentinel://{auth if i == 0 else ''}127.0.0.1:{p}/{db}" for i, p in enumerate(self.sentinel_ports))
+
+    def env(self, db: int = 0) -> dict[str, str]:
+        env = {"POWERFLEET_BROKER__URL": self.url_for(db), "POWERFLEET_BROKER__SENTINEL__MASTER_NAME": MASTER_NAME}
         if self.password:
             env["POWERFLEET_BROKER__SENTINEL__PASSWORD"] = self.password
         return env
+
+    def broker_config(self, db: int = 0) -> dict[str, object]:
+        """The same as a fleet.yaml ``broker`` section."""
+        sentinel: dict[str, object] = {"master_name": MASTER_NAME}
+        if self.password:
+            sentinel["password"] = self.password
+        return {"url": self.url_for(db), "sentinel": sentinel}
 
     def client(self, port: int) -> redis.Redis:
         return _client(port, self.password)
@@ -76,7 +101,8 @@ class SentinelCluster:
                 "--maxmemory-policy", "noeviction", "--logfile", str(d / "redis.log"),
                 "--repl-diskless-sync-delay", str(self.sync_delay_s),
                 "--min-replicas-to-write", str(self.min_replicas[0]),
-                "--min-replicas-max-lag", str(self.min_replicas[1])]
+                "--min-replicas-max-lag", str(self.min_replicas[1]),
+                "--replica-priority", str(self.priority.get(port, 100))]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         if self.password:  # on the command line: test processes only (the chart writes a file)
@@ -116,7 +142,7 @@ class SentinelCluster:
         conf.write_text(f"port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d / 'sentinel.log'}\n"
                         f"sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n"
                         f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}\n"
-                        f"sentinel failover-timeout {MASTER_NAME} 10000\n"
+                        f"sentinel failover-timeout {MASTER_NAME} {self.failover_timeout_ms}\n"
                         f"sentinel parallel-syncs {MASTER_NAME} 2\n" +
                         (f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n"
                          f"sentinel auth-pass {MASTER_NAME} {self.password}\n" if self.password else ""))
@@ -124,6 +150,8 @@ class SentinelCluster:
         client = self.client(port)
         try:
             wait_for(client.ping, f"Sentinel on port {port} to answer PING", 20)
+            for name, value in (FAST_PERIODS.items() if self.fast else ()):
+                client.execute_command("SENTINEL", "DEBUG", name, value)
         finally:
             client.close()
 
@@ -185,6 +213,46 @@ class SentinelCluster:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
+    def cut_replication(self, port: int) -> None:
+        """Replica ``port`` keeps its data and stays promotable, but stops receiving its master's
+        writes (it can no longer authenticate to it): what it lacks, a failover to it loses,
+        as asynchronous replication does when the master dies before a write reaches a replica."""
+        client = self.client(port)
+        try:
+            client.config_set("masterauth", f"not-{self.password or 'set'}")
+            client.client_kill_filter(_type="master")
+            wait_for(lambda: client.info("replication").get("master_link_status") == "down",
+                     f"replica {port} to lose its master link", 20)
+        finally:
+            client.close()
+
+    def restore(self) -> int:
+        """Back to a whole cluster after a test's faults: every Redis node running (a killed one
+        restarted as a replica of the current master), every link up, the Sentinels agreed.
+        Which node is master is whatever the last failover left; returns it."""
+        master = self.master_port()
+        for port in self.redis_ports:
+            if not self.running(port):
+                self.start_redis(port, master)
+            else:  # heal a cut_replication
+                client = self.client(port)
+                try:
+                    client.config_set("masterauth", self.password or "")
+                finally:
+                    client.close()
+        for port in self.redis_ports:
+            if port != master:
+                self.wait_synced(port)
+        self.wait_sentinels_agree(master)
+        return master
+
+    def promotable_replica(self) -> int:
+        """The replica a failover of the current master promotes (the one priority allows)."""
+        master = self.master_port()
+        ports = [p for p in self.redis_ports if p != master and self.priority.get(p, 100) > 0]
+        assert len(ports) == 1, f"more than one promotable replica: {ports}"
+        return ports[0]
+
     def graceful_failover(self) -> None:
         client = self.client(self.sentinel_ports[0])
         try:
@@ -193,8 +261,14 @@ class SentinelCluster:
             client.close()
 
     def stop(self) -> None:
-        for port in list(self.procs):
-            stop_process(self.procs.pop(port))
+        # All at once, and no grace beyond 2 s: a master whose replica was promoted waits out
+        # Redis's shutdown-timeout (10 s) for it, and nothing here needs a clean shutdown.
+        procs = [self.procs.pop(port) for port in list(self.procs)]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            stop_process(proc, timeout_s=2.0)
 
     def __enter__(self) -> Self:
         try:

@@ -202,3 +202,26 @@ def test_a_sentinel_address_that_is_not_redis_is_one_line() -> None:
     assert str(err.value).startswith(f"no Sentinel answered: 127.0.0.1:{port} (") and "\n" not in str(err.value)
     assert describe(config.broker.url, config.broker, 2.0)["error"].startswith("no Sentinel answered")
     server.close()
+
+
+def test_the_failover_retry_waits_out_a_failover_by_a_deadline_not_a_count() -> None:
+    from powerfleet.broker.clients import FailoverRetry
+
+    now = [0.0]
+    retry = FailoverRetry(15.0, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    calls = []
+
+    def promoted_after(s: float) -> str:
+        calls.append(now[0])
+        if now[0] < s:
+            raise redis.ConnectionError("Connection refused")
+        return "ok"
+
+    assert retry.call_with_retry(lambda: promoted_after(7.0), lambda e: None) == "ok"  # the chart's failover
+    assert [round(t, 6) for t in calls[:5]] == [0.0, 0.2, 0.6, 1.4, 2.4] and now[0] < 8.5
+    now[0], calls[:] = 0.0, []
+    with pytest.raises(redis.ConnectionError):  # an outage longer than the deadline: given up at it
+        retry.call_with_retry(lambda: promoted_after(1e9), lambda e: None)
+    assert calls[-1] == 15.0 and len(calls) < 20
+    with pytest.raises(redis.ResponseError):  # anything but a connection error is not retried
+        retry.call_with_retry(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), lambda e: None)

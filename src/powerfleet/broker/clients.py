@@ -11,16 +11,76 @@ the client.
 from __future__ import annotations
 
 import ssl
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
-from redis.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.connection import SSLConnection
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from powerfleet.config.broker_urls import SentinelUrl, is_sentinel, parse_sentinel_url
 from powerfleet.config.fleet import BrokerConfig, SentinelConfig
 
+T = TypeVar("T")
 # Sentinels answer from memory: a slow one is as good as a dead one, ask the next.
 SENTINEL_TIMEOUT_S = 2.0
+# How long a Sentinel-managed client retries a command that finds no master (refused, the
+# master unreachable, NOREPLICAS): a failover takes a few seconds (promotion at
+# down-after-milliseconds plus about 2 s: ~7 s with the chart's 5000). redis-py's default (three
+# retries, jittered backoff from 1 s) gave up after a second or two, failing the commands of
+# whatever ran through the failover (a retune shard's fan-in write, in the first Sentinel runs).
+FAILOVER_RETRY_S = 15.0
+
+
+class FailoverRetry(Retry):
+    """Retry a connection error until ``total_s`` have passed since the call began (pauses 0.2,
+    0.4, 0.8 s, then 1 s). A deadline, not a count: redis-py nests a connection's connect retry
+    inside the command's, and counts multiplied would wait minutes through a long outage."""
+
+    def __init__(self, total_s: float = FAILOVER_RETRY_S, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(ExponentialBackoff(cap=1.0, base=0.1), retries=-1)
+        self.total_s, self._clock, self._sleep = total_s, clock, sleep
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
+                        is_retryable: Callable[[Exception], bool] | None = None,
+                        with_failure_count: bool = False) -> T:
+        deadline = self._clock() + self.total_s
+        failures = 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                if is_retryable is not None and not is_retryable(error):
+                    raise
+                failures += 1
+                fail(error, failures) if with_failure_count else fail(error)
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise error
+                self._sleep(min(self._backoff.compute(failures), left))
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A Sentinel-managed connection that asks the Sentinels for the master whenever it dials.
+
+    redis-py 8 redials a connection dropped inside a command's retry from send_packed_command,
+    through the plain connect, to the address it had: after a failover every retry went back to
+    the demoted master ("The previous master is now a slave") until the retries ran out, and a
+    worker's announcement blocked its consumer for the whole retry time.
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()  # SentinelManagedConnection.connect: resolves the master first
+        super().send_packed_command(command, check_health)
+
+
+class FollowingSSLConnection(FollowingConnection, SSLConnection):
+    pass
 
 
 class BrokerConfigError(Exception):
@@ -72,4 +132,6 @@ def redis_client(url: str, broker: BrokerConfig, **options: Any) -> redis.Redis:
         return redis.Redis.from_url(url, **options)
     sentinel, parsed = sentinel_for(url, broker)
     creds = {k: v for k, v in (("username", parsed.username), ("password", parsed.password)) if v is not None}
+    options.setdefault("retry", FailoverRetry())  # a failover is seconds of "no master": wait them out
+    options.setdefault("connection_class", FollowingSSLConnection if broker.sentinel.tls else FollowingConnection)
     return sentinel.master_for(master_name(broker), db=parsed.db, **creds, **options)

@@ -34,14 +34,25 @@ def track(proxy: Any) -> None:
     _proxies.add(proxy)
 
 
-def drop_connections() -> int:
+def drop_connections(new_master: tuple[str, int] | None = None) -> int:
     """Close the idle connections of every tracked pool; how many pools.
 
     Idle ones only, as redis-py itself does on a master change: closing a connection another
     thread is reading (a worker's BRPOP, registered with its event loop) from here crashed the
-    worker. Those leave the old master when it is demoted (READONLY), as before.
+    worker. ``new_master``: the address Sentinel announced, recorded as each master pool's
+    master, so a connection in use now (a publisher's, mid-command) is closed when it is handed
+    back instead of returning to the pool still on the old master (redis-py keeps only
+    connections to the pool's master address); a publisher at 400/s otherwise kept writing to
+    the old master until its demotion, as if it had not followed the switch at all.
     """
-    pools = [p for p in (proxy.connection_pool_ref() for proxy in list(_proxies)) if p is not None]
+    pools = []
+    for proxy in list(_proxies):
+        pool = proxy.connection_pool_ref()
+        if pool is None:
+            continue
+        if new_master is not None and getattr(proxy, "is_master", False):
+            proxy.master_address = new_master
+        pools.append(pool)
     for pool in pools:
         try:
             pool.disconnect(inuse_connections=False)
@@ -80,7 +91,8 @@ class SwitchListener(threading.Thread):
                 data = message.get("data")
                 fields = (data.decode(errors="replace") if isinstance(data, bytes) else str(data)).split()
                 if fields and fields[0] == self.master_name:
-                    pools = drop_connections()
+                    new = (fields[3], int(fields[4])) if len(fields) >= 5 and fields[4].isdigit() else None
+                    pools = drop_connections(new)
                     logger.warning("broker: Sentinel switched master %s to %s; reconnecting %d pools",
                                    self.master_name, ":".join(fields[3:5]), pools)
         except (redis.RedisError, OSError):

@@ -5,6 +5,13 @@ replica refuses every write, so that a failover cannot lose what it acknowledged
 kombu nor Celery's publish retry treats that as recoverable (it is a ResponseError, not a
 connection error), so a tick or a fan-out would fail at once. A replica that resyncs comes back
 in seconds: retry for ``broker.noreplicas_retry_s``, then raise one line that says why.
+
+The same refusal reaches readers too: a worker's BRPOP is a write (it pops). As a plain
+ResponseError it crashed the consumer, and the worker with it, the moment a promoted master
+had no replica in sync yet (seconds into every failover with the chart's min-replicas-to-write).
+``noreplicas_is_unavailable`` makes redis-py raise ``NoReplicas``, a ConnectionError as well
+as a ResponseError: Celery and kombu then reconnect as after any broker outage, and redis-py's
+own retry covers a direct client's write (a refused command did not run, so retrying is safe).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import time
 from typing import Callable, TypeVar
 
 import redis
+from redis._parsers.base import BaseParser
 
 from powerfleet.clock import Clock, SystemClock
 
@@ -27,12 +35,21 @@ class BrokerRefusedWrite(Exception):
     """The master kept refusing writes (NOREPLICAS) for the whole retry period."""
 
 
+class NoReplicas(redis.ConnectionError, redis.ResponseError):
+    """NOREPLICAS: the master takes no write until enough replicas are in sync again."""
+
+
+def noreplicas_is_unavailable() -> None:
+    """Have redis-py raise NoReplicas for NOREPLICAS in this process (see the module docstring)."""
+    BaseParser.EXCEPTION_CLASSES.setdefault("NOREPLICAS", NoReplicas)
+
+
 def is_noreplicas(exc: BaseException | None) -> bool:
     """The master's NOREPLICAS refusal, as redis-py raises it or as kombu wraps it
     (an OperationalError "Command # 1 (...) of pipeline caused error: NOREPLICAS ...")."""
     seen = 0
     while exc is not None and seen < 5:
-        if isinstance(exc, redis.ResponseError) and "NOREPLICAS" in str(exc):
+        if isinstance(exc, NoReplicas) or (isinstance(exc, redis.ResponseError) and "NOREPLICAS" in str(exc)):
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False

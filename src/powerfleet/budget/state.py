@@ -4,11 +4,13 @@ the rolling-stretch flags, and the last figures per deployment/group that gauges
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import redis
 
+from powerfleet.broker.epoch import broker_epoch, epoch_of
 from powerfleet.cluster.immutability import AdmittedPowerInputs
 
 PROPOSALS = "powerfleet:budget:proposals"
@@ -19,11 +21,31 @@ REPLICAS = "powerfleet:budget:replicas"  # the replica counts an evaluation left
 OTHER_WRITER = "powerfleet:budget:other-writer"  # deployments another writer was seen scaling (why)
 GROUP_HISTORY = "powerfleet:budget:group-history"  # one JSON entry per tick: each group's figures
 GROUP_HISTORY_LEN = 2880  # a day of 30 s ticks; the oldest entries are dropped
+log = logging.getLogger("powerfleet.budget")
+
+
+def _replicas_record(raw: bytes) -> tuple[dict[str, int], str | None] | None:
+    """(counts, epoch) of a replica-count record; a record from before epochs is a bare {c: n}.
+    None for a record that is neither (corrupt, or written by something else): the evaluation
+    then re-derives the counts from the cluster, as after a failover."""
+    try:
+        rec = json.loads(raw)
+        if isinstance(rec, dict) and isinstance(rec.get("counts"), dict) and "epoch" in rec:
+            counts, epoch = rec["counts"], rec["epoch"]
+        else:
+            counts, epoch = rec, None
+        if not isinstance(counts, dict) or not (epoch is None or isinstance(epoch, str)) or not all(
+                type(v) is int and 0 <= v <= 1_000_000 for v in counts.values()):
+            return None
+        return {str(k): v for k, v in counts.items()}, epoch
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
 
 
 class BudgetState:
     def __init__(self, client: redis.Redis) -> None:
         self._r = client
+        self._epoch: str | None = None  # the broker epoch last_replicas read (broker/epoch.py)
 
     # proposals: {role: count}; a later proposal replaces the earlier one whole
     def propose(self, deployment: str, replicas: Mapping[str, int], *, at: float, source: str) -> dict[str, Any]:
@@ -58,11 +80,35 @@ class BudgetState:
 
     # who else writes replicas: the counts an evaluation left, and a sticky "other writer" note
     def last_replicas(self, deployment: str) -> dict[str, int] | None:
-        raw = self._r.hget(REPLICAS, deployment)
-        return None if raw is None else {str(k): int(v) for k, v in json.loads(raw).items()}
+        """The counts the last evaluation left; None when none, or when they were recorded under
+        another broker epoch: a failover may have lost a later record (the promoted replica
+        lacked it), and comparing the cluster with an older one would see "another writer" in
+        powerfleet's own last scaling. The evaluation then re-derives them from the cluster."""
+        with self._r.pipeline(transaction=False) as p:  # one connection: both answers from one master
+            p.hget(REPLICAS, deployment)
+            p.info("replication")
+            raw, info = p.execute(raise_on_error=False)
+        if isinstance(raw, Exception):
+            raise raw
+        self._epoch = epoch_of(info)
+        if raw is None:
+            return None
+        record = _replicas_record(raw)
+        if record is None:
+            log.warning("%s: unreadable replica-count record ignored; re-derived from the cluster", deployment)
+            return None
+        counts, epoch = record
+        if epoch is not None and self._epoch is not None and epoch != self._epoch:
+            log.info("%s: replica counts recorded before a broker failover are not compared; "
+                     "re-derived from the cluster", deployment)
+            return None
+        return counts
 
     def record_replicas(self, deployment: str, counts: Mapping[str, int]) -> None:
-        self._r.hset(REPLICAS, deployment, json.dumps(dict(counts), sort_keys=True))
+        # Tagged with the epoch read at the start of the evaluation: if a failover came between,
+        # the record is ignored once more, never trusted wrongly.
+        epoch = self._epoch if self._epoch is not None else broker_epoch(self._r)
+        self._r.hset(REPLICAS, deployment, json.dumps({"counts": dict(counts), "epoch": epoch}, sort_keys=True))
 
     def other_writer(self, deployment: str) -> str | None:
         raw = self._r.hget(OTHER_WRITER, deployment)

@@ -14,7 +14,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from powerfleet.broker.celery_options import redbeat_settings, tls_settings, transport_options
-from powerfleet.broker.publish import retry_noreplicas
+from powerfleet.broker.publish import noreplicas_is_unavailable, retry_noreplicas
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
 from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args
@@ -210,6 +210,7 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
 
     app.steps["consumer"].add(BrokerWatch)
     follow_in_pool_children(app)
+    noreplicas_is_unavailable()  # a master short of replicas is an outage to wait out, not a crash
     if config.clock_file:
         from powerfleet.clock import FileClock
         from powerfleet.tasks import ports
