@@ -16,26 +16,17 @@ from powerfleet.retune.settings import sweep_options
 from powerfleet.retune.sweep import run_shard_from_trace, run_sweep
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.trace import read_trace
-from tests.retune.conftest import make_ports, retune_config
+from tests.retune.conftest import launch_window_k1, make_ports, retune_config
 from powerfleet.testing.retune_world import INTERVAL, START_POLICY, start_of, traffic_lines, write_segments
 
 K = 29_000_400
 
 
 def test_the_live_window_decides_what_run_sweep_decides(world, kube, redis_url, tmp_path: Path) -> None:
-    fes = world.add_deployment("llama")
+    world.add_deployment("llama")
     cfg = retune_config(world, ["llama"], search_rounds=6, min_improvement_percentage=1.0)
-    clock = FakeClock(start_of(K) + 1, 1.0)
-    ports = make_ports(redis_url, kube, "ctl-a", clock)
-    ports.r.flushdb()
-    assert control.tick_deployment(cfg, ports, "llama", clock.now())["status"] == "leader"
     lines = traffic_lines(40, start_of(K), seed=3) + traffic_lines(60, start_of(K + 1), seed=7)
-    write_segments(world.trace_dir, "llama", sorted(fes), lines)
-    clock.advance(start_of(K + 2) - start_of(K))
-    control.tick_deployment(cfg, ports, "llama", clock.now())
-    (win,) = ports.send.of(control.WINDOW_TASK)
-    launched = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
-                                  generation=win["generation"])
+    ports, launched = launch_window_k1(world, kube, redis_url, cfg, K, lines)
     assert launched["status"] == "launched" and launched["warmup_requests"] == 40 and launched["requests"] == 60
     sid, done, rounds = launched["sid"], 0, 0
     for _ in range(20):  # run every shard sent so far, then harvest; a search round sends one more

@@ -21,6 +21,7 @@ from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
 from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
+from powerfleet.retune.shift import ShiftRule
 from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
 from powerfleet.sim.profile import default_profile, load_profile
@@ -58,6 +59,7 @@ class DeploymentSettings:
     engine_profile: str | None = None  # a profile file every shard loads; None: the built-in profile
     engine_profile_name: str = ""
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
+    shift: ShiftRule | None = ShiftRule()  # the load-change detector of the window's scoring (None: off)
 
     def searched_credit_positive(self) -> bool:
         spec = self.grid.overlap_score_credit
@@ -155,6 +157,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
                   "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
+                  "shift": [m["shift_z"], m["shift_min_ratio"]],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
                   "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
     generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
@@ -169,6 +172,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         generation=generation,
         guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
+        shift=ShiftRule(z=m["shift_z"], min_ratio=m["shift_min_ratio"]) if m["shift_z"] > 0 else None,
         promote_max_age_windows=cfg.promote_max_age_windows,
         engine_profile=m["engine_profile"], engine_profile_name=profile_name,
     )
