@@ -222,9 +222,12 @@ def replay_batches(
     parts: list[ReplaySummary] = []
     if batches > 0 and len(scored) >= batches:
         order = sorted(scored, key=lambda i: res.arrival_ms[i])
+        n = len(arr.osl)
         for b in range(batches):
-            mine = set(order[b * len(order) // batches:(b + 1) * len(order) // batches])
-            parts.append(summary(tuple(i in mine for i in range(len(arr.osl)))))
+            mask = [False] * n  # index writes, not a membership test per request and batch
+            for i in order[b * len(order) // batches:(b + 1) * len(order) // batches]:
+                mask[i] = True
+            parts.append(summary(tuple(mask)))
     return whole, parts
 
 
