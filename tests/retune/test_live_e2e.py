@@ -150,7 +150,7 @@ def test_a_sweep_worker_killed_mid_shard_still_decides(fleet: dict[str, Any]) ->
     k = K + 5
     tick(app, start_of(k - 1) + 1)  # enables retune here when this test runs alone
     tick(app, start_of(k) + 1)
-    write_segments(world.trace_dir, "llama", sorted(llama), traffic_lines(20000, start_of(k)), members=4,
+    write_segments(world.trace_dir, "llama", sorted(llama), traffic_lines(12000, start_of(k)), members=4,
                    tag="heavy")
     launched = tick(app, start_of(k + 1) + 1)
     assert {"dgd": "llama", "window": k} in launched["launched"]
