@@ -27,7 +27,7 @@ from typing import Any
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.settings import resolve, sweep_options
 from powerfleet.retune.sweep import run_sweep
-from powerfleet.retune.shift import Shift, change_inside
+from powerfleet.retune.shift import Shift, scored_window
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.profile import default_profile
 from powerfleet.sim.replay import prepare, start_simulation
@@ -74,13 +74,10 @@ def live_settings(window_s: float, shift_z: float | None = None) -> dict[str, An
 def _sweep(reqs: list[TraceRequest], ts: list[float], isl: list[int], live: dict, current: RouterPolicy,
            win: tuple[float, float], lookback_s: float, workers: int, processes: int) -> tuple[Any, Shift | None]:
     """The live window's sweep of ``win``: scored from a load change inside it when one is found
-    (``retune.shift.change_inside`` on the span's own arrivals, as ``live.launch_window``), the
+    (``retune.shift.scored_window`` on the span's own arrivals, as ``live.launch_window``), the
     traffic before the change warming up."""
     opts = {k: v for k, v in live.items() if k not in ("grid", "objective", "shift")}
-    shift = change_inside(ts, isl, win[0], win[1], lookback_s, live["shift"], live["guard"].min_requests)
-    window, warmup = win, None
-    if shift is not None:
-        window, warmup = (shift.at_s, win[1]), shift.at_s - win[0] + lookback_s
+    window, warmup, shift = scored_window(ts, isl, win, lookback_s, live["shift"], live["guard"].min_requests)
     res = run_sweep(reqs, workers, live["objective"], current, live["grid"], window=window, warmup_s=warmup, seed=0,
                     processes=processes, **opts)
     return res, shift

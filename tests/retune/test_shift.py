@@ -97,3 +97,29 @@ def test_the_live_window_is_scored_from_a_load_change_inside_it(world, kube, red
     assert specs and {s["start_s"] for s in specs} == {80.0}  # from the file's first record (window K's start)
     rec = ports.fanin.sweep(out["sid"])
     assert rec is not None and rec.extra["scored_from"] == start_of(K + 1) + 20
+
+
+def test_retune_sweep_scores_from_a_change_inside_the_window_as_the_live_step(tmp_path) -> None:
+    """`powerfleet retune sweep --window` finds the change the live window step would, and
+    scores from it; `--shift-z 0` scores the whole window."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from powerfleet.cli.main import app
+
+    ts, isl = arrivals(5, [(0.0, 210.0, 8.0, 1000.0), (210.0, 300.0, 16.0, 1000.0)])
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": round(t * 1000.0, 3), "input_length": n, "output_length": 20,
+                                         "hash_ids": list(range(i % 7 * 100, i % 7 * 100 + max(1, n // 512)))}) + "\n"
+                             for i, (t, n) in enumerate(zip(ts, isl))))
+    (tmp_path / "g.json").write_text(json.dumps({"temperature": {"choices": [0.0, 1.0]}}))
+    args = ["retune", "sweep", "--trace", str(trace), "--workers", "2", "--objective", "ttft", "--current", "{}",
+            "--grid", str(tmp_path / "g.json"), "--window", "150:300", "--no-search", "--processes", "1",
+            "--min-requests", "200", "--json"]
+    got = json.loads(CliRunner().invoke(app, args).stdout)
+    assert got["scored_from_s"] == 210.0 and got["shift"].startswith("requests rate x"), got["shift"]
+    assert got["warmup_s"] == 210.0  # everything before the change, back to the window's usual warm-up
+    whole = json.loads(CliRunner().invoke(app, [*args, "--shift-z", "0"]).stdout)
+    assert whole["scored_from_s"] is None and whole["shift"] is None and whole["warmup_s"] == 150.0
+    assert got["probe"]["score"] != whole["probe"]["score"]

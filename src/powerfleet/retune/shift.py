@@ -141,3 +141,15 @@ def change_inside(times_s: Sequence[float], prompt_tokens: Sequence[int], start:
         return None
     found = restart_at(times_s, prompt_tokens, start - lookback_s, end, start, rule, min_requests)
     return found if found is not None and found.at_s > start else None
+
+
+def scored_window(times_s: Sequence[float], prompt_tokens: Sequence[int], window: tuple[float, float],
+                  lookback_s: float, rule: ShiftRule | None,
+                  min_requests: int) -> tuple[tuple[float, float], float | None, Shift | None]:
+    """``run_sweep``'s ``window`` and ``warmup_s`` for a window scored as the live step scores
+    it: from a change inside it (the warm-up then reaches back ``lookback_s`` before the
+    window's start), else the whole window with the default warm-up (None)."""
+    found = change_inside(times_s, prompt_tokens, window[0], window[1], lookback_s, rule, min_requests)
+    if found is None:
+        return window, None, None
+    return (found.at_s, window[1]), found.at_s - window[0] + lookback_s, found

@@ -42,6 +42,8 @@ class SweepResult(VersionedJson):
     grid_points: int
     search_points: int = 0  # candidates found beyond the grid's edge (``origin: "search"``)
     warmup_s: float = 0.0
+    scored_from_s: float | None = None  # scored from a load change inside the window (retune sweep)
+    shift: str | None = None  # that change (retune.shift)
     candidates: list[Candidate]
     probe: Candidate
     decision: Decision
