@@ -14,6 +14,7 @@ Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_tr
 (../shared/traces beside the clone).
 
 Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--traces conversation,synthetic]
+       [--shift-z Z]  (the load-change detector's threshold; 0: off)
 """
 
 from __future__ import annotations
@@ -141,18 +142,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--traces", default="conversation,synthetic")
+    ap.add_argument("--shift-z", type=float, default=None,
+                    help="the load-change detector's threshold (retune.shift_z; 0: off; default: the live default)")
     args = ap.parse_args()
     which = set(args.traces.split(","))
     if "conversation" in which:
         conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
         t0 = min(r.timestamp_ms for r in conv)
         conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
-        run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes)
+        run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes,
+            args.shift_z)
     if "synthetic" in which:
         syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
         ts = [r.timestamp_ms for r in syn]
         span = (max(ts) - min(ts)) / 1000.0
-        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes)
+        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes, args.shift_z)
 
 
 if __name__ == "__main__":
