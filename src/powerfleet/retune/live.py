@@ -192,7 +192,7 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
                                            sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
                                            warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy,
-                                           profile=spec.profile)
+                                           profile=spec.profile, cache_key=spec.window_sha256)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates
             err = f"{type(exc).__name__}: {exc}"

@@ -8,9 +8,11 @@ pure parts are ``grid.split_shards``, ``objectives.score`` and ``decision.decide
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -139,6 +141,7 @@ def run_shard_from_trace(
     router: dict[str, Any] | None = None,
     warmup_policy: dict[str, Any] | None = None,
     profile: str | None = None,
+    cache_key: str | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -152,6 +155,8 @@ def run_shard_from_trace(
     warm-up span (the current ones; what ``run_sweep`` uses): it is replayed once under
     them and every point continues from a copy. Without it each point replays the
     warm-up under its own settings. ``router``: Dynamo's further router options (JSON).
+    ``cache_key``: the file's content hash (the live shard's ``window_sha256``); the prepared
+    window and warm-up are then kept for this process's next shards of the same window.
     """
     from powerfleet.sim.engine import parse_engine
     from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
@@ -160,13 +165,48 @@ def run_shard_from_trace(
     pols = [parse_policy(p) for p in points]
     if window is None and warmup_s:
         window = (warmup_s, None)
-    arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
     eng, opts = parse_engine(engine), parse_router_options(router)
     prof = load_profile(profile) if profile is not None else None
-    warm = None
-    if warmup_policy is not None:
-        warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+
+    def build() -> tuple[Arrivals, Simulation | None]:
+        arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
+        warm = None
+        if warmup_policy is not None:
+            warm = warm_snapshot(arr, workers, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+        return arr, warm
+
+    if cache_key is None:
+        arr, warm = build()
+    else:
+        stamp = None
+        if profile is not None:  # a profile file edited in place must not meet a warm-up of the old one
+            st = os.stat(profile)
+            stamp = [st.st_mtime_ns, st.st_size]
+        key = json.dumps([cache_key, workers, seed, window, warmup_s, engine, router, warmup_policy, profile, stamp],
+                         sort_keys=True, default=str)
+        arr, warm = _prepared(key, build)
     return run_shard(arr, workers, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
+
+
+# The prepared window and its warm-up state, per process, for the shards that follow: a live
+# sweep sends the probe, the grid shards and every search round as tasks of their own, and a
+# sweep worker's process runs several of them on the same window. Each candidate forks the
+# warm state (``Simulation.fork``) and never writes the arrivals, as ``run_sweep`` shares them
+# between its candidates, so a hit replays exactly what a fresh read would.
+_CACHE: OrderedDict[str, tuple[Arrivals, Simulation | None]] = OrderedDict()
+_CACHE_MAX = 2
+
+
+def _prepared(key: str, build: Callable[[], tuple[Arrivals, Simulation | None]]) -> tuple[Arrivals, Simulation | None]:
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    got = build()
+    _CACHE[key] = got
+    while len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+    return got
 
 
 _STATE: dict[str, Any] = {}
