@@ -4,12 +4,15 @@ Calibration traffic only: the first 30 minutes of conversation_trace.jsonl.gz, r
 phases whose arrival rate changes between windows. Each phase takes the next requests of the
 source in order and compresses or stretches their inter-arrival gaps by the phase's rate
 factor (1.5: the rate rises by half; 0.5: it falls by half), so the requests (and their
-prefix sharing) stay those of the trace. The loop is bench/retune.py's (the live options);
-printed: the table, the mean gain over the best fixed setting (chosen on the first window)
-and the worst window right after each change.
+prefix sharing) stay those of the trace. The loop is bench/retune.py's (the live options,
+including the load-change detector that scores a window from a change inside it); printed:
+the table, the mean gain over the best fixed setting (chosen on the first window) and the
+worst window right after each change.
 
 Usage: python bench/retune_shift.py [--window-s 300] [--workers 8] [--processes 2]
        [--phases 1,1.5,0.5]  (rate factor per phase; two windows per phase)
+       [--offset-s S]  (each change S seconds into a window instead of on its boundary)
+       [--shift-z Z]   (the detector's threshold, retune.shift_z; 0: off)
 """
 
 from __future__ import annotations
