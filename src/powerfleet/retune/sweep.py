@@ -197,6 +197,11 @@ _CACHE: OrderedDict[str, tuple[Arrivals, Simulation | None]] = OrderedDict()
 _CACHE_MAX = 2
 
 
+def forget_prepared() -> None:
+    """Drop this process's prepared windows (as a fresh sweep process starts)."""
+    _CACHE.clear()
+
+
 def _prepared(key: str, build: Callable[[], tuple[Arrivals, Simulation | None]]) -> tuple[Arrivals, Simulation | None]:
     hit = _CACHE.get(key)
     if hit is not None:
