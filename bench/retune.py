@@ -14,6 +14,7 @@ Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_tr
 (../shared/traces beside the clone).
 
 Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--traces conversation,synthetic]
+       [--shift-z Z]  (the load-change detector's threshold; 0: off)
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from powerfleet.config.fleet import RetuneConfig
 from powerfleet.retune.settings import resolve, sweep_options
 from powerfleet.retune.sweep import run_sweep
+from powerfleet.retune.shift import Shift, scored_window
 from powerfleet.sim.policy import RouterPolicy
-from powerfleet.sim.replay import replay
+from powerfleet.sim.profile import default_profile
+from powerfleet.sim.replay import prepare, start_simulation
+from powerfleet.sim.summary import summarize
 from powerfleet.sim.trace import TraceRequest, read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
@@ -38,8 +43,18 @@ def _fmt(p: RouterPolicy) -> str:
     return "/".join(f"{getattr(p, k):g}" for k in KNOBS)
 
 
-def _measure(reqs: list[TraceRequest], workers: int, pol: RouterPolicy, win: tuple[float, float]) -> tuple[float, float, float]:
-    s = replay(reqs, workers, pol, seed=0, window=win)
+def _measure(reqs: list[TraceRequest], workers: int, pol: RouterPolicy, win: tuple[float, float],
+             switch: tuple[float, RouterPolicy] | None = None) -> tuple[float, float, float]:
+    """Replay ``win`` (warmed by the window before) under ``pol``; with ``switch`` = (t, new) the
+    routers move to ``new`` at t seconds (an early re-decision), the state carried over."""
+    arr = prepare(reqs, seed=0, window=win)
+    prof = default_profile()
+    sim = start_simulation(arr, workers, pol, 0, profile=prof)
+    if switch is not None:
+        sim = sim.run(until=(switch[0] - win[0]) * 1000.0).fork(switch[1])
+    s = summarize(sim.run().result(), arr.osl, workers=workers, gpus_per_worker=prof.gpus_per_replica,
+                  window_ms=arr.window_ms, sla=None, policy=pol, seed=0, profile=prof.name, cap_fraction=1.0,
+                  scored=arr.scored)
     return (s.ttft_ms.mean or float("nan"), s.ttft_ms.p90 or float("nan"), s.itl_ms.mean or float("nan"))
 
 
@@ -47,20 +62,36 @@ def _gain(base: float, new: float) -> float:
     return 100.0 * (base - new) / base if base else 0.0
 
 
-def live_settings(window_s: float) -> dict:
-    """The live loop's sweep options for a deployment with ``window_s`` windows (defaults otherwise)."""
+def live_settings(window_s: float, shift_z: float | None = None) -> dict[str, Any]:
+    """The live loop's sweep options for a deployment with ``window_s`` windows (defaults
+    otherwise; ``shift_z``: the load-change detector's threshold, 0 off, None the default)."""
+    extra = {} if shift_z is None else {"shift_z": shift_z}
     cfg = RetuneConfig(deployments=["bench"], window_interval_s=int(window_s),
-                       time_budget_s=min(240.0, 0.8 * window_s), shard_timeout_s=min(120.0, 0.5 * window_s))
+                       time_budget_s=min(240.0, 0.8 * window_s), shard_timeout_s=min(120.0, 0.5 * window_s), **extra)
     s = resolve(cfg, "bench")
-    return {"grid": s.grid, "objective": s.objective, **sweep_options(s)}
+    return {"grid": s.grid, "objective": s.objective, "shift": s.shift, **sweep_options(s)}
+
+
+def _sweep(reqs: list[TraceRequest], ts: list[float], isl: list[int], live: dict, current: RouterPolicy,
+           win: tuple[float, float], lookback_s: float, workers: int, processes: int) -> tuple[Any, Shift | None]:
+    """The live window's sweep of ``win``: scored from a load change inside it when one is found
+    (``retune.shift.scored_window`` on the span's own arrivals, as ``live.launch_window``), the
+    traffic before the change warming up."""
+    opts = {k: v for k, v in live.items() if k not in ("grid", "objective", "shift")}
+    window, warmup, shift = scored_window(ts, isl, win, lookback_s, live["shift"], live["guard"].min_requests)
+    res = run_sweep(reqs, workers, live["objective"], current, live["grid"], window=window, warmup_s=warmup, seed=0,
+                    processes=processes, **opts)
+    return res, shift
 
 
 def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int,
-        processes: int) -> dict[int, float]:
+        processes: int, shift_z: float | None = None) -> dict[int, float]:
     """Print the table; returns each judged window's gain of retune over the best fixed setting."""
     n = int(-(-span_s // window_s))  # the last window may be partial
-    live = live_settings(window_s)
+    live = live_settings(window_s, shift_z)
     wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
+    t0 = min(r.timestamp_ms for r in reqs)
+    ts, isl = [(r.timestamp_ms - t0) / 1000.0 for r in reqs], [r.input_length for r in reqs]
     print(f"\n== {name}: {len(reqs)} requests, {n} windows of {window_s:g} s, {workers} workers; "
           f"knobs shown as credit/prefill_load_scale/temperature")
     default = RouterPolicy()
@@ -72,8 +103,7 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
           f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT) | requests, confidence, decision")
     for i in range(n - 1):
         t = time.perf_counter()
-        res = run_sweep(reqs, workers, live["objective"], current, live["grid"], window=wins[i], seed=0,
-                        processes=processes, **{k: v for k, v in live.items() if k not in ("grid", "objective")})
+        res, shift = _sweep(reqs, ts, isl, live, current, wins[i], window_s, workers, processes)
         walls.append(time.perf_counter() - t)
         points = max(points, len(res.candidates))
         if best_fixed is None:
@@ -91,8 +121,9 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
         cell = lambda m: f"{m[0]:7.0f} {m[1]:7.0f} {m[2]:5.1f}"  # noqa: E731
         dec = res.decision
         conf = f"{dec.confidence:.3f}" if dec.confidence is not None else "-"
+        where = f" (scored from {shift.at_s - wins[i][0]:g} s in: {shift})" if shift is not None else ""
         print(f"{i + 1:>3} {walls[-1]:7.1f} {_fmt(current):>13} | {cell(a)} | {cell(b)} | {cell(c)} | "
-              f"{ga:+6.1f}% {gb:+6.1f}% | {dec.requests}, {conf}, {dec.action}")
+              f"{ga:+6.1f}% {gb:+6.1f}% | {dec.requests}, {conf}, {dec.action}{where}")
     print("columns per setting: mean TTFT ms, p90 TTFT ms, mean ITL ms; best fixed = "
           f"{_fmt(best_fixed or default)} (from window 0)")
     wa = min(range(len(gains_a)), key=lambda j: gains_a[j])
@@ -111,18 +142,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--traces", default="conversation,synthetic")
+    ap.add_argument("--shift-z", type=float, default=None,
+                    help="the load-change detector's threshold (retune.shift_z; 0: off; default: the live default)")
     args = ap.parse_args()
     which = set(args.traces.split(","))
     if "conversation" in which:
         conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
         t0 = min(r.timestamp_ms for r in conv)
         conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
-        run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes)
+        run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes,
+            args.shift_z)
     if "synthetic" in which:
         syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
         ts = [r.timestamp_ms for r in syn]
         span = (max(ts) - min(ts)) / 1000.0
-        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes)
+        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes, args.shift_z)
 
 
 if __name__ == "__main__":

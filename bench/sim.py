@@ -5,7 +5,8 @@
    (goal: >= 5,000 simulated s per wall s), with the new mechanisms off and on.
 2. Runs the default 108-point sweep on a 20-minute window of it over 2 processes, warm
    started by the previous 20 minutes and searching beyond the grid's edge, and prints the
-   sweep wall time as a fraction of the window length (goal: < 1 %).
+   sweep wall time as a fraction of the window length (goal: < 1 %), and its CPU seconds over
+   the processes (the figure a loaded machine does not inflate) with the load average.
 
 Usage: python bench/sim.py [--trace PATH] [--window START_S:END_S] [--processes N]
 """
@@ -13,6 +14,8 @@ Usage: python bench/sim.py [--trace PATH] [--window START_S:END_S] [--processes 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -57,6 +60,7 @@ def main() -> None:
     assert win is not None and win[0] is not None and win[1] is not None
     length = win[1] - win[0]
     t = time.perf_counter()
+    cpu0 = _cpu_s()
     # The live loop's options for a deployment with windows of this length (one sweep path).
     live = resolve(RetuneConfig(deployments=["bench"], window_interval_s=int(length),
                                 time_budget_s=min(240.0, 0.8 * length), shard_timeout_s=min(120.0, 0.5 * length)),
@@ -64,6 +68,7 @@ def main() -> None:
     res = run_sweep(trace.requests, args.workers, live.objective, RouterPolicy(), live.grid, window=win, seed=0,
                     processes=args.processes, **sweep_options(live))
     sweep_wall = time.perf_counter() - t
+    sweep_cpu = _cpu_s() - cpu0
     knobs = ("overlap_score_credit", "prefill_load_scale", "temperature")
     print(
         f"sweep: {res.grid_points} grid points + {res.search_points} beyond its edge + probe on window "
@@ -71,6 +76,19 @@ def main() -> None:
         f"wall {sweep_wall:.2f} s = {100 * sweep_wall / length:.2f} % of the window; decision "
         f"{res.decision.action} {({k: res.decision.params[k] for k in knobs})}"
     )
+    # On a shared machine the wall time measures the load as much as the sweep: the CPU seconds
+    # of every sweep process (this one and the pool's) over the cores they had is the sweep's own.
+    load = os.getloadavg()
+    print(f"sweep CPU {sweep_cpu:.2f} s over {args.processes} processes = {sweep_cpu / args.processes:.2f} s per core "
+          f"= {100 * sweep_cpu / args.processes / length:.2f} % of the window (the least wall time on {args.processes} "
+          f"idle cores); "
+          f"load average during the run {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} on {os.cpu_count()} cores")
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the sweep's process pool)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 if __name__ == "__main__":

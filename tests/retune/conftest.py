@@ -69,3 +69,22 @@ def make_ports(url: str, kube: KubeCluster, identity: str, clock: FakeClock, sen
     r = redis.Redis.from_url(url)
     return Ports(r=r, cluster=kube, router=RouterClient(leader=identity), clock=clock, identity=identity,
                  send=send or Outbox(), sweep_consumers=lambda _dir: {"sweep@test": True})
+
+
+def launch_window_k1(world: World, kube: KubeCluster, redis_url: str, cfg: RetuneConfig, k: int,
+                     lines: list[str]) -> tuple[Ports, dict[str, Any]]:
+    """Lead deployment "llama" from window k, write ``lines`` as its frontends' segments, tick
+    once window k+1 has closed and run the window step the tick sent (window k+1, warmed by k)."""
+    from powerfleet.retune import control, live
+    from powerfleet.testing.retune_world import start_of, write_segments
+
+    clock = FakeClock(start_of(k) + 1, 1.0)
+    ports = make_ports(redis_url, kube, "ctl-a", clock)
+    ports.r.flushdb()
+    assert control.tick_deployment(cfg, ports, "llama", clock.now())["status"] == "leader"
+    write_segments(world.trace_dir, "llama", sorted(world.frontends["llama"]), lines)
+    clock.advance(start_of(k + 2) - start_of(k))
+    control.tick_deployment(cfg, ports, "llama", clock.now())
+    (win,) = ports.send.of(control.WINDOW_TASK)
+    return ports, live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
+                                     generation=win["generation"])

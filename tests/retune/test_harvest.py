@@ -14,6 +14,7 @@ from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
 from powerfleet.retune.state import Moved
+from powerfleet.retune.sweep import forget_prepared
 from tests.retune.conftest import make_ports, retune_config
 
 K = 29_000_100
@@ -48,8 +49,10 @@ def test_a_shard_that_fails_fails_only_its_candidates_and_the_deadline_decides(w
     assert _run(ports, sid, probe)["status"] == "computed"
     broken = dict(first, window_file=first["window_file"] + ".gone")
     assert _run(ports, sid, broken)["status"] == "dropped"  # not a spec of this sweep
-    # The second shard never arrives; the first one fails (its window file disappeared).
+    # The second shard never arrives; the first one fails (its window file disappeared), in a
+    # process that has not prepared the window yet (this one has, for the probe).
     os.rename(first["window_file"], first["window_file"] + ".moved")
+    forget_prepared()
     failed = _run(ports, sid, first)
     assert failed["status"] == "failed"
     os.rename(first["window_file"] + ".moved", first["window_file"])

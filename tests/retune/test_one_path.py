@@ -15,27 +15,18 @@ from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.settings import sweep_options
 from powerfleet.retune.sweep import run_shard_from_trace, run_sweep
 from powerfleet.sim.policy import RouterPolicy
-from powerfleet.sim.trace import read_trace
-from tests.retune.conftest import make_ports, retune_config
+from powerfleet.sim.trace import TraceError, read_trace
+from tests.retune.conftest import launch_window_k1, make_ports, retune_config
 from powerfleet.testing.retune_world import INTERVAL, START_POLICY, start_of, traffic_lines, write_segments
 
 K = 29_000_400
 
 
 def test_the_live_window_decides_what_run_sweep_decides(world, kube, redis_url, tmp_path: Path) -> None:
-    fes = world.add_deployment("llama")
+    world.add_deployment("llama")
     cfg = retune_config(world, ["llama"], search_rounds=6, min_improvement_percentage=1.0)
-    clock = FakeClock(start_of(K) + 1, 1.0)
-    ports = make_ports(redis_url, kube, "ctl-a", clock)
-    ports.r.flushdb()
-    assert control.tick_deployment(cfg, ports, "llama", clock.now())["status"] == "leader"
     lines = traffic_lines(40, start_of(K), seed=3) + traffic_lines(60, start_of(K + 1), seed=7)
-    write_segments(world.trace_dir, "llama", sorted(fes), lines)
-    clock.advance(start_of(K + 2) - start_of(K))
-    control.tick_deployment(cfg, ports, "llama", clock.now())
-    (win,) = ports.send.of(control.WINDOW_TASK)
-    launched = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
-                                  generation=win["generation"])
+    ports, launched = launch_window_k1(world, kube, redis_url, cfg, K, lines)
     assert launched["status"] == "launched" and launched["warmup_requests"] == 40 and launched["requests"] == 60
     sid, done, rounds = launched["sid"], 0, 0
     for _ in range(20):  # run every shard sent so far, then harvest; a search round sends one more
@@ -107,3 +98,20 @@ def test_a_deployments_own_engine_profile_is_what_its_shards_replay(world, kube,
                                     profile=profile)[0].score
 
     assert replayed(str(prof)) == scored.candidates[0]["score"] != replayed(None)  # the profile decides it
+
+
+def test_a_shard_process_reuses_the_prepared_window_and_scores_the_same(tmp_path: Path) -> None:
+    """Live shards of one window in one process prepare it (read, cut, warm-up replay) once:
+    the next shard scores exactly what a fresh read scores, without reading the file again."""
+    lines = traffic_lines(40, start_of(K), seed=3) + traffic_lines(60, start_of(K + 1), seed=7)
+    path = tmp_path / "w.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    args = dict(objective="ttft", warmup_s=float(INTERVAL), warmup_policy=START_POLICY)
+    points = [{"temperature": 0.0}, {"temperature": 1.0, "prefill_load_scale": 4.0}]
+    cold = run_shard_from_trace(str(path), 4, points, **args)
+    first = run_shard_from_trace(str(path), 4, points[:1], cache_key="sha-of-w", **args)
+    path.unlink()  # the next shard of the same window must not need the file
+    second = run_shard_from_trace(str(path), 4, points[1:], cache_key="sha-of-w", **args)
+    assert [c.model_dump() for c in first + second] == [c.model_dump() for c in cold]
+    with pytest.raises(TraceError, match="cannot open"):  # another window (key) is read afresh
+        run_shard_from_trace(str(path), 4, points, cache_key="sha-of-another", **args)

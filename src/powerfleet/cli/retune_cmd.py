@@ -86,6 +86,7 @@ def sweep_cmd(
     refine: bool = typer.Option(False, "--refine", help="After the edge search, also score midpoints around the best."),
     budget_s: float | None = typer.Option(_LIVE.time_budget_s, "--budget-s", help="Start no search round after this many wall seconds (default: the live time budget)."),
     min_requests: int = typer.Option(_LIVE.min_requests, "--min-requests", min=0, max=10_000_000, help="Keep unless the window holds this many requests (default: the live retune.min_requests)."),
+    shift_z: float = typer.Option(_LIVE.shift_z, "--shift-z", min=0.0, max=1000.0, help="Score from a load change inside --window (Welch t at least this; 0: off; default: the live retune.shift_z)."),
     confidence: float = typer.Option(_LIVE.confidence, "--confidence", min=0.0, max=0.999999, help="Apply only when the paired batch test gives the best this one-sided confidence over the probe (0: off; default: the live retune.confidence)."),
     strict: StrictOpt = False,
     as_json: bool = typer.Option(False, "--json", help="Print the powerfleet.retune.sweep/v1 JSON result."),
@@ -124,12 +125,13 @@ def sweep_cmd(
 
     if inp.window is not None and not select_window(list(inp.requests), *inp.window):
         bad(f"--window: no request of the trace lies in {window}; nothing to sweep")
+    win, warm_s, shift = _scored(inp.requests, inp.window, inp.warmup_s, shift_z, min_requests)
     prog, update = _progress_bar()
     try:
         result = run_sweep(
             inp.requests, pools, obj, inp.policy, g, max_shards=shards, min_improvement_pct=min_improvement,
-            window=inp.window, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
-            profile=inp.profile, engine=inp.engine, progress=update, warmup_s=inp.warmup_s, router=inp.router,
+            window=win, seed=seed, sla=inp.sla, processes=processes or min(os.cpu_count() or 1, shards + 1),
+            profile=inp.profile, engine=inp.engine, progress=update, warmup_s=warm_s, router=inp.router,
             search=EdgeSearch(enabled=search and search_rounds > 0, max_rounds=search_rounds, refine=refine),
             budget_s=budget_s,
             guard=NoiseGuard(min_requests=min_requests, confidence=confidence, dwell_windows=0),
@@ -139,10 +141,14 @@ def sweep_cmd(
     finally:
         if prog is not None:
             prog.stop()
+    if shift is not None:
+        result = result.model_copy(update={"scored_from_s": win[0] if win else None, "shift": str(shift)})
     if as_json:
         print_json(result.to_json_dict())
         return
     d = result.decision
+    if shift is not None:
+        sys.stdout.write(f"scored from {result.scored_from_s:g} s, the load change found in the window: {shift}\n")
     ok = sum(1 for c in result.candidates if c.ok)
     sys.stdout.write(
         f"{result.grid_points} grid points in {result.shards} shards + {result.search_points} beyond its edge "
@@ -152,6 +158,23 @@ def sweep_cmd(
     for c in d.ranked[:5]:
         sys.stdout.write(f"  {_p(c.params)}  score {c.score:.6g}  ({c.origin})\n")
     sys.stdout.write(f"decision: {d.action} {_p(d.params)}\n{d.reason}\n")
+
+
+def _scored(requests: Any, window: tuple[float | None, float | None] | None, warmup_s: float | None,
+            shift_z: float, min_requests: int) -> tuple[Any, float | None, Any]:
+    """The live window step's scoring span: from a load change inside a closed ``--window``
+    (``retune.shift.scored_window``), the warm-up reaching as far back as without it."""
+    from powerfleet.retune.shift import ShiftRule, scored_window
+    from powerfleet.sim.replay import warmup_span
+
+    if window is None or window[0] is None or window[1] is None or shift_z <= 0 or not requests:
+        return window, warmup_s, None
+    t0 = min(r.timestamp_ms for r in requests)
+    ts = [(r.timestamp_ms - t0) / 1000.0 for r in requests]
+    win = (window[0], window[1])
+    new, warm, found = scored_window(ts, [r.input_length for r in requests], win, warmup_span(win, warmup_s),
+                                     ShiftRule(z=shift_z, min_ratio=_LIVE.shift_min_ratio), min_requests)
+    return (new, warm if found is not None else warmup_s, found)
 
 
 def _p(params: dict[str, Any]) -> str:

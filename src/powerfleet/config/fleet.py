@@ -174,6 +174,8 @@ class RetuneDeploymentConfig(_Strict):
     confidence: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
     dwell_windows: int | None = Field(None, ge=0, le=10_000)
     search_rounds: int | None = Field(None, ge=0, le=50)
+    shift_z: float | None = Field(None, ge=0, le=1000, allow_inf_nan=False)
+    shift_min_ratio: float | None = Field(None, gt=1, le=100, allow_inf_nan=False)
     engine_profile: str | None = None  # fleet config only (the DGD annotation may not name a file)
     prefill_engine_profile: str | None = None  # fleet config only, like engine_profile
     kv_transfer_gb_s: float | None = Field(None, gt=0, le=100_000, allow_inf_nan=False)
@@ -204,6 +206,11 @@ class RetuneConfig(_Strict):
     dwell_windows: int = Field(3, ge=0, le=10_000)
     # Rounds of the search beyond the grid's edge (one fan-out each in the live loop; 0: off).
     search_rounds: int = Field(6, ge=0, le=50)
+    # A load change inside the window (retune/shift.py): when the request or prompt-token rate
+    # steps by at least shift_min_ratio (up or down) with Welch's t >= shift_z on 10 s bins,
+    # the window is scored from the change on (the traffic before it only warms up); 0: off.
+    shift_z: float = Field(5.0, ge=0, le=1000, allow_inf_nan=False)
+    shift_min_ratio: float = Field(1.25, gt=1, le=100, allow_inf_nan=False)
     # The engine profile the sweeps replay (a measured table, `sim replay --profile`); None:
     # the built-in Llama-3-70B TP4 H200 roofline fit, shown as the fallback in `retune status`.
     engine_profile: str | None = None

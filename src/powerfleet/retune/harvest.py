@@ -104,6 +104,8 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             held = dwell_blocks(moves, rec.current, d.params, rec.window, g.dwell_windows) if d.action == "apply" else None
             what = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
             reason = d.reason
+            if rec.extra.get("shift"):  # scored from a load change inside the window (retune/shift.py)
+                reason += f"; scored from the load change: {rec.extra['shift']}"
             if held:
                 what, reason = "keep", f"keep: {d.reason.split(': ', 1)[-1]}, but {held}"
             dr = outcome(dep, t, rec.window, what, reason, None, now, params=d.params if not held else rec.current,

@@ -25,10 +25,13 @@ from powerfleet.retune.grid import split_shards
 from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.metrics import APPLIED, CONVERGED, CORRUPT_STATE, ROUTERS, WINDOWS
 from powerfleet.retune.premises import check, prefill_replicas, worker_replicas
+from powerfleet.retune.settings import DeploymentSettings
+from powerfleet.retune.shift import Shift, change_inside
 from powerfleet.retune.state import RetuneState
 from powerfleet.retune.sweep import run_shard_from_trace
 from powerfleet.retune.windows import last_closed_window, window
 from powerfleet.sim.policy import RouterPolicy
+from powerfleet.sim.trace import read_trace
 
 SHARD_TASK = "powerfleet.sweep.shard"
 HARVEST_TASK = "powerfleet.retune.harvest"
@@ -118,6 +121,12 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
                                                      kv_transfer_gb_s=s.kv_transfer_gb_s)
     current = current_settings(dep, state, snap.frontend_policies)
     points = s.grid.points(RouterPolicy.model_validate(current))
+    # A load change inside the window: score from it (the traffic before it warms up), so the
+    # decision describes the traffic that will follow, not a mix of two regimes.
+    shift = _change_in(cut.path, w.start, w.end, s)
+    if shift is not None:
+        cut_info["shift"] = f"{shift}, {shift.at_s - w.start:g} s into the window"
+        cut_info["scored_from"] = shift.at_s
     digest = file_sha256(cut.path)
     sid = sweep_id(dgd, k, s.generation, t.term)
     ref = cut.path
@@ -127,7 +136,8 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
 
     # Scoring starts at the window's start, measured from the file's first record (the
     # warm-up span lies before it); the warm-up is replayed once under the current settings.
-    start_s = max(0.0, (w.start * 1000.0 - (cut.first_ms if cut.first_ms is not None else w.start * 1000.0)) / 1000.0)
+    scored_from = shift.at_s if shift is not None else w.start
+    start_s = max(0.0, (scored_from * 1000.0 - (cut.first_ms if cut.first_ms is not None else scored_from * 1000.0)) / 1000.0)
 
     def spec(kind: str, i: int, pts: list[dict[str, float]]) -> ShardSpec:
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
@@ -148,6 +158,15 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     WINDOWS.labels(dgd, "launched", "").inc()
     return {"status": "launched", "sid": rec.sid, "shards": len(shards), "points": len(points), **cut_info,
             "corrupt_state": corrupt}
+
+
+def _change_in(path: str, start: float, end: float, s: DeploymentSettings) -> Shift | None:
+    """``shift.change_inside`` on the cut window file (epoch seconds; the warm-up before it)."""
+    if s.shift is None:
+        return None
+    reqs = read_trace(path).requests
+    return change_inside([r.timestamp_ms / 1000.0 for r in reqs], [r.input_length for r in reqs], start, end,
+                         float(s.interval_s), s.shift, s.guard.min_requests)
 
 
 def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = False) -> dict[str, Any]:
@@ -176,7 +195,7 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
                 got = run_shard_from_trace(path, spec.replicas, spec.points, objective=spec.objective, seed=spec.seed,
                                            sla=spec.sla, shard=None if spec.kind == "probe" else spec.index,
                                            warmup_s=spec.start_s or None, warmup_policy=spec.warm_policy,
-                                           profile=spec.profile,
+                                           profile=spec.profile, cache_key=spec.window_sha256,
                                            disagg=spec.disagg.model_dump() if spec.disagg is not None else None)
             cands = [c.model_dump() for c in got]
         except Exception as exc:  # a failing shard fails only its own candidates

@@ -21,6 +21,7 @@ from powerfleet.config.fleet import RetuneConfig, RetuneDeploymentConfig
 from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.grid import DEFAULT_GRID, EdgeSearch, SweepGrid, parse_grid
 from powerfleet.retune.objectives import Objective, parse_objective
+from powerfleet.retune.shift import ShiftRule
 from powerfleet.retune.windows import last_closed_window
 from powerfleet.sim.disagg import DEFAULT_KV_TRANSFER_GB_S, Pools
 from powerfleet.sim.policy import RouterPolicy, first_error, parse_sla
@@ -64,6 +65,7 @@ class DeploymentSettings:
     kv_transfer_gb_s: float = DEFAULT_KV_TRANSFER_GB_S
     kv_bytes_per_token: int | None = None  # what the transfer moves (the prefill profile's, else the decode's)
     search: EdgeSearch = EdgeSearch()  # the edge search every sweep runs (live, `retune sweep`, bench)
+    shift: ShiftRule | None = ShiftRule()  # the load-change detector of the window's scoring (None: off)
 
     def searched_credit_positive(self) -> bool:
         spec = self.grid.overlap_score_credit
@@ -168,6 +170,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
                   "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
+                  "shift": [m["shift_z"], m["shift_min_ratio"]],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
                   "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
     generation = hashlib.sha256(json.dumps(sweep_keys, sort_keys=True).encode()).hexdigest()[:16]
@@ -182,6 +185,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         generation=generation,
         guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
+        shift=ShiftRule(z=m["shift_z"], min_ratio=m["shift_min_ratio"]) if m["shift_z"] > 0 else None,
         promote_max_age_windows=cfg.promote_max_age_windows,
         engine_profile=m["engine_profile"], engine_profile_name=profile_name,
         prefill_engine_profile=m["prefill_engine_profile"], prefill_engine_profile_name=prefill_name,

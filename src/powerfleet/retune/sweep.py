@@ -8,9 +8,11 @@ pure parts are ``grid.split_shards``, ``objectives.score`` and ``decision.decide
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -43,6 +45,8 @@ class SweepResult(VersionedJson):
     grid_points: int
     search_points: int = 0  # candidates found beyond the grid's edge (``origin: "search"``)
     warmup_s: float = 0.0
+    scored_from_s: float | None = None  # scored from a load change inside the window (retune sweep)
+    shift: str | None = None  # that change (retune.shift)
     candidates: list[Candidate]
     probe: Candidate
     decision: Decision
@@ -139,6 +143,7 @@ def run_shard_from_trace(
     warmup_policy: dict[str, Any] | None = None,
     profile: str | None = None,
     disagg: dict[str, Any] | None = None,
+    cache_key: str | None = None,
 ) -> list[Candidate]:
     """JSON-in, models-out entry for a shard (or probe: one point) task.
 
@@ -154,6 +159,8 @@ def run_shard_from_trace(
     warm-up under its own settings. ``router``: Dynamo's further router options (JSON).
     ``disagg`` (``fanin.DisaggSpec``'s fields): a disaggregated deployment, ``workers`` and
     ``profile`` its decode pool's (``sim.disagg.Pools``).
+    ``cache_key``: the file's content hash (the live shard's ``window_sha256``); the prepared
+    window and warm-up are then kept for this process's next shards of the same window.
     """
     from powerfleet.sim.engine import parse_engine
     from powerfleet.sim.policy import parse_policy, parse_router_options, parse_sla
@@ -162,7 +169,6 @@ def run_shard_from_trace(
     pols = [parse_policy(p) for p in points]
     if window is None and warmup_s:
         window = (warmup_s, None)
-    arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
     eng, opts = parse_engine(engine), parse_router_options(router)
     prof = load_profile(profile) if profile is not None else None
     pools: int | Pools = workers
@@ -170,10 +176,52 @@ def run_shard_from_trace(
         pre = disagg.get("prefill_profile")
         pools = Pools(disagg["prefill_replicas"], workers, prefill_profile=load_profile(pre) if pre else None,
                       decode_profile=prof, kv_transfer_gb_s=disagg["kv_transfer_gb_s"])
-    warm = None
-    if warmup_policy is not None:
-        warm = warm_snapshot(arr, pools, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+
+    def build() -> tuple[Arrivals, Simulation | None]:
+        arr = prepare(read_trace(trace_path).requests, seed=seed, window=window, warmup_s=warmup_s)
+        warm = None
+        if warmup_policy is not None:
+            warm = warm_snapshot(arr, pools, parse_policy(warmup_policy), seed, profile=prof, engine=eng, router=opts)
+        return arr, warm
+
+    if cache_key is None:
+        arr, warm = build()
+    else:
+        stamps = []
+        for path in (profile, (disagg or {}).get("prefill_profile")):
+            if path is not None:  # a profile file edited in place must not meet a warm-up of the old one
+                st = os.stat(path)
+                stamps.append([st.st_mtime_ns, st.st_size])
+        key = json.dumps([cache_key, workers, seed, window, warmup_s, engine, router, warmup_policy, profile, disagg,
+                          stamps], sort_keys=True, default=str)
+        arr, warm = _prepared(key, build)
     return run_shard(arr, pools, pols, seed, objective, parse_sla(sla), shard, prof, eng, opts, warm)
+
+
+# The prepared window and its warm-up state, per process, for the shards that follow: a live
+# sweep sends the probe, the grid shards and every search round as tasks of their own, and a
+# sweep worker's process runs several of them on the same window. Each candidate forks the
+# warm state (``Simulation.fork``) and never writes the arrivals, as ``run_sweep`` shares them
+# between its candidates, so a hit replays exactly what a fresh read would.
+_CACHE: OrderedDict[str, tuple[Arrivals, Simulation | None]] = OrderedDict()
+_CACHE_MAX = 2
+
+
+def forget_prepared() -> None:
+    """Drop this process's prepared windows (as a fresh sweep process starts)."""
+    _CACHE.clear()
+
+
+def _prepared(key: str, build: Callable[[], tuple[Arrivals, Simulation | None]]) -> tuple[Arrivals, Simulation | None]:
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    got = build()
+    _CACHE[key] = got
+    while len(_CACHE) > _CACHE_MAX:
+        _CACHE.popitem(last=False)
+    return got
 
 
 _STATE: dict[str, Any] = {}

@@ -227,9 +227,12 @@ def batch_masks(arr: Arrivals, arrival_ms: list[float], batches: int) -> list[tu
     masks: list[tuple[bool, ...]] = []
     if batches > 0 and len(scored) >= batches:
         order = sorted(scored, key=lambda i: arrival_ms[i])
+        n = len(arr.osl)
         for b in range(batches):
-            mine = set(order[b * len(order) // batches:(b + 1) * len(order) // batches])
-            masks.append(tuple(i in mine for i in range(len(arr.osl))))
+            mask = [False] * n  # index writes, not a membership test per request and batch
+            for i in order[b * len(order) // batches:(b + 1) * len(order) // batches]:
+                mask[i] = True
+            masks.append(tuple(mask))
     return masks
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import compress
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -115,7 +116,7 @@ def summarize(
 ) -> ReplaySummary:
     """Summarise the requests marked ``scored`` (all when None; warm-up ones are not)."""
     n = len(res.arrival_ms)
-    idx = range(n) if scored is None else [i for i in range(n) if scored[i]]
+    idx = range(n) if scored is None else list(compress(range(n), scored))
     ttft: list[float] = []
     itl: list[float] = []
     e2e: list[float] = []
