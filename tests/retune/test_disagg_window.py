@@ -46,6 +46,9 @@ def test_a_disaggregated_window_is_decided_by_the_disaggregated_model(world, kub
     cfg, ports, launched = _launch(world, kube, redis_url, k, lines, kv_transfer_gb_s=32.0)
     specs = [ShardSpec.model_validate(kw["spec"]) for kw in ports.send.of(live.SHARD_TASK)]
     assert {(s.replicas, s.disagg) for s in specs} == {(2, DisaggSpec(prefill_replicas=3, kv_transfer_gb_s=32.0))}
+    # the prefill load scale cannot change this replay (no active-request weight): held, not swept
+    pts = [p for s in specs if s.kind != "probe" for p in s.points]
+    assert sorted((p["temperature"], p["prefill_load_scale"]) for p in pts) == [(0.0, 1.0), (1.0, 1.0)]
     out = harvest.harvest(cfg, ports, launched["sid"])
     assert out["status"] == "decided" and out["outcome"] in ("apply", "keep"), out
     rec = Deployment.open(cfg, ports, DGD).store.read()[0].history[-1]
@@ -65,6 +68,7 @@ def test_a_disaggregated_window_is_decided_by_the_disaggregated_model(world, kub
     local = run_sweep(reqs, pools(settings, 3, 2), settings.objective, current, settings.grid, **kw)
     assert (rec.outcome, rec.params) == (local.decision.action, local.decision.params)
     assert rec.probe_score == local.probe.score and local.workers == 5
+    assert local.held_knobs == ["prefill_load_scale"] and local.grid_points == len(pts)
     assert [c["score"] for c in rec.ranking] == [c.score for c in local.decision.ranked[:5]]
     # the model decides it: the same window replayed as five aggregated workers scores otherwise
     assert run_sweep(reqs, 5, settings.objective, current, settings.grid, **kw).probe.score != local.probe.score

@@ -2,9 +2,14 @@
 
 * Only candidates that scored (``ok``) with a finite score rank; they are ranked best
   first in the objective's direction, ties kept in grid order (stable sort).
+* Of the candidates tied with the best (equal score within float noise), the decision takes
+  the one that moves the fewest parameters from the current settings (``least_change``), so
+  a parameter that does not change the outcome keeps its value: a disaggregated sweep once
+  moved the prefill load scale to 0.25 only because that copy came first in grid order.
 * The best is applied only when it beats the probe (the current settings, replayed with
   the same random numbers) by more than ``min_improvement_pct`` percent of |probe score|.
-  Equal scores keep the current settings. A probe that could not be scored keeps too:
+  Equal scores keep the current settings; with a noise guard (the live harvest, `retune
+  sweep` and the benches pass one), so do scores within float noise of the probe's. A probe that could not be scored keeps too:
   there is nothing to compare against.
 * The decision records every candidate (ranked), the probe and the reason.
 """
@@ -55,6 +60,11 @@ class Decision(BaseModel):
     requests: int | None = None  # scored requests in the window
 
 
+# Scores this close are a tie (float noise, not a difference between replays).
+TIE_REL = 1e-9
+TIE_ABS = 1e-12
+
+
 def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
@@ -69,10 +79,29 @@ def rank(candidates: list[Candidate], objective: Objective | str) -> list[Candid
     )
 
 
-def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None) -> str | None:
-    """Why the guard refuses an apply (None: it does not)."""
+def _moved(params: dict[str, Any], current: dict[str, Any]) -> int:
+    return sum(1 for k, v in params.items() if k not in current or not math.isclose(float(v), float(current[k])))
+
+
+def least_change(order: list[Candidate], current: dict[str, Any]) -> Candidate:
+    """Of the candidates that tie with the best (``order``: ranked, best first; equal score
+    within float noise), the one that moves the fewest parameters from ``current``, then the
+    best ranked: a parameter that does not change the outcome keeps its current value, so a
+    tie never makes a move of its own."""
+    top = float(order[0].score)  # type: ignore[arg-type]
+    tied = [c for c in order
+            if math.isclose(float(c.score), top, rel_tol=TIE_REL, abs_tol=TIE_ABS)]  # type: ignore[arg-type]
+    return min(tied, key=lambda c: _moved(c.params, current))  # min keeps the first of equals
+
+
+def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None, tie: bool) -> str | None:
+    """Why the guard refuses an apply (None: it does not). Any guard, even with its checks at
+    0, refuses a gain within float noise of the probe (``tie``): rounding is not a move, and
+    constant paired differences of a few ulps would pass the paired test with confidence 1."""
     if guard is None:
         return None
+    if tie:
+        return "its score is within float noise of the probe's (a tie)"
     if requests is not None and requests < guard.min_requests:
         return f"the window holds only {requests} requests (min_requests {guard.min_requests})"
     if guard.confidence > 0 and (conf is None or conf < guard.confidence):
@@ -114,7 +143,10 @@ def decide(
             action="keep", params=probe.params, improvement_pct=None, best=None,
             reason="keep: no candidate could be scored", **common,
         )
-    best = order[0]
+    best = least_change(order, probe.params)
+    if best is not order[0]:
+        order = [best] + [c for c in order if c is not best]
+        common["ranked"] = order
     ps = float(probe.score)  # type: ignore[arg-type]
     bs = float(best.score)  # type: ignore[arg-type]
     gain = sign * (bs - ps)
@@ -127,7 +159,7 @@ def decide(
     if pct is not None:
         desc += f", {pct:+.3f} %"
     if gain > threshold and gain > 0:
-        noisy = _noise(guard, probe.requests, conf)
+        noisy = _noise(guard, probe.requests, conf, math.isclose(bs, ps, rel_tol=TIE_REL, abs_tol=TIE_ABS))
         if noisy:
             return Decision(action="keep", params=probe.params, improvement_pct=pct, best=best,
                             reason=f"keep: {desc}, but {noisy}", **common)

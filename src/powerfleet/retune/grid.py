@@ -2,7 +2,8 @@
 
 A grid gives, for each of ``overlap_score_credit``, ``prefill_load_scale`` and
 ``temperature``, either ``{"choices": [...]}`` or ``{"range": {"min", "max", "step"}}``
-(inclusive of both ends). A knob the grid leaves out stays at the current setting. Points
+(inclusive of both ends). A knob the grid leaves out stays at the current setting, and so does a knob that cannot
+change the deployment's replay (``SweepGrid.for_deployment``, ``retune.effect``). Points
 are the Cartesian product in a fixed order (credit outermost, temperature innermost); the
 other five policy parameters are copied from the current policy.
 
@@ -23,9 +24,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from powerfleet.retune.decision import Candidate, rank
+from powerfleet.retune.effect import pure_scales
 from powerfleet.textinput import InputError, read_text
 from powerfleet.retune.objectives import Objective
-from powerfleet.sim.policy import SEARCHED_KNOBS, RouterPolicy, error_location, first_error
+from powerfleet.sim.policy import SEARCHED_KNOBS, RouterOptions, RouterPolicy, error_location, first_error
 
 
 class KnobRange(BaseModel):
@@ -81,6 +83,21 @@ class SweepGrid(BaseModel):
             spec: KnobSpec | None = getattr(self, knob)
             out.append((knob, spec.values() if spec is not None else [float(getattr(current, knob))]))
         return out
+
+    def held_knobs(self, current: RouterPolicy, *, disaggregated: bool,
+                   options: RouterOptions | None = None) -> list[str]:
+        """The searched knobs that cannot change this deployment's replay from ``current``
+        (``retune.effect.pure_scales``: for a disaggregated one, the prefill load scale while
+        the active-request weight is 0); none for an aggregated deployment."""
+        return pure_scales(current, self.axes(current), disaggregated=disaggregated, options=options)
+
+    def for_deployment(self, current: RouterPolicy, *, disaggregated: bool,
+                       options: RouterOptions | None = None) -> SweepGrid:
+        """This grid with ``held_knobs`` left out (held at the current setting), so a sweep
+        replays only candidates that can differ. Every sweep (``run_sweep``, the live window
+        and its edge search) takes its points and axes from here."""
+        held = self.held_knobs(current, disaggregated=disaggregated, options=options)
+        return self.model_copy(update={k: None for k in held}) if held else self
 
     def points(self, current: RouterPolicy) -> list[RouterPolicy]:
         """Every grid point as a full policy; raises ValueError naming a value out of bounds."""

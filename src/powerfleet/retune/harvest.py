@@ -171,7 +171,8 @@ def _search(dep: Deployment, ports: Ports, fan: FanIn, rec: SweepRecord, results
     if now + s.shard_timeout_s > rec.deadline:
         return None
     _, cands, _ = _gather(rec, results)
-    axes = s.grid.axes(RouterPolicy.model_validate(rec.current))
+    cur = RouterPolicy.model_validate(rec.current)
+    axes = s.grid.for_deployment(cur, disaggregated=rec.prefill_replicas is not None).axes(cur)
     new = search_round(axes, cands, s.objective, s.search, rec.search_rounds)
     if not new:
         return None

@@ -120,7 +120,8 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     disagg = None if prefill is None else DisaggSpec(prefill_replicas=prefill, prefill_profile=s.prefill_engine_profile,
                                                      kv_transfer_gb_s=s.kv_transfer_gb_s)
     current = current_settings(dep, state, snap.frontend_policies)
-    points = s.grid.points(RouterPolicy.model_validate(current))
+    cur = RouterPolicy.model_validate(current)
+    points = s.grid.for_deployment(cur, disaggregated=disagg is not None).points(cur)
     # A load change inside the window: score from it (the traffic before it warms up), so the
     # decision describes the traffic that will follow, not a mix of two regimes.
     shift = _change_in(cut.path, w.start, w.end, s)

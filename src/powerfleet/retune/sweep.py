@@ -44,6 +44,7 @@ class SweepResult(VersionedJson):
     shards: int
     grid_points: int
     search_points: int = 0  # candidates found beyond the grid's edge (``origin: "search"``)
+    held_knobs: list[str] = []  # grid knobs held at the current setting: they cannot change this replay
     warmup_s: float = 0.0
     scored_from_s: float | None = None  # scored from a load change inside the window (retune sweep)
     shift: str | None = None  # that change (retune.shift)
@@ -318,6 +319,9 @@ def run_sweep(
     t_start = clock()
     obj = parse_objective(objective) if isinstance(objective, str) else objective
     search = search if search is not None else EdgeSearch()
+    disaggregated = isinstance(workers, Pools)
+    held = grid.held_knobs(current, disaggregated=disaggregated, options=router)
+    grid = grid.for_deployment(current, disaggregated=disaggregated, options=router)
     points = grid.points(current)
     shards = split_shards(points, max_shards)
     arr = prepare(requests, seed=seed, window=window, warmup_s=warmup_s)
@@ -357,6 +361,7 @@ def run_sweep(
         shards=len(shards),
         grid_points=len(points),
         search_points=len(found),
+        held_knobs=held,
         warmup_s=warmup_span(window, warmup_s),
         candidates=candidates + found,
         probe=probe,
