@@ -81,3 +81,18 @@ def test_a_prefill_pool_resized_during_the_sweep_abandons_the_window(world, kube
     out = harvest.harvest(cfg, ports, launched["sid"])
     rec = Deployment.open(cfg, ports, DGD).store.read()[0].history[-1]
     assert out["status"] == "abandoned" and rec.failure_reason == "replicas-changed"
+
+
+def test_the_harvests_edge_search_holds_the_no_effect_scale_too(world, kube, redis_url) -> None:
+    # the live search rounds take their axes from the same held grid as the launch: a best on
+    # the scale's smallest grid value (1 of {1, 4}) must not step it to 0.5
+    k = 29_000_740
+    lines = traffic_lines(40, start_of(k), seed=3) + traffic_lines(60, start_of(k + 1), seed=7)
+    cfg, ports, launched = _launch(world, kube, redis_url, k, lines, search_rounds=2)
+    before = len(ports.send.of(live.SHARD_TASK))
+    out = harvest.harvest(cfg, ports, launched["sid"])
+    assert out["status"] in ("searching", "decided"), out
+    searched = [ShardSpec.model_validate(kw["spec"]) for kw in ports.send.of(live.SHARD_TASK)[before:]]
+    assert all(s.kind == "search" for s in searched)
+    assert [p["prefill_load_scale"] for s in searched for p in s.points] == [1.0] * sum(len(s.points) for s in searched)
+    assert out["status"] == "decided" or searched
