@@ -53,6 +53,8 @@ def test_a_disaggregated_window_is_decided_by_the_disaggregated_model(world, kub
     assert out["status"] == "decided" and out["outcome"] in ("apply", "keep"), out
     rec = Deployment.open(cfg, ports, DGD).store.read()[0].history[-1]
     assert rec.outcome in ("apply", "keep") and rec.replicas_verified
+    assert launched["held_knobs"] == ["prefill_load_scale"] and rec.reason.endswith(
+        "held at the current value (no effect on this replay): prefill_load_scale")
     from powerfleet.retune.status import deployment_status
     shown = deployment_status(cfg, kube, ports.router, DGD, ports.clock)["replayed_as"]
     assert shown == {"kind": "disaggregated", "prefill_workers": 3, "decode_workers": 2, "kv_transfer_gb_s": 32.0,

@@ -106,6 +106,9 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             reason = d.reason
             if rec.extra.get("shift"):  # scored from a load change inside the window (retune/shift.py)
                 reason += f"; scored from the load change: {rec.extra['shift']}"
+            if rec.extra.get("held_knobs"):  # grid knobs that cannot change this replay (retune/effect.py)
+                held_knobs = ", ".join(rec.extra["held_knobs"])
+                reason += f"; held at the current value (no effect on this replay): {held_knobs}"
             if held:
                 what, reason = "keep", f"keep: {d.reason.split(': ', 1)[-1]}, but {held}"
             dr = outcome(dep, t, rec.window, what, reason, None, now, params=d.params if not held else rec.current,

@@ -122,6 +122,9 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     current = current_settings(dep, state, snap.frontend_policies)
     cur = RouterPolicy.model_validate(current)
     points = s.grid.for_deployment(cur, disaggregated=disagg is not None).points(cur)
+    held = s.grid.held_knobs(cur, disaggregated=disagg is not None)
+    if held:  # shown in the decision's reason: why the scale was not swept
+        cut_info["held_knobs"] = held
     # A load change inside the window: score from it (the traffic before it warms up), so the
     # decision describes the traffic that will follow, not a mix of two regimes.
     shift = _change_in(cut.path, w.start, w.end, s)
