@@ -13,6 +13,9 @@ Three checks stand between a sweep and a router write:
 * **dwell**: a parameter that moved may not move back (the opposite direction) within
   ``dwell_windows`` windows of that move.
 
+And with any guard, even with those checks at 0, a best scoring within float noise of the
+probe is a tie, never a move (``decision._noise``).
+
 Pure functions; the harvest applies them (``retune.decision.decide`` takes the guard).
 """
 
