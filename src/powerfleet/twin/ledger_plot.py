@@ -1,5 +1,6 @@
 """The demo report's ledger plot (issue 18 item 9): per rack, the budget's projected watts (its
-ledger: every GPU pod on the rack's nodes at its charge), the draw the node agents report for
+ledger: every GPU pod on the rack's nodes at its charge, plus the replicas of the deployments
+that may land there and hold no node yet), the draw the node agents report for
 the rack's GPUs, and the rack's limit, against time. The figures are the ones each budget tick
 recorded (``BudgetState.group_history``), so the plot shows what powerfleet computed, not a
 recomputation."""
@@ -41,8 +42,7 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> s
     series = ledger_series(history, t0)
     for i, (group, s) in enumerate(sorted(series.items())):
         color = f"C{i}"
-        # Racks whose deployments span both often have the same ledger: a wider line underneath
-        # keeps each visible.
+        # Racks may record the same figures for a while (a wider line underneath keeps each visible).
         ax.step(s["t"], s["projected_w"], where="post", color=color, linewidth=max(1.0, 3.5 - 1.5 * i),
                 label=f"{group} projected (ledger)")
         measured = [float("nan") if m is None else m for m in s["measured_w"]]
