@@ -14,6 +14,7 @@ from typing import Any
 from powerfleet.twin.view import clock
 
 LEDGER_IMAGE = "ledger.png"
+LEDGER_DATA = "ledger.json"  # the plotted series, for a reader who wants the figures
 
 
 def ledger_series(history: Sequence[Mapping[str, Any]], t0: float) -> dict[str, dict[str, list[Any]]]:
@@ -32,7 +33,9 @@ def ledger_series(history: Sequence[Mapping[str, Any]], t0: float) -> dict[str, 
 
 
 def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> str:
-    """Write ``ledger.png`` under ``out`` and return its name."""
+    """Write ``ledger.png`` (and its series as ``ledger.json``) under ``out``; return the image's name."""
+    import json
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,6 +43,7 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> s
 
     fig, ax = plt.subplots(figsize=(11, 4))
     series = ledger_series(history, t0)
+    (out / LEDGER_DATA).write_text(json.dumps(series, sort_keys=True))
     for i, (group, s) in enumerate(sorted(series.items())):
         color = f"C{i}"
         # Racks may record the same figures for a while (a wider line underneath keeps each visible).
