@@ -3,11 +3,13 @@ the report plots projected, measured and limit per rack from them."""
 
 from __future__ import annotations
 
+import json
+
 import redis
 from PIL import Image
 
 from powerfleet.budget.state import GROUP_HISTORY, GROUP_HISTORY_LEN, BudgetState
-from powerfleet.twin.ledger_plot import LEDGER_IMAGE, ledger_series, plot_ledger
+from powerfleet.twin.ledger_plot import LEDGER_DATA, LEDGER_IMAGE, ledger_series, plot_ledger
 from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
 
 
@@ -37,4 +39,5 @@ def test_the_plot_shows_projected_measured_and_limit_per_rack(tmp_path):
     with Image.open(tmp_path / LEDGER_IMAGE) as img:
         img.verify()
         assert img.size[0] >= 600
+    assert json.loads((tmp_path / LEDGER_DATA).read_text())["rack-a"]["projected_w"] == [4000, 4100, 4200, 4300]
     assert plot_ledger(tmp_path, [], 0.0) == LEDGER_IMAGE  # no tick recorded: a plot that says so

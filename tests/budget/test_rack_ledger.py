@@ -170,4 +170,7 @@ def test_a_pod_off_the_budgeted_nodes_is_judged_too_as_its_evaluation_judges_it(
     cfg = {"default/a": DeploymentBudgetConfig(power_limit_w=10_000)}
     plan = tick_limits(kube, state, cfg, {"r1": 9000}, RACK, KubeGpuPods(kube), RedisReports(r), now=110.0,
                        max_settable_w=1000)
-    assert plan.group_current["r1"] == 3 * 500 + 500  # decode-1's GPU at 1,000 W, charged to the rack a touches
+    # the deployment's own charge judges decode-1 as its evaluation does: its GPU at 1,000 W
+    assert plan.limits["default/a"].current_w == 3 * 500 + 500
+    # the rack is charged what is physically on its nodes: decode-1 is not on r1
+    assert plan.group_current["r1"] == 2 * 500

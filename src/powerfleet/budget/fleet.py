@@ -1,19 +1,23 @@
-"""The fleet-wide part of a budget tick (pure): which group each deployment draws from, and the
-planning limit each gets from its groups' budgets (``groups.allocate``).
+"""The fleet-wide part of a budget tick (pure): which groups each deployment may land on, what
+it physically holds on each, and the planning limit each gets from its groups' budgets
+(``groups.allocate_racks``).
 
 A deployment belongs to every budgeted group that holds one of its live pods, and to the group
-its DGD names with the group label; its whole projection is charged to each (conservative: new
-pods may land on any of them). One that has no placed pod and names no group while group
-budgets exist gets no allowance: its scale-ups are blocked until its pods are placed.
+its DGD names with the group label. A group is charged what the deployment's pods on its nodes
+are charged (Terminating and surge pods included, on the evaluation's evidence basis) plus every
+charged replica of it that holds no node yet (the scheduler may put it on any of its groups). One
+that has no placed pod and names no group while group budgets exist gets no allowance: its
+scale-ups are blocked until its pods are placed.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerfleet.budget.evidence import Evidence, role_charge
-from powerfleet.budget.groups import Member, allocate
+from powerfleet.budget.groups import UNMANAGED, Footprint, Member, allocate_racks, unmanaged_member
 from powerfleet.budget.ledger import role_counts
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
@@ -89,49 +93,69 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
     return out
 
 
-UNMANAGED = "(unmanaged)"  # the member that stands for every GPU pod on a group no listed deployment owns
+def footprint(view: DeploymentView, power: PowerConfig, node_groups: Mapping[str, str]) -> Footprint:
+    """The deployment's whole ``member`` figures, and where its charge physically is: per group,
+    its pods on the group's nodes (a pod counts while it holds GPUs, Terminating included; its
+    evidence surplus with it); unplaced, the charged pods no node holds yet."""
+    m = member(view, power)
+    by_comp = partition_pods(view.dgd, view.pods)
+    placed: dict[str, int] = defaultdict(int)
+    unplaced = 0
+    for rp in power.roles.values():
+        pods = by_comp.get(rp.component, [])
+        per_pod = rp.cap.watts * rp.gpus_per_pod
+        on_node = [p for p in pods if p.is_running_or_starting and p.node_name]
+        charged = role_counts(view.dgd, rp, pods).charged
+        unplaced += max(0, charged * rp.node_count - len(on_node)) * per_pod
+        by_group: dict[str, list[PodInfo]] = defaultdict(list)
+        for p in on_node:
+            if (g := node_groups.get(p.node_name or "")) is not None:
+                by_group[g].append(p)
+        for g, ps in by_group.items():
+            placed[g] += len(ps) * per_pod + role_charge(ps, view.evidence, rp.cap.watts, rp.gpus_per_pod).surplus_w
+    return Footprint(minimum_w=m.minimum_w, demand_w=m.demand_w, current_w=m.current_w, own_limit_w=m.own_limit_w,
+                     placed_w=dict(placed), unplaced_w=unplaced)
 
 
-def unmanaged_member(watts: int) -> Member:
-    """Pods no listed deployment owns draw what they draw: their whole charge is fixed (granted
-    first, never grown or shrunk), so it only lowers what the listed deployments may grow into."""
-    return Member(minimum_w=watts, demand_w=watts, current_w=watts, own_limit_w=watts)
+@dataclass(frozen=True)
+class FleetLedger:
+    limits: dict[str, GroupLimit]  # deployment -> its GroupLimit
+    projected_w: dict[str, int] = field(default_factory=dict)  # group -> the ledger (tenants included)
+    peak_w: dict[str, int] = field(default_factory=dict)  # group -> bound through the transitions
 
 
-def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
-                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> dict[str, GroupLimit]:
-    """The GroupLimit of every deployment (``GroupLimit(None, None)`` when it is on no budgeted group).
-    ``unmanaged_w``: group -> the ledger's charge for the GPU pods on it that no listed deployment owns."""
-    members: dict[str, Member] = {}
+def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
+                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> FleetLedger:
+    """Every deployment's GroupLimit (``GroupLimit(None, None)`` when it is on no budgeted group)
+    and every group's projected watts and transition bound. ``unmanaged_w``: group -> the
+    ledger's charge for the GPU pods on it that no listed deployment owns."""
+    prints: dict[str, Footprint] = {}
     touched: dict[str, set[str]] = {}
     for view in views:
         power = _power(view)
         if power is None:
             continue
-        members[view.key] = member(view, power)
+        prints[view.key] = footprint(view, power, node_groups)
         touched[view.key] = groups_of(view, node_groups, budgets, group_label)
-    limits: dict[str, list[int | None]] = {k: [] for k in members}
-    for group, budget_w in budgets.items():
-        on = {k: members[k] for k, gs in touched.items() if group in gs}
-        if not on:
-            continue
-        tenants = (unmanaged_w or {}).get(group, 0)
-        result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
-        for k, a in result.allowances.items():
-            if k in limits:
-                limits[k].append(a.limit_w)
+    racks = allocate_racks(budgets, prints, touched, unmanaged_w)
     out: dict[str, GroupLimit] = {}
     for view in views:
         k = view.key
-        if k not in members or not touched[k]:
+        if k not in prints or not touched[k]:
             out[k] = GroupLimit(group=None, limit_w=None)
             continue
-        m = members[k]
-        names = ",".join(sorted(touched[k]))
-        if UNPLACED in touched[k]:
-            out[k] = GroupLimit(group=names, limit_w=None, minimum_w=m.minimum_w, current_w=m.current_w)
-            continue
-        vals = [v for v in limits[k] if v is not None]
-        out[k] = GroupLimit(group=names, limit_w=min(vals) if vals else None, minimum_w=m.minimum_w,
-                            current_w=m.current_w)
-    return out
+        f = prints[k]
+        limit = None if UNPLACED in touched[k] else racks.limits.get(k)
+        out[k] = GroupLimit(group=",".join(sorted(touched[k])), limit_w=limit, minimum_w=f.minimum_w,
+                            current_w=f.current_w)
+    return FleetLedger(out, racks.projected_w, racks.peak_w)
+
+
+def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
+                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> dict[str, GroupLimit]:
+    """The GroupLimit of every deployment (``fleet_ledger``'s limits)."""
+    return fleet_ledger(views, node_groups, budgets, group_label, unmanaged_w).limits
+
+
+__all__ = ["UNMANAGED", "UNPLACED", "DeploymentView", "FleetLedger", "fleet_ledger", "footprint", "group_limits",
+           "groups_of", "member", "unmanaged_member"]

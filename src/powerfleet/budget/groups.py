@@ -16,11 +16,18 @@ transition. The rule (docs/budget.md):
 The limit a deployment plans against is then ``min(own limit, share, current + growth)``.
 Since every deployment's peak stays at or below ``max(current, current + growth)``, the sum of
 peaks stays at or below the budget whenever the group's current draw fits.
+
+**A deployment on several groups** (``allocate_racks``) enters each group with its footprint
+there (``Footprint.member_on``): what its pods on the group's nodes are charged plus its replicas
+that hold no node yet, which the scheduler may put on any of its groups, so each is charged them.
+Any growth may land wholly on any one of its groups, so it is granted the smallest change any of
+its groups allows: ``limit = min(own, current + min over groups (group limit - footprint there))``.
+A deployment on one group is the single-group rule above, unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -95,3 +102,70 @@ def allocate(budget_w: int, members: Mapping[str, Member]) -> GroupResult:
         for k, m in members.items()
     }
     return GroupResult(budget_w, allowances, feasible=True, current_w=current)
+
+
+UNMANAGED = "(unmanaged)"  # the member that stands for every GPU pod on a group no listed deployment owns
+
+
+def unmanaged_member(watts: int) -> Member:
+    """Pods no listed deployment owns draw what they draw: their whole charge is fixed (granted
+    first, never grown or shrunk), so it only lowers what the listed deployments may grow into."""
+    return Member(minimum_w=watts, demand_w=watts, current_w=watts, own_limit_w=watts)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One deployment across the groups it may land on (watts). ``minimum_w``, ``demand_w``,
+    ``current_w`` and ``own_limit_w`` are the whole deployment's (``current_w``: what its
+    evaluation charges, unplaced replicas and pods off every group included)."""
+
+    minimum_w: int
+    demand_w: int
+    current_w: int
+    own_limit_w: int
+    placed_w: Mapping[str, int]  # group -> what its pods on that group's nodes are charged
+    unplaced_w: int = 0  # charged replicas without a node yet (not created, or Pending unscheduled)
+
+    def on(self, group: str) -> int:
+        """What it may hold on ``group`` at its current counts: its pods there plus every unplaced replica."""
+        return self.placed_w.get(group, 0) + self.unplaced_w
+
+    def member_on(self, group: str) -> Member:
+        """Its figures on one group: current = its footprint there; a growth (demand above current,
+        up to its own limit) may land wholly there; its minimum footprint there is at most what it
+        holds there now plus what it lacks of its minimum (shrinking adds no pod there)."""
+        here = self.on(group)
+        minimum = min(self.minimum_w, here + max(0, self.minimum_w - self.current_w))
+        change = min(self.demand_w, self.own_limit_w) - self.current_w
+        return Member(minimum_w=minimum, demand_w=max(minimum, here + change), current_w=here,
+                      own_limit_w=max(0, here + self.own_limit_w - self.current_w))
+
+
+@dataclass(frozen=True)
+class RackPlan:
+    limits: dict[str, int]  # deployment -> the (whole-deployment) limit its planner uses
+    projected_w: dict[str, int]  # group -> the ledger: fixed watts + every footprint on it
+    peak_w: dict[str, int]  # group -> its bound through the transitions: each member's growth landing there
+
+
+def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprint],
+                   groups: Mapping[str, Collection[str]], fixed_w: Mapping[str, int] | None = None) -> RackPlan:
+    """Planning limits for deployments spread over groups. ``groups``: deployment -> the groups it
+    may land on; ``fixed_w``: group -> watts no listed deployment owns (``unmanaged_member``). A
+    deployment on no budgeted group gets no limit (absent from ``limits``)."""
+    fixed_w = fixed_w or {}
+    changes: dict[str, list[int]] = {k: [] for k in footprints}
+    projected: dict[str, int] = {}
+    for group, budget_w in budgets.items():
+        on = {k: f.member_on(group) for k, f in footprints.items() if group in groups.get(k, ())}
+        tenants = fixed_w.get(group, 0)
+        projected[group] = tenants + sum(m.current_w for m in on.values())
+        if not on:
+            continue
+        result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
+        for k, m in on.items():
+            changes[k].append(result.allowances[k].limit_w - m.current_w)
+    limits = {k: min(footprints[k].own_limit_w, footprints[k].current_w + min(c)) for k, c in changes.items() if c}
+    peak = {g: w + sum(max(0, limits[k] - footprints[k].current_w) for k in limits if g in groups.get(k, ()))
+            for g, w in projected.items()}
+    return RackPlan(limits, projected, peak)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, pod_charge
-from powerfleet.budget.fleet import DeploymentView, group_limits
+from powerfleet.budget.fleet import DeploymentView, fleet_ledger
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
@@ -56,9 +56,9 @@ def _claim_classes(dra: ClaimTemplates | None, dgds: Sequence[DGD]) -> dict[str,
 @dataclass
 class TickPlan:
     limits: dict[str, GroupLimit]
-    group_current: dict[str, int]  # the ledger: watts drawn or drawable at current counts, every pod included
+    group_current: dict[str, int]  # the ledger: every pod on the group's nodes, plus replicas not placed yet
     skipped: dict[str, str]  # deployment -> why it is not evaluated
-    group_peak_bound: dict[str, int] = field(default_factory=dict)  # sum of max(current, limit): the peak bound
+    group_peak_bound: dict[str, int] = field(default_factory=dict)  # projected + every member's growth landing here
     group_unmanaged: dict[str, int] = field(default_factory=dict)  # watts of GPU pods no listed deployment owns
     group_basis: dict[str, dict[str, int]] = field(default_factory=dict)  # unmanaged watts by charge basis
     group_measured: dict[str, float] = field(default_factory=dict)  # agent-reported draw (groups with reports)
@@ -122,8 +122,8 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     for n, g in node_groups.items():
         if g in groups:
             group_nodes[g].append(n)
-    # The budgeted nodes, and every node a listed deployment's pod runs on (its whole charge,
-    # unenforced watts included, counts on each group it touches, as its evaluation plans it).
+    # The budgeted nodes, and every node a listed deployment's pod runs on (its own limit charges
+    # its whole charge, unenforced watts included, as its evaluation plans it).
     listed = {p.node_name for k, d in dgds.items() if k in deployments for p in by_dgd.get((d.namespace, d.name), [])
               if p.node_name}
     got = (reports or NoReports()).reports(sorted({n for ns in group_nodes.values() for n in ns} | listed))
@@ -140,21 +140,16 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
                                     proposal=proposals.get(key), pods=own,
                                     claim_classes=classes.get(dgd.namespace), evidence=evidence))
     tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
-    limits = group_limits(views, node_groups, groups, group_label, tenants)
-    current = {g: tenants.get(g, 0) for g in groups}
-    for gl in limits.values():
-        for g in (gl.group or "").split(","):
-            if g in current:
-                current[g] += gl.current_w
+    # Each group is charged what is physically on its nodes plus what may still land there
+    # (budget/fleet.py): a deployment spread over racks is not charged whole to each.
+    ledger = fleet_ledger(views, node_groups, groups, group_label, tenants)
+    current = {g: ledger.projected_w.get(g, tenants.get(g, 0)) for g in groups}
     admission: dict[str, Any] = {}
     if oversubscription is not None:  # an oversubscribed group shares what it admits (power/admission.py)
         shared, admission = oversubscription.capacities(groups, current, now)
-        limits = group_limits(views, node_groups, shared, group_label, tenants)
-    peak = {g: tenants.get(g, 0) for g in groups}
-    for gl in limits.values():
-        for g in (gl.group or "").split(","):
-            if g in peak:
-                peak[g] += max(gl.current_w, gl.limit_w or 0)
+        ledger = fleet_ledger(views, node_groups, shared, group_label, tenants)
+    limits = ledger.limits
+    peak = {g: ledger.peak_w.get(g, tenants.get(g, 0)) for g in groups}
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}
     return TickPlan(limits, current, skipped, peak, tenants, basis, measured, admission)

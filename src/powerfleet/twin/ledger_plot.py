@@ -1,5 +1,6 @@
 """The demo report's ledger plot (issue 18 item 9): per rack, the budget's projected watts (its
-ledger: every GPU pod on the rack's nodes at its charge), the draw the node agents report for
+ledger: every GPU pod on the rack's nodes at its charge, plus the replicas of the deployments
+that may land there and hold no node yet), the draw the node agents report for
 the rack's GPUs, and the rack's limit, against time. The figures are the ones each budget tick
 recorded (``BudgetState.group_history``), so the plot shows what powerfleet computed, not a
 recomputation."""
@@ -13,6 +14,7 @@ from typing import Any
 from powerfleet.twin.view import clock
 
 LEDGER_IMAGE = "ledger.png"
+LEDGER_DATA = "ledger.json"  # the plotted series, for a reader who wants the figures
 
 
 def ledger_series(history: Sequence[Mapping[str, Any]], t0: float) -> dict[str, dict[str, list[Any]]]:
@@ -31,7 +33,9 @@ def ledger_series(history: Sequence[Mapping[str, Any]], t0: float) -> dict[str, 
 
 
 def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> str:
-    """Write ``ledger.png`` under ``out`` and return its name."""
+    """Write ``ledger.png`` (and its series as ``ledger.json``) under ``out``; return the image's name."""
+    import json
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,10 +43,10 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> s
 
     fig, ax = plt.subplots(figsize=(11, 4))
     series = ledger_series(history, t0)
+    (out / LEDGER_DATA).write_text(json.dumps(series, sort_keys=True))
     for i, (group, s) in enumerate(sorted(series.items())):
         color = f"C{i}"
-        # Racks whose deployments span both often have the same ledger: a wider line underneath
-        # keeps each visible.
+        # Racks may record the same figures for a while (a wider line underneath keeps each visible).
         ax.step(s["t"], s["projected_w"], where="post", color=color, linewidth=max(1.0, 3.5 - 1.5 * i),
                 label=f"{group} projected (ledger)")
         measured = [float("nan") if m is None else m for m in s["measured_w"]]
