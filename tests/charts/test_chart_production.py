@@ -160,9 +160,12 @@ def test_the_prometheus_rule_alerts_on_projected_over_budget_and_measured_near_i
     # the series the rule reads are the ones the budget exports
     from powerfleet.budget import metrics
 
-    exported = {m._name for m in (metrics.GROUP_CURRENT, metrics.GROUP_BUDGET, metrics.GROUP_MEASURED)}
+    over = alerts["PowerfleetDeploymentOverBudget"]
+    assert "max by (deployment) (powerfleet_budget_over_budget_watts) > 0" in over["expr"]
+    assert over["for"] == "2m" and "{{ $labels.deployment }}" in over["annotations"]["summary"]
+    exported = {m._name for m in (metrics.GROUP_CURRENT, metrics.GROUP_BUDGET, metrics.GROUP_MEASURED, metrics.OVER)}
     assert exported == {"powerfleet_budget_group_current_watts", "powerfleet_budget_group_budget_watts",
-                        "powerfleet_budget_group_measured_watts"}
+                        "powerfleet_budget_group_measured_watts", "powerfleet_budget_over_budget_watts"}
     assert not find(objects({}), "PrometheusRule")
     assert not find(objects({"metrics": {"prometheusRule": {"enabled": True}}, "budget": {"enabled": False}}),
                     "PrometheusRule")
