@@ -32,6 +32,13 @@ def test_a_bare_off_for_enforcement_evidence_means_off_not_false(tmp_path) -> No
     assert load_config(environ=env).budget.enforcement_evidence == "off"
     with pytest.raises(ConfigError, match="enforcement_evidence"):
         load_config(environ={"POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE": "on"})
+    # ...while a boolean field still takes YAML 1.1's words for true and false.
+    g = tmp_path / "g.yaml"
+    g.write_text("flower:\n  allow_worker_control: yes\n")
+    assert load_config(g, environ={}).flower.allow_worker_control is True
+    env = {"POWERFLEET_FLOWER__ALLOW_WORKER_CONTROL": "on", "POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE": "off"}
+    cfg = load_config(environ=env)
+    assert cfg.flower.allow_worker_control is True and cfg.budget.enforcement_evidence == "off"
 
 
 def test_config_file_named_by_environment(tmp_path) -> None:

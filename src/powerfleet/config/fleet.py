@@ -352,13 +352,6 @@ class BudgetConfig(_Strict):
     # required: every node as if its agent reports. off: always the requested cap.
     enforcement_evidence: Literal["auto", "required", "off"] = "auto"
 
-    @field_validator("enforcement_evidence", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        # YAML 1.1 reads a bare `off` (in a file or POWERFLEET_BUDGET__ENFORCEMENT_EVIDENCE=off)
-        # as false; that is what the operator wrote.
-        return "off" if value is False else value
-
     @model_validator(mode="before")
     @classmethod
     def _group_objects(cls, data: Any) -> Any:
@@ -481,6 +474,23 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else repr(str(p)) for p in loc) or "(top level)"
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML with only true/false as booleans (the YAML 1.2 core schema). YAML 1.1 also reads
+    on/off/yes/no as booleans, so a mode named `off` (budget.enforcement_evidence) arrived as
+    false; pydantic still reads those words as booleans where a field is one."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
@@ -490,7 +500,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not all(path):
             raise ConfigError(f"environment {key}: empty key segment")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         except RecursionError:
@@ -525,7 +535,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: cannot read config file {exc.reason.removeprefix('cannot read it ')}") from None
         raise ConfigError(f"{path}: config file {exc.reason}") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except RecursionError:
         raise ConfigError(f"{path}: {too_deep('the YAML')}") from None
     except yaml.YAMLError as exc:
