@@ -10,11 +10,17 @@ fixed setting, chosen once by a sweep of the first window. Printed per window: m
 TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a) and (b)
 in mean TTFT, the worst window, and the sweep wall time per window.
 
+``--hindsight`` adds (d), the best single setting in hindsight, a bound no loop can know in
+advance: one sweep replays every candidate over the whole judged span (windows 1 to the end,
+warmed by window 0), and of its five best the one with the lowest mean over the judged
+windows (each replayed as (a)-(c) are) is held fixed. (c) over (d) says whether following the
+traffic beats the one setting that suited all of it.
+
 Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_trace.jsonl
 (../shared/traces beside the clone).
 
 Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--traces conversation,synthetic]
-       [--shift-z Z]  (the load-change detector's threshold; 0: off)
+       [--shift-z Z]  (the load-change detector's threshold; 0: off)  [--hindsight]
 """
 
 from __future__ import annotations
@@ -84,12 +90,28 @@ def _sweep(reqs: list[TraceRequest], ts: list[float], isl: list[int], live: dict
     return res, shift
 
 
+def hindsight_fixed(reqs: list[TraceRequest], live: dict, wins: list[tuple[float, float]], workers: int,
+                    processes: int) -> tuple[RouterPolicy, list[float]]:
+    """The best single setting in hindsight over the judged windows ``wins[1:]`` and its mean
+    TTFT in each: the sweep's five best over the whole span, re-measured window by window."""
+    opts = {k: v for k, v in live.items() if k not in ("grid", "objective", "shift", "guard", "budget_s")}
+    span = (wins[1][0], wins[-1][1])
+    res = run_sweep(reqs, workers, live["objective"], RouterPolicy(), live["grid"], window=span,
+                    warmup_s=wins[0][1] - wins[0][0], seed=0, processes=processes, budget_s=None, **opts)
+    top = [RouterPolicy.model_validate(c.params) for c in res.decision.ranked[:5]] or [RouterPolicy()]
+    per = [[_measure(reqs, workers, p, w)[0] for w in wins[1:]] for p in top]
+    j = min(range(len(top)), key=lambda k: statistics.fmean(per[k]))
+    return top[j], per[j]
+
+
 def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int,
-        processes: int, shift_z: float | None = None) -> dict[int, float]:
-    """Print the table; returns each judged window's gain of retune over the best fixed setting."""
+        processes: int, shift_z: float | None = None, hindsight: bool = False) -> dict[int, tuple[float, float | None]]:
+    """Print the table; returns each judged window's gain of retune over the best fixed setting
+    chosen on the first window, and over the best in hindsight (None without ``hindsight``)."""
     n = int(-(-span_s // window_s))  # the last window may be partial
     live = live_settings(window_s, shift_z)
     wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
+    hind, hind_ttft = hindsight_fixed(reqs, live, wins, workers, processes) if hindsight else (None, [])
     t0 = min(r.timestamp_ms for r in reqs)
     ts, isl = [(r.timestamp_ms - t0) / 1000.0 for r in reqs], [r.input_length for r in reqs]
     print(f"\n== {name}: {len(reqs)} requests, {n} windows of {window_s:g} s, {workers} workers; "
@@ -97,10 +119,11 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
     default = RouterPolicy()
     current = default
     best_fixed: RouterPolicy | None = None
-    gains_a, gains_b, walls = [], [], []
+    gains_a, gains_b, gains_d, walls = [], [], [], []
     points = 0
     print(f"{'win':>3} {'sweep s':>7} {'retune sets':>13} | {'(a) default':>21} | {'(b) best fixed':>21} | "
-          f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT) | requests, confidence, decision")
+          f"{'(c) retune':>21} | gain c/a  c/b  (mean TTFT)" + (" c/d" if hind else "")
+          + " | requests, confidence, decision")
     for i in range(n - 1):
         t = time.perf_counter()
         res, shift = _sweep(reqs, ts, isl, live, current, wins[i], window_s, workers, processes)
@@ -118,22 +141,28 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
         ga, gb = _gain(a[0], c[0]), _gain(b[0], c[0])
         gains_a.append(ga)
         gains_b.append(gb)
+        gd = _gain(hind_ttft[i], c[0]) if hind is not None else None
+        if gd is not None:
+            gains_d.append(gd)
         cell = lambda m: f"{m[0]:7.0f} {m[1]:7.0f} {m[2]:5.1f}"  # noqa: E731
         dec = res.decision
         conf = f"{dec.confidence:.3f}" if dec.confidence is not None else "-"
         where = f" (scored from {shift.at_s - wins[i][0]:g} s in: {shift})" if shift is not None else ""
         print(f"{i + 1:>3} {walls[-1]:7.1f} {_fmt(current):>13} | {cell(a)} | {cell(b)} | {cell(c)} | "
-              f"{ga:+6.1f}% {gb:+6.1f}% | {dec.requests}, {conf}, {dec.action}{where}")
+              f"{ga:+6.1f}% {gb:+6.1f}%" + (f" {gd:+6.1f}%" if gd is not None else "")
+              + f" | {dec.requests}, {conf}, {dec.action}{where}")
     print("columns per setting: mean TTFT ms, p90 TTFT ms, mean ITL ms; best fixed = "
-          f"{_fmt(best_fixed or default)} (from window 0)")
+          f"{_fmt(best_fixed or default)} (from window 0)"
+          + (f"; best in hindsight (d) = {_fmt(hind)}, mean TTFT {statistics.fmean(hind_ttft):.0f} ms" if hind else ""))
     wa = min(range(len(gains_a)), key=lambda j: gains_a[j])
     wb = min(range(len(gains_b)), key=lambda j: gains_b[j])
     print(f"mean gain of retune in mean TTFT: {statistics.fmean(gains_a):+.1f}% over default, "
           f"{statistics.fmean(gains_b):+.1f}% over best fixed; worst window vs default: {wa + 1} "
-          f"({gains_a[wa]:+.1f}%), vs best fixed: {wb + 1} ({gains_b[wb]:+.1f}%)")
+          f"({gains_a[wa]:+.1f}%), vs best fixed: {wb + 1} ({gains_b[wb]:+.1f}%)"
+          + (f"; {statistics.fmean(gains_d):+.1f}% over the best in hindsight" if gains_d else ""))
     print(f"sweep wall time per window: mean {statistics.fmean(walls):.1f} s, max {max(walls):.1f} s "
           f"({processes} processes, {points} candidates + probe)")
-    return {i + 1: g for i, g in enumerate(gains_b)}
+    return {i + 1: (g, gains_d[i] if gains_d else None) for i, g in enumerate(gains_b)}
 
 
 def main() -> None:
@@ -144,6 +173,8 @@ def main() -> None:
     ap.add_argument("--traces", default="conversation,synthetic")
     ap.add_argument("--shift-z", type=float, default=None,
                     help="the load-change detector's threshold (retune.shift_z; 0: off; default: the live default)")
+    ap.add_argument("--hindsight", action="store_true",
+                    help="also hold the best single setting in hindsight fixed (column d)")
     args = ap.parse_args()
     which = set(args.traces.split(","))
     if "conversation" in which:
@@ -151,12 +182,13 @@ def main() -> None:
         t0 = min(r.timestamp_ms for r in conv)
         conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
         run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes,
-            args.shift_z)
+            args.shift_z, args.hindsight)
     if "synthetic" in which:
         syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
         ts = [r.timestamp_ms for r in syn]
         span = (max(ts) - min(ts)) / 1000.0
-        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes, args.shift_z)
+        run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes, args.shift_z,
+            args.hindsight)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,24 @@
 """Retune when the load changes: does the loop pull ahead of a setting chosen once? (not a test)
 
-Calibration traffic only: the first 30 minutes of conversation_trace.jsonl.gz, replayed in
-phases whose arrival rate changes between windows. Each phase takes the next requests of the
+Calibration traffic only: the first 30 minutes of conversation_trace.jsonl.gz (or, with
+``--trace synthetic``, all of synthetic_trace.jsonl), replayed in phases whose arrival rate
+changes between windows. Each phase takes the next requests of the
 source in order and compresses or stretches their inter-arrival gaps by the phase's rate
 factor (1.5: the rate rises by half; 0.5: it falls by half), so the requests (and their
 prefix sharing) stay those of the trace. The loop is bench/retune.py's (the live options,
 including the load-change detector that scores a window from a change inside it); printed:
-the table, the mean gain over the best fixed setting (chosen on the first window) and the
-worst window right after each change.
+the table, the mean gain over the best fixed setting (chosen on the first window) and over the
+best single setting in hindsight (column d: a bound no loop can know in advance), and the
+gains in the window right after each change.
 
-Usage: python bench/retune_shift.py [--window-s 300] [--workers 8] [--processes 2]
+Usage: python bench/retune_shift.py [--trace conversation|synthetic] [--window-s 300] [--workers 8] [--processes 2]
        [--phases 1,1.5,0.5]  (rate factor per phase; two windows per phase)
        [--offset-s S]  (each change S seconds into a window instead of on its boundary)
        [--shift-z Z]   (the detector's threshold, retune.shift_z; 0: off)
+       [--no-hindsight]  (skip column d)
+The synthetic trace is 1,022 s long: with the default phases it covers 150 s windows
+(``--window-s 150``), or 300 s ones with ``--windows-per-phase 1``; a construction the source
+cannot fill up to its last window is refused (a partial last window is said).
 """
 
 from __future__ import annotations
@@ -60,23 +66,40 @@ def main() -> None:
     ap.add_argument("--shift-z", type=float, default=None,
                     help="the load-change detector's threshold (retune.shift_z; 0: off; default: the live default)")
     ap.add_argument("--offset-s", type=float, default=0.0, help="each change this long after a window boundary")
+    ap.add_argument("--trace", choices=("conversation", "synthetic"), default="conversation")
+    ap.add_argument("--no-hindsight", action="store_true", help="skip the best setting in hindsight (column d)")
     args = ap.parse_args()
     factors = [float(x) for x in args.phases.split(",")]
-    conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
-    t0 = min(r.timestamp_ms for r in conv)
-    calib = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]  # calibration part only
+    if args.trace == "conversation":
+        conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
+        t0 = min(r.timestamp_ms for r in conv)
+        calib = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]  # calibration part only
+        name = "conversation 0:1800"
+    else:
+        calib, name = read_trace(TRACES / "synthetic_trace.jsonl").requests, "synthetic"
     reqs = shifted(calib, args.window_s, factors, args.windows_per_phase, args.offset_s)
     span = len(factors) * args.windows_per_phase * args.window_s
-    gains = run(f"conversation 0:1800 re-timed, rate factors {factors} x {args.windows_per_phase} windows"
+    last = max(r.timestamp_ms for r in reqs) / 1000.0
+    if last <= span - args.window_s:
+        sys.exit(f"retune_shift: the {args.trace} trace fills only {last:.0f} s of the {span:g} s this construction "
+                 f"needs; use shorter windows (--window-s) or fewer windows per phase")
+    if last < span - args.window_s / 10:
+        print(f"note: the {args.trace} trace fills {last:.0f} s of {span:g} s: the last window is partial")
+    gains = run(f"{name} re-timed, rate factors {factors} x {args.windows_per_phase} windows"
                 + (f", each change {args.offset_s:g} s into a window" if args.offset_s else ""),
-                reqs, span, args.window_s, args.workers, args.processes, args.shift_z)
+                reqs, span, args.window_s, args.workers, args.processes, args.shift_z, not args.no_hindsight)
     # the judged window right after each change: the one it starts (on a boundary) or the next one
-    changes = [p * args.windows_per_phase + (1 if args.offset_s else 0) for p in range(1, len(factors))]
+    changes = [p * args.windows_per_phase + (1 if args.offset_s else 0) for p in range(1, len(factors))
+               if factors[p] != factors[p - 1]]
     after = {w: gains[w] for w in changes if w in gains}
-    worst = min(after, key=lambda w: after[w]) if after else None
-    print(f"mean gain over the best fixed setting: {statistics.fmean(gains.values()):+.1f}%; windows right after a "
-          f"change: " + ", ".join(f"{w} ({g:+.1f}%)" for w, g in after.items())
-          + (f"; worst {worst} ({after[worst]:+.1f}%)" if worst is not None else ""))
+    worst = min(after, key=lambda w: after[w][0]) if after else None
+    hind = all(d is not None for _, d in gains.values())
+    fmt = lambda g: f"{g[0]:+.1f}%" + (f" / {g[1]:+.1f}%" if g[1] is not None else "")  # noqa: E731
+    print(f"mean gain over the best fixed setting{' / over the best in hindsight' if hind else ''}: "
+          f"{statistics.fmean(g[0] for g in gains.values()):+.1f}%"
+          + (f" / {statistics.fmean(g[1] for g in gains.values()):+.1f}%" if hind else "")
+          + "; windows right after a change: " + ", ".join(f"{w} ({fmt(g)})" for w, g in after.items())
+          + (f"; worst {worst} ({fmt(after[worst])})" if worst is not None else ""))
 
 
 if __name__ == "__main__":
