@@ -121,3 +121,19 @@ def test_the_dwell_keeps_a_parameter_that_would_move_back_too_soon(world, kube, 
     out = harvest.harvest(cfg, ports, sid)
     assert out["outcome"] == "keep" and "moving it back" in out["reason"], out
     assert all(fe.policy.temperature == 1.0 for fe in fes.values())
+
+
+def test_a_keep_for_the_dwell_still_says_how_the_window_was_swept(world, kube, redis_url) -> None:
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_windows=3)
+    dep = Deployment.open(cfg, ports, "llama")
+    term = dep.leadership.claim()[0]
+    dep.store.update(term, lambda s: s.model_copy(update={"moves": {"temperature": Moved(window=K, previous=0.0)}}))
+    rec = ports.fanin.sweep(sid)
+    ports.fanin.save(rec.model_copy(update={"extra": {**rec.extra, "shift": "requests rate x2.00 (t +9.0)",
+                                                           "held_knobs": ["prefill_load_scale"]}}))
+    for kw in shards:
+        _run(ports, sid, kw["spec"])
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["outcome"] == "keep" and "moving it back" in out["reason"], out
+    assert "scored from the load change: requests rate x2.00" in out["reason"], out
+    assert "held at the current value (no effect on this replay): prefill_load_scale" in out["reason"], out

@@ -209,6 +209,10 @@ def test_the_commands_replay_and_sweep_the_pools_and_refuse_bad_options_in_one_l
              "--json")
     assert sw.returncode == 0, sw.stderr
     assert json.loads(sw.stdout)["workers"] == 5
+    assert json.loads(sw.stdout)["held_knobs"] == ["prefill_load_scale"]
+    text = cli("retune", "sweep", *args, "--objective", "ttft", "--current", "{}", "--processes", "1", "--no-search")
+    assert text.returncode == 0, text.stderr
+    assert "held at the current value (no effect on this replay): prefill_load_scale" in text.stdout, text.stdout
     for bad, msg in ((("--prefill-workers", "0"), "--prefill-workers must be >= 1"),
                      (("--prefill-workers", "1", "--kv-transfer-gb-s", "0"), "--kv-transfer-gb-s"),
                      (("--prefill-profile", str(TINY)), "--prefill-profile needs --prefill-workers")):

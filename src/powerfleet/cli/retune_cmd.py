@@ -154,6 +154,8 @@ def sweep_cmd(
         f"{result.grid_points} grid points in {result.shards} shards + {result.search_points} beyond its edge "
         f"({ok} scored), objective {result.objective} ({result.direction}, {result.units})\n"
     )
+    if result.held_knobs:  # grid knobs that cannot change this replay (retune/effect.py)
+        sys.stdout.write(f"held at the current value (no effect on this replay): {', '.join(result.held_knobs)}\n")
     sys.stdout.write(f"probe  {_p(result.probe.params)}  score {result.probe.score}\n")
     for c in d.ranked[:5]:
         sys.stdout.write(f"  {_p(c.params)}  score {c.score:.6g}  ({c.origin})\n")

@@ -46,6 +46,16 @@ def _gather(rec: SweepRecord, results: dict[str, ShardResult]) -> tuple[Candidat
     return probe, cands, missing
 
 
+
+def _sweep_notes(extra: dict[str, Any]) -> str:
+    """What the decision's reason says of how the window was swept, whatever it decided."""
+    notes = ""
+    if extra.get("shift"):  # scored from a load change inside the window (retune/shift.py)
+        notes += f"; scored from the load change: {extra['shift']}"
+    if extra.get("held_knobs"):  # grid knobs that cannot change this replay (retune/effect.py)
+        notes += f"; held at the current value (no effect on this replay): {', '.join(extra['held_knobs'])}"
+    return notes
+
 def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
     """Decide a sweep with what arrived (all shards, or the deadline); save, then actuate."""
     now = ports.clock.now()
@@ -103,14 +113,9 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             moves = {p: Move(m.window, m.previous) for p, m in (state.moves if state else {}).items()}
             held = dwell_blocks(moves, rec.current, d.params, rec.window, g.dwell_windows) if d.action == "apply" else None
             what = d.action if rec.mode == "active" or d.action == "keep" else "advisory"
-            reason = d.reason
-            if rec.extra.get("shift"):  # scored from a load change inside the window (retune/shift.py)
-                reason += f"; scored from the load change: {rec.extra['shift']}"
-            if rec.extra.get("held_knobs"):  # grid knobs that cannot change this replay (retune/effect.py)
-                held_knobs = ", ".join(rec.extra["held_knobs"])
-                reason += f"; held at the current value (no effect on this replay): {held_knobs}"
+            reason = d.reason + _sweep_notes(rec.extra)
             if held:
-                what, reason = "keep", f"keep: {d.reason.split(': ', 1)[-1]}, but {held}"
+                what, reason = "keep", f"keep: {d.reason.split(': ', 1)[-1]}, but {held}{_sweep_notes(rec.extra)}"
             dr = outcome(dep, t, rec.window, what, reason, None, now, params=d.params if not held else rec.current,
                           improvement_pct=d.improvement_pct, probe_score=probe.score,
                           best_score=d.best.score if d.best else None, confidence=d.confidence,
