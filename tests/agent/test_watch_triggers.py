@@ -88,14 +88,19 @@ def test_an_allocated_pod_turning_ready_or_starting_a_container_gets_a_pass_that
 
 def test_a_container_restart_of_a_ready_pod_gets_a_pass(bench: Bench, node) -> None:
     api, allocated, rt = node
+    before = passes(bench, "watch")
     api.apply(kpod(ready=True, started=True))
-    wait_for(lambda: rt.last_watch_reason.startswith("pod default/p became ready"), "the ready pass")
+    # The reason is set when a pass starts; wait until the ready pass has also finished (it is
+    # counted after its last write), or the allocation below could be seen by that pass.
+    wait_for(lambda: passes(bench, "watch") > before, "the ready pass to finish")
+    assert rt.last_watch_reason.startswith("pod default/p became ready")
+    assert bench.limits() == [700, 700]  # nothing allocated yet: nothing to cap
     done = passes(bench, "watch")
     allocated.append(kpod())
     api.apply(kpod(ready=True, started=True, restarts=1))
-    wait_for(lambda: bench.limits() == [700, 300], "the restart's pass")
+    wait_for(lambda: passes(bench, "watch") > done, "the restart's pass to finish")
+    assert bench.limits() == [700, 300]
     assert rt.last_watch_reason.startswith("pod default/p container started")
-    wait_for(lambda: passes(bench, "watch") > done, "the pass to be counted")
 
 
 def state(ann: str | None = "300", ready: bool = False, started: tuple[str, ...] = ()) -> PodState:
