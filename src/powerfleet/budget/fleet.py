@@ -48,11 +48,19 @@ class DeploymentView:
             return exc
 
 
-def _power(view: DeploymentView) -> PowerConfig | None:
+def power_of(view: DeploymentView) -> PowerConfig | None:
     if view.admitted is not None:
         return view.admitted.power
     got = view.resolved()
     return None if isinstance(got, DGDInputError) else got
+
+
+def live_proposal(view: DeploymentView) -> Mapping[str, int]:
+    """Its proposal, or none for a deployment failing closed (inputs drifted since admission): it
+    cannot scale, so its proposal claims no share of a group (watts or GPUs)."""
+    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
+                                                                              resolved=view.resolved()))
+    return {} if frozen else (view.proposal or {})
 
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
@@ -61,10 +69,7 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
     plus what its pods cost beyond their caps (budget/evidence.py: stale GPUs at their maximum
     settable limit), the same charge its evaluation plans with."""
     by_comp = partition_pods(view.dgd, view.pods)
-    # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
-    # claims no share of the group.
-    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
-                                                                              resolved=view.resolved()))
+    proposal = live_proposal(view)
     minimum = demand = current = 0
     for role, rp in power.roles.items():
         charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged
@@ -73,7 +78,7 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
         current += surplus
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
-        proposed = None if frozen else (view.proposal or {}).get(role.value)
+        proposed = proposal.get(role.value)
         demand += (charged if proposed is None else proposed) * w
         current += charged * w
     return Member(minimum_w=minimum, demand_w=max(demand, minimum), current_w=current,
@@ -132,7 +137,7 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
     prints: dict[str, Footprint] = {}
     touched: dict[str, set[str]] = {}
     for view in views:
-        power = _power(view)
+        power = power_of(view)
         if power is None:
             continue
         prints[view.key] = footprint(view, power, node_groups)
@@ -158,4 +163,4 @@ def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
 
 
 __all__ = ["UNMANAGED", "UNPLACED", "DeploymentView", "FleetLedger", "fleet_ledger", "footprint", "group_limits",
-           "groups_of", "member", "unmanaged_member"]
+           "groups_of", "live_proposal", "member", "power_of", "unmanaged_member"]
