@@ -99,10 +99,11 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
 
 def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView], node_groups: Mapping[str, str],
                    budgets: Mapping[str, int], group_label: str, group_nodes: Mapping[str, Sequence[str]],
-                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod]) -> dict[str, GroupLimit]:
+                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod],
+                   node_labels: Mapping[str, Mapping[str, str]]) -> dict[str, GroupLimit]:
     """Each deployment's GroupLimit with the GPUs it may hold on its groups (budget/capacity.py)."""
     needs = {v.key: n for v in views if (n := need_of(v)) is not None}
-    touched = {v.key: groups_of(v, node_groups, budgets, group_label) for v in views}
+    touched = {v.key: groups_of(v, node_groups, budgets, group_label, node_labels) for v in views}
     ceilings = gpu_ceilings(needs, touched, group_nodes, free_gpus(node_gpus, pods))
     return {k: replace(gl, gpu_capacity=ceilings.get(k)) for k, gl in limits.items()}
 
@@ -154,16 +155,17 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
     # Each group is charged what is physically on its nodes plus what may still land there
     # (budget/fleet.py): a deployment spread over racks is not charged whole to each.
-    ledger = fleet_ledger(views, node_groups, groups, group_label, tenants)
+    labels = {n.name: n.labels for n in nodes}
+    ledger = fleet_ledger(views, node_groups, groups, group_label, tenants, labels)
     current = {g: ledger.projected_w.get(g, tenants.get(g, 0)) for g in groups}
     admission: dict[str, Any] = {}
     if oversubscription is not None:  # an oversubscribed group shares what it admits (power/admission.py)
         shared, admission = oversubscription.capacities(groups, current, now)
-        ledger = fleet_ledger(views, node_groups, shared, group_label, tenants)
+        ledger = fleet_ledger(views, node_groups, shared, group_label, tenants, labels)
     limits = ledger.limits
     if pods_reader is not None:  # every pod's GPUs are known: bound scale-ups by the GPUs that exist
         limits = _with_capacity(limits, views, node_groups, groups, group_label, group_nodes,
-                                {n.name: n.gpu_allocatable for n in nodes}, pods)
+                                {n.name: n.gpu_allocatable for n in nodes}, pods, labels)
     peak = {g: ledger.peak_w.get(g, tenants.get(g, 0)) for g in groups}
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}
