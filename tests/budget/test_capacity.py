@@ -6,7 +6,10 @@ from __future__ import annotations
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import json
+
 from powerfleet.budget.capacity import GpuNeed, free_gpus, gpu_ceilings
+from powerfleet.budget.io import answer
 from powerfleet.budget.planner import Budget, PlanError, Reason, RoleFacts, plan
 from powerfleet.cluster.gpu_pods import GpuPod
 
@@ -49,6 +52,16 @@ def test_a_rebalance_whose_transition_needs_gpus_not_there_is_staged():
     assert out.targets == {"prefill": 1, "decode": None}
     assert out.staged_goal == {"prefill": 1, "decode": 11}
     assert Reason.GPU_CAPACITY in out.reasons and Reason.GPU_STAGED in out.reasons
+
+
+def test_the_plan_contract_takes_the_capacity():
+    roles = {"prefill": {"watts_per_replica": 100, "gpus_per_replica": 1, "ready": 1},
+             "decode": {"watts_per_replica": 100, "gpus_per_replica": 1, "ready": 1, "proposed": 10}}
+    got = answer(json.dumps({"budget": {"power_limit_w": 5000, "capacity_gpus": 6}, "roles": roles}))
+    assert got["targets"] == {"prefill": None, "decode": 5} and got["reasons"] == ["gpu_capacity"]
+    assert answer(json.dumps({"budget": {"power_limit_w": 5000}, "roles": roles}))["targets"]["decode"] == 10
+    assert "capacity_gpus" in answer(json.dumps({"budget": {"power_limit_w": 5000, "capacity_gpus": -2},
+                                                 "roles": roles}))["error"]
 
 
 @st.composite
@@ -113,3 +126,31 @@ def test_ceilings_share_the_room_count_whole_pods_and_skip_unknown_groups():
     # rack-a's room 6 - 1 unplaced = 5, split over wants x 16, y 1, z 7: y 1, x 2, z 2 (and x's pods need 2 GPUs each)
     assert got["y"] == 3 and got["x"] == 4 + 2 and "z" not in got  # z may land on rack-b, which reports no GPUs
     assert sum(got[k] - needs[k].charged for k in ("x", "y")) <= 5
+
+
+@st.composite
+def fleets(draw):
+    nodes = {f"n{i}": draw(st.none() | st.integers(0, 8)) if i == 0 else draw(st.integers(0, 8)) for i in range(4)}
+    group_nodes = {"g0": ["n0", "n1"], "g1": ["n2"], "g2": ["n3"]}
+    needs, groups = {}, {}
+    for k in ("x", "y", "z"):
+        charged = draw(st.integers(0, 6))
+        needs[k] = GpuNeed(charged=charged, unplaced=draw(st.integers(0, charged)), wanted=draw(st.integers(0, 20)),
+                           pod_gpus=draw(st.integers(1, 3)))
+        groups[k] = set(draw(st.lists(st.sampled_from(sorted(group_nodes)), max_size=3)))
+    return needs, groups, group_nodes, nodes
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets())
+def test_the_grants_never_exceed_the_free_gpus_nor_fall_below_what_is_held(fleet):
+    needs, groups, group_nodes, free = fleet
+    got = gpu_ceilings(needs, groups, group_nodes, free)
+    known = [g for g, ns in group_nodes.items() if all(free[n] is not None for n in ns)]
+    room = {g: sum(free[n] for n in group_nodes[g]) - sum(needs[k].unplaced for k in needs if g in groups[k])
+            for g in known}
+    assert sum(c - needs[k].charged for k, c in got.items()) <= sum(max(0, r) for r in room.values())
+    for k, c in got.items():
+        assert groups[k] and set(groups[k]) <= set(known)  # a ceiling only where every group is known
+        assert needs[k].charged <= c <= max(needs[k].charged, needs[k].wanted)
+    assert set(got) == {k for k in needs if groups[k] and set(groups[k]) <= set(known)}
