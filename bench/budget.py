@@ -116,7 +116,9 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
     views, node_groups, budgets = fleet(deployments, nodes, racks, seed)
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         for n, g in node_groups.items():
-            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": g}}})
+            # 8 allocatable GPUs each: the tick's GPU-capacity ceiling (budget/capacity.py) is computed
+            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": g}},
+                       "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
         for v in views:
             comps = [{"name": c.name, "type": c.name, "replicas": c.replicas, "podTemplate": {
                 "metadata": {"annotations": {POWER_ANNOTATION: "350"}},

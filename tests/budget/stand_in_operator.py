@@ -29,7 +29,10 @@ def dgd(name: str, prefill: int, decode: int, *, cap: str = "500", namespace: st
                                     comp("prefill", "prefill", prefill), comp("decode", "decode", decode)]}}
 
 
-def settle(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], namespace: str = "default") -> None:
+def settle(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], namespace: str = "default", *,
+           with_gpus: bool = False) -> None:
+    """``with_gpus``: each pod's container requests its component's ``nvidia.com/gpu``, as a real
+    pod from the template does (False: none, so no node's free GPU count sees them)."""
     obj = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", name, namespace)
     d = parse_dgd(obj)
     existing = {p["metadata"]["name"] for p in api.list("v1", "Pod", namespace)
@@ -43,7 +46,8 @@ def settle(api: ApiServer, kube: KubeCluster, name: str, nodes: list[str], names
             body = {"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod, "namespace": namespace, "labels": {LABEL_DGD_NAME: name, LABEL_COMPONENT: c.name},
                                  "annotations": dict(c.annotations)},
-                    "spec": {"nodeName": nodes[i % len(nodes)], "containers": [{"name": "main", "image": "engine"}]},
+                    "spec": {"nodeName": nodes[i % len(nodes)], "containers": [{"name": "main", "image": "engine", **(
+                        {"resources": {"limits": {"nvidia.com/gpu": str(c.gpus_per_pod)}}} if with_gpus else {})}]},
                     "status": {"phase": "Running"}}
             if pod not in existing or api.get("v1", "Pod", pod, namespace)["metadata"].get("annotations") != c.annotations:
                 api.apply(body)

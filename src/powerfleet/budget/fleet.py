@@ -2,8 +2,9 @@
 it physically holds on each, and the planning limit each gets from its groups' budgets
 (``groups.allocate_racks``).
 
-A deployment belongs to every budgeted group that holds one of its live pods, and to the group
-its DGD names with the group label. A group is charged what the deployment's pods on its nodes
+A deployment belongs to every budgeted group that holds one of its live pods, to the group its
+DGD names with the group label, and, while a replica of it holds no node, to every group with a
+node that replica may be scheduled on (``reachable_groups``). A group is charged what the deployment's pods on its nodes
 are charged (Terminating and surge pods included, on the evaluation's evidence basis) plus every
 charged replica of it that holds no node yet (the scheduler may put it on any of its groups). One
 that has no placed pod and names no group while group budgets exist gets no allowance: its
@@ -24,6 +25,7 @@ from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, check_power_inputs_unchanged
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.placement import ANYWHERE, Placement
 from powerfleet.cluster.power import PowerConfig, resolve_power_config
 from powerfleet.cluster.settlement import partition_pods
 
@@ -48,11 +50,19 @@ class DeploymentView:
             return exc
 
 
-def _power(view: DeploymentView) -> PowerConfig | None:
+def power_of(view: DeploymentView) -> PowerConfig | None:
     if view.admitted is not None:
         return view.admitted.power
     got = view.resolved()
     return None if isinstance(got, DGDInputError) else got
+
+
+def live_proposal(view: DeploymentView) -> Mapping[str, int]:
+    """Its proposal, or none for a deployment failing closed (inputs drifted since admission): it
+    cannot scale, so its proposal claims no share of a group (watts or GPUs)."""
+    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
+                                                                              resolved=view.resolved()))
+    return {} if frozen else (view.proposal or {})
 
 
 def member(view: DeploymentView, power: PowerConfig) -> Member:
@@ -61,10 +71,7 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
     plus what its pods cost beyond their caps (budget/evidence.py: stale GPUs at their maximum
     settable limit), the same charge its evaluation plans with."""
     by_comp = partition_pods(view.dgd, view.pods)
-    # A deployment failing closed (inputs drifted since admission) cannot scale: its proposal
-    # claims no share of the group.
-    frozen = view.admitted is not None and bool(check_power_inputs_unchanged(view.admitted, view.dgd,
-                                                                              resolved=view.resolved()))
+    proposal = live_proposal(view)
     minimum = demand = current = 0
     for role, rp in power.roles.items():
         charged = role_counts(view.dgd, rp, by_comp.get(rp.component, [])).charged
@@ -73,7 +80,7 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
         current += surplus
         w = rp.watts_per_replica
         minimum += view.budget.min_replicas.get(role.value, 1) * w
-        proposed = None if frozen else (view.proposal or {}).get(role.value)
+        proposed = proposal.get(role.value)
         demand += (charged if proposed is None else proposed) * w
         current += charged * w
     return Member(minimum_w=minimum, demand_w=max(demand, minimum), current_w=current,
@@ -81,7 +88,9 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
 
 
 def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
-              group_label: str) -> set[str]:
+              group_label: str, node_labels: Mapping[str, Mapping[str, str]] | None = None) -> set[str]:
+    """The budgeted groups holding one of its live pods, the one its label names, and (given
+    ``node_labels``) every one with a node its replicas without a node may be scheduled on."""
     own = [p for p in view.pods if p.namespace == view.dgd.namespace and p.labels.get(LABEL_DGD_NAME) == view.dgd.name]
     out = {node_groups[p.node_name] for p in own
            if p.node_name in node_groups and p.is_running_or_starting and node_groups[p.node_name] in budgets}
@@ -90,6 +99,36 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
         out.add(pinned)
     if not out and budgets and not any(p.node_name for p in own):
         out.add(UNPLACED)
+    elif node_labels is not None:
+        out |= reachable_groups(view, node_groups, budgets, node_labels)
+    return out
+
+
+def reachable_groups(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
+                     node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
+    """The budgeted groups with a node that a role's replica holding no node yet may be scheduled
+    on (its pods' nodeSelector and required node affinity, cluster/placement.py): the scheduler, not
+    the racks it is on now, decides where it lands. A role none of whose pods carries its
+    constraints (not read, or no pod created yet) adds none."""
+    power = power_of(view)
+    if power is None:
+        return set()
+    by_comp = partition_pods(view.dgd, view.pods)
+    out: set[str] = set()
+    for rp in power.roles.values():
+        pods = by_comp.get(rp.component, [])
+        charged = role_counts(view.dgd, rp, pods).charged
+        if charged * rp.node_count <= sum(1 for p in pods if p.is_running_or_starting and p.node_name):
+            continue  # every charged replica holds a node
+        placements: list[Placement] = []
+        for p in pods:  # the pods of one template: mostly one placement
+            if (pl := getattr(p, "placement", None)) is not None and pl not in placements:
+                placements.append(pl)
+        if ANYWHERE in placements:  # no constraint (the common case): every budgeted group with a node
+            out |= {g for g in node_groups.values() if g in budgets}
+            continue
+        out |= {g for n, g in node_groups.items() if g in budgets and g not in out
+                and any(pl.admits(n, node_labels.get(n, {})) for pl in placements)}
     return out
 
 
@@ -125,18 +164,20 @@ class FleetLedger:
 
 
 def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
-                 group_label: str, unmanaged_w: Mapping[str, int] | None = None) -> FleetLedger:
+                 group_label: str, unmanaged_w: Mapping[str, int] | None = None,
+                 node_labels: Mapping[str, Mapping[str, str]] | None = None) -> FleetLedger:
     """Every deployment's GroupLimit (``GroupLimit(None, None)`` when it is on no budgeted group)
     and every group's projected watts and transition bound. ``unmanaged_w``: group -> the
-    ledger's charge for the GPU pods on it that no listed deployment owns."""
+    ledger's charge for the GPU pods on it that no listed deployment owns. ``node_labels``: node ->
+    its labels, so a replica without a node is charged to every group it may be scheduled on."""
     prints: dict[str, Footprint] = {}
     touched: dict[str, set[str]] = {}
     for view in views:
-        power = _power(view)
+        power = power_of(view)
         if power is None:
             continue
         prints[view.key] = footprint(view, power, node_groups)
-        touched[view.key] = groups_of(view, node_groups, budgets, group_label)
+        touched[view.key] = groups_of(view, node_groups, budgets, group_label, node_labels)
     racks = allocate_racks(budgets, prints, touched, unmanaged_w)
     out: dict[str, GroupLimit] = {}
     for view in views:
@@ -158,4 +199,4 @@ def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
 
 
 __all__ = ["UNMANAGED", "UNPLACED", "DeploymentView", "FleetLedger", "fleet_ledger", "footprint", "group_limits",
-           "groups_of", "member", "unmanaged_member"]
+           "groups_of", "live_proposal", "member", "power_of", "reachable_groups", "unmanaged_member"]

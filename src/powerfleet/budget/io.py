@@ -23,6 +23,7 @@ class BudgetIn(_Strict):
     power_limit_w: StrictInt = Field(ge=0)
     max_gpus: StrictInt = Field(-1, ge=-1)
     min_gpus: StrictInt = Field(-1, ge=-1)  # -1 disables the floor
+    capacity_gpus: StrictInt = Field(-1, ge=-1)  # the GPUs the nodes can give it (-1: unknown, no ceiling)
 
 
 class RoleIn(_Strict):

@@ -40,6 +40,7 @@ class Reason(StrEnum):
     POWER_STAGED = "power_rebalance_staged"
     GPU_STAGED = "gpu_rebalance_staged"
     OVER_BUDGET_UNREMEDIED = "power_over_budget_unremedied"
+    GPU_CAPACITY = "gpu_capacity"
 
 
 def charged_count(ready: int | None, desired: int | None, updated: int | None, pods: int | None) -> int:
@@ -78,6 +79,9 @@ class Budget:
     power_limit_w: int
     max_gpus: int = -1  # negative: no GPU ceiling
     min_gpus: int = -1  # negative: no GPU floor
+    # The GPUs the deployment can hold where its replicas may land (what its pods hold there plus
+    # the free GPUs it may take); negative: unknown, no ceiling. It only stops growth, never shrinks.
+    capacity_gpus: int = -1
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class _State:
         self.reasons: list[str] = []
         self.held: set[str] = set()
         self.staged: dict[str, int] | None = None
+        self.capacity: int | None = None  # the GPU capacity ceiling in force (None: none)
         for r in self.proposed:
             p = roles[r].proposed
             assert p is not None
@@ -176,10 +181,36 @@ class _State:
     def watts(self) -> tuple[int, int]:
         return self.usage("watts_per_replica")
 
+    def gpu_limit(self, budget: Budget) -> int | None:
+        """The tighter of the configured GPU ceiling and the capacity ceiling (None: neither)."""
+        limits = [x for x in (budget.max_gpus if budget.max_gpus >= 0 else None, self.capacity) if x is not None]
+        return min(limits) if limits else None
+
     def settled_fits(self, budget: Budget) -> bool:
-        """The targets' settled watts and GPUs within both ceilings."""
+        """The targets' settled watts and GPUs within every ceiling."""
+        gpus = self.gpu_limit(budget)
         return (self.watts()[0] <= budget.power_limit_w
-                and (budget.max_gpus < 0 or self.usage("gpus_per_replica")[0] <= budget.max_gpus))
+                and (gpus is None or self.usage("gpus_per_replica")[0] <= gpus))
+
+
+def _capacity(s: _State, budget: Budget) -> None:
+    """Scale-ups only into the GPUs that exist: the targets' GPUs fit the capacity, or, where what
+    is charged (or proposed down) already exceeds it (replicas not placed yet), growth stops there.
+    Never a shrink: a proposed role keeps at least min(target, current), no role below its minimum."""
+    if budget.capacity_gpus < 0 or not s.proposed:
+        return
+    g = s.cost("gpus_per_replica")
+    fixed = sum(s.cur[r] * g[r] for r in s.roles if r not in s.proposed)
+    upper = {r: s.t[r] for r in s.proposed}
+    lower = {r: min(upper[r], max(s.roles[r].min_replicas, s.cur[r])) for r in s.proposed}
+    s.capacity = max(budget.capacity_gpus, fixed + weighted(lower, g))
+    if fixed + weighted(upper, g) <= s.capacity:
+        return
+    got = fit(upper, lower, {r: g[r] for r in s.proposed}, s.capacity - fixed)
+    assert got is not None  # the capacity in force is at least what ``lower`` holds
+    s.t.update(got)
+    s.held.update(r for r in s.proposed if got[r] <= s.cur[r] < upper[r])
+    s.note(Reason.GPU_CAPACITY)
 
 
 def _gpu_floor(s: _State, budget: Budget) -> None:
@@ -205,7 +236,8 @@ def _stage(s: _State, budget: Budget) -> None:
     if not (ups and downs):
         return
     power_over = s.watts()[1] > budget.power_limit_w
-    gpus_over = 0 <= budget.max_gpus < s.usage("gpus_per_replica")[1]
+    gpu_limit = s.gpu_limit(budget)
+    gpus_over = gpu_limit is not None and s.usage("gpus_per_replica")[1] > gpu_limit
     if power_over or gpus_over:
         s.staged = dict(s.t)
         for r in ups:
@@ -247,6 +279,7 @@ def plan(roles: Mapping[str, RoleFacts], budget: Budget) -> Plan:
     if budget.min_gpus >= 0:
         _gpu_floor(s, budget)
         upper = {r: max(upper[r], s.t[r]) for r in s.proposed}
+    _capacity(s, budget)
     rolling = any(f.rolling or f.in_flight for f in roles.values())
     if rolling:
         for r in s.proposed:

@@ -43,6 +43,8 @@ class GroupLimit:
     limit_w: int | None  # None with a group: no allowance was computed (scale-ups are blocked)
     minimum_w: int = 0
     current_w: int = 0
+    # The GPUs it can hold on its groups (budget/capacity.py); None: unknown, no ceiling
+    gpu_capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -272,8 +274,9 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     minimum = sum(f.min_replicas * f.watts_per_replica for f in counted.values())
     facts = {r: replace(f, rolling=roll.rolling or hold_ups or bool(stale)) for r, f in counted.items()}
     try:
+        capacity = snap.group.gpu_capacity if snap.group is not None else None
         result = plan(facts, Budget(planning_limit(limit, unenforced, minimum), snap.budget.max_gpus,
-                                    snap.budget.min_gpus))
+                                    snap.budget.min_gpus, -1 if capacity is None else capacity))
     except PlanError as exc:
         return _finish(snap, previous, Result(_status(snap, False, "Refused", str(exc)), admit=admit_now))
     res = Result(status={}, admit=admit_now, rolling=roll.rolling, plan=result)
@@ -303,6 +306,7 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         powerLimitWatts=limit, ownLimitWatts=snap.budget.power_limit_w, group=snap.group.group if snap.group else None,
         settledWatts=result.settled_w + unenforced, peakWatts=result.peak_w + unenforced, gpus=result.gpus,
         peakGpus=result.peak_gpus, unenforcedWatts=unenforced or None,
+        gpuCapacity=snap.group.gpu_capacity if snap.group is not None else None,
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
         held=sorted(by_role[r] for r in result.held),

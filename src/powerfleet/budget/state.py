@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import redis
+from pydantic import ValidationError
 
 from powerfleet.broker.epoch import broker_epoch, epoch_of
 from powerfleet.cluster.immutability import AdmittedPowerInputs
@@ -22,6 +23,7 @@ OTHER_WRITER = "powerfleet:budget:other-writer"  # deployments another writer wa
 GROUP_HISTORY = "powerfleet:budget:group-history"  # one JSON entry per tick: each group's figures
 GROUP_HISTORY_LEN = 2880  # a day of 30 s ticks; the oldest entries are dropped
 log = logging.getLogger("powerfleet.budget")
+T = TypeVar("T")
 
 
 def _replicas_record(raw: bytes) -> tuple[dict[str, int], str | None] | None:
@@ -42,6 +44,41 @@ def _replicas_record(raw: bytes) -> tuple[dict[str, int], str | None] | None:
         return None
 
 
+MAX_PROPOSED = 100_000  # the task API's bound on a proposed count (tasks/budget.py)
+
+
+def _proposal_record(raw: bytes) -> dict[str, int] | None:
+    """The {role: count} of a stored proposal ({"replicas": ..., "at": ..., "source": ...}); None for
+    a record that is not one (corrupt, or written by something else): no proposal, as if none was made."""
+    try:
+        rec = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    replicas = rec.get("replicas") if isinstance(rec, dict) else None
+    if not isinstance(replicas, dict) or not all(type(v) is int and 0 <= v <= MAX_PROPOSED for v in replicas.values()):
+        return None
+    return {str(k): v for k, v in replicas.items()}
+
+
+def _admitted_record(raw: bytes) -> AdmittedPowerInputs | None:
+    """A stored admission; None for one that is not (corrupt, foreign, or of an older shape): the
+    deployment is then admitted afresh from a settled snapshot, as after ``budget.readmit``."""
+    try:
+        return AdmittedPowerInputs.model_validate_json(raw)
+    except (ValidationError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+_THEN = {"proposal": "no proposal until a new one is sent",
+         "admission": "admitted afresh from a settled snapshot"}
+
+
+def _skipped(what: str, keys: list[str]) -> None:
+    if keys:
+        log.warning("unreadable %s record%s ignored (%s): %s", what, "s" if len(keys) > 1 else "", _THEN[what],
+                    ", ".join(sorted(keys)))
+
+
 class BudgetState:
     def __init__(self, client: redis.Redis) -> None:
         self._r = client
@@ -53,21 +90,42 @@ class BudgetState:
         self._r.hset(PROPOSALS, deployment, json.dumps(record, sort_keys=True))
         return record
 
+    # A corrupt or foreign record is skipped with one warning, never raised: one bad field must not
+    # stop the tick or an evaluation (as the replica-count records and the group history).
     def proposal(self, deployment: str) -> dict[str, int] | None:
-        raw = self._r.hget(PROPOSALS, deployment)
-        return None if raw is None else {str(k): int(v) for k, v in json.loads(raw)["replicas"].items()}
+        return self._one(PROPOSALS, "proposal", deployment, _proposal_record)
 
     def proposals(self) -> dict[str, dict[str, int]]:
-        return {k.decode(): {str(r): int(n) for r, n in json.loads(v)["replicas"].items()}
-                for k, v in self._r.hgetall(PROPOSALS).items()}
+        return self._all(PROPOSALS, "proposal", _proposal_record)
 
     # admitted power inputs
     def admitted(self, deployment: str) -> AdmittedPowerInputs | None:
-        raw = self._r.hget(ADMITTED, deployment)
-        return None if raw is None else AdmittedPowerInputs.model_validate_json(raw)
+        return self._one(ADMITTED, "admission", deployment, _admitted_record)
 
     def all_admitted(self) -> dict[str, AdmittedPowerInputs]:
-        return {k.decode(): AdmittedPowerInputs.model_validate_json(v) for k, v in self._r.hgetall(ADMITTED).items()}
+        return self._all(ADMITTED, "admission", _admitted_record)
+
+    def _one(self, key: str, what: str, deployment: str, parse: Callable[[bytes], T | None]) -> T | None:
+        raw = self._r.hget(key, deployment)
+        if raw is None:
+            return None
+        got = parse(raw)
+        if got is None:
+            _skipped(what, [deployment])
+        return got
+
+    def _all(self, key: str, what: str, parse: Callable[[bytes], T | None]) -> dict[str, T]:
+        out: dict[str, T] = {}
+        bad: list[str] = []
+        for k, v in self._r.hgetall(key).items():
+            name = k.decode(errors="replace")
+            got = parse(v)
+            if got is None:
+                bad.append(name)
+            else:
+                out[name] = got
+        _skipped(what, bad)
+        return out
 
     def admit(self, deployment: str, record: AdmittedPowerInputs) -> None:
         self._r.hset(ADMITTED, deployment, record.model_dump_json())

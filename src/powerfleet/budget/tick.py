@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, pod_charge
-from powerfleet.budget.fleet import DeploymentView, fleet_ledger
+from powerfleet.budget.capacity import free_gpus, gpu_ceilings, need_of
+from powerfleet.budget.fleet import DeploymentView, fleet_ledger, groups_of
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
@@ -96,6 +97,17 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
     return dict(watts), {g: dict(b) for g, b in basis.items()}
 
 
+def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView], node_groups: Mapping[str, str],
+                   budgets: Mapping[str, int], group_label: str, group_nodes: Mapping[str, Sequence[str]],
+                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod],
+                   node_labels: Mapping[str, Mapping[str, str]]) -> dict[str, GroupLimit]:
+    """Each deployment's GroupLimit with the GPUs it may hold on its groups (budget/capacity.py)."""
+    needs = {v.key: n for v in views if (n := need_of(v)) is not None}
+    touched = {v.key: groups_of(v, node_groups, budgets, group_label, node_labels) for v in views}
+    ceilings = gpu_ceilings(needs, touched, group_nodes, free_gpus(node_gpus, pods))
+    return {k: replace(gl, gpu_capacity=ceilings.get(k)) for k, gl in limits.items()}
+
+
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
                 *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
@@ -108,7 +120,8 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     oversubscribed groups (power/admission.py; None: every group shares its limit)."""
     if not groups:
         return TickPlan({k: GroupLimit(None, None) for k in deployments}, {}, {})
-    node_groups = {n.name: n.labels[group_label] for n in cluster.list_nodes() if group_label in n.labels}
+    nodes = cluster.list_nodes()
+    node_groups = {n.name: n.labels[group_label] for n in nodes if group_label in n.labels}
     dgds = {f"{d.namespace}/{d.name}": d for d in cluster.list_dgds() if isinstance(d, DGD)}
     pods: Sequence[GpuPod] = (pods_reader.list_gpu_pods() if pods_reader is not None else
                               [GpuPod(**p.model_dump()) for p in cluster.list_pods(label_selector=LABEL_DGD_NAME)])
@@ -142,13 +155,17 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
     # Each group is charged what is physically on its nodes plus what may still land there
     # (budget/fleet.py): a deployment spread over racks is not charged whole to each.
-    ledger = fleet_ledger(views, node_groups, groups, group_label, tenants)
+    labels = {n.name: n.labels for n in nodes}
+    ledger = fleet_ledger(views, node_groups, groups, group_label, tenants, labels)
     current = {g: ledger.projected_w.get(g, tenants.get(g, 0)) for g in groups}
     admission: dict[str, Any] = {}
     if oversubscription is not None:  # an oversubscribed group shares what it admits (power/admission.py)
         shared, admission = oversubscription.capacities(groups, current, now)
-        ledger = fleet_ledger(views, node_groups, shared, group_label, tenants)
+        ledger = fleet_ledger(views, node_groups, shared, group_label, tenants, labels)
     limits = ledger.limits
+    if pods_reader is not None:  # every pod's GPUs are known: bound scale-ups by the GPUs that exist
+        limits = _with_capacity(limits, views, node_groups, groups, group_label, group_nodes,
+                                {n.name: n.gpu_allocatable for n in nodes}, pods, labels)
     peak = {g: ledger.peak_w.get(g, tenants.get(g, 0)) for g in groups}
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}

@@ -18,10 +18,12 @@ from kubernetes import client
 from powerfleet.cluster.dgd import GPU_RESOURCE, INT_RE
 from powerfleet.cluster.kube import LIST_TIMEOUT_SECONDS, REQUEST_TIMEOUT_SECONDS, KubeCluster, _api_errors
 from powerfleet.cluster.objects import PodInfo
+from powerfleet.cluster.placement import Placement, placement_of
 
 
 class GpuPod(PodInfo):
     gpus: int = 0  # nvidia.com/gpu the pod holds
+    placement: Placement | None = None  # where it may be scheduled (None: not read)
 
 
 def _container_gpus(container: Mapping[str, Any]) -> int:
@@ -73,4 +75,5 @@ def gpu_pod(obj: Mapping[str, Any]) -> GpuPod:
                   phase=status.get("phase") or None, labels=dict(meta.get("labels") or {}),
                   annotations=dict(meta.get("annotations") or {}),
                   terminating=meta.get("deletionTimestamp") is not None,
-                  resource_version=str(meta.get("resourceVersion") or ""), gpus=pod_gpus(spec))
+                  resource_version=str(meta.get("resourceVersion") or ""), gpus=pod_gpus(spec),
+                  placement=placement_of(spec) if isinstance(spec, Mapping) else None)

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD, DGD_GROUP, DGD_PLURAL, DGD_VERSIONS, parse_dgd
 from powerfleet.cluster.errors import DGDInputError
-from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo
+from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo, gpu_allocatable
 from powerfleet.cluster.patch_errors import raise_for_patch
 from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
 
@@ -267,7 +267,9 @@ class KubeCluster:
         with _api_errors(f"list nodes ({label_selector or ''})".strip()):
             listed = self.core.list_node(label_selector=label_selector, timeout_seconds=LIST_TIMEOUT_SECONDS,
                                          _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        return [NodeInfo(name=n.metadata.name, labels=dict(n.metadata.labels or {})) for n in listed.items]
+        return [NodeInfo(name=n.metadata.name, labels=dict(n.metadata.labels or {}),
+                         gpu_allocatable=gpu_allocatable((n.status.allocatable if n.status else None) or {}))
+                for n in listed.items]
 
     # -- pods --
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from powerfleet.cluster.dgd import GPU_RESOURCE, INT_RE
 
 
 class PodInfo(BaseModel):
@@ -33,6 +38,16 @@ class NodeInfo(BaseModel):
 
     name: str
     labels: dict[str, str] = Field(default_factory=dict)
+    # status.allocatable["nvidia.com/gpu"] as the kubelet reports it; None: not reported (unknown)
+    gpu_allocatable: int | None = None
+
+
+def gpu_allocatable(allocatable: Mapping[str, Any]) -> int | None:
+    """A node's allocatable ``nvidia.com/gpu`` (a plain count); None where it reports none or
+    something that is not a count: its GPU capacity is unknown (the budget sets no ceiling)."""
+    raw = allocatable.get(GPU_RESOURCE)
+    text = str(raw).strip() if raw is not None else ""
+    return int(text) if INT_RE.fullmatch(text) else None
 
 
 class Lease(BaseModel):

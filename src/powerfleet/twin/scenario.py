@@ -11,8 +11,9 @@ Steps:
    the operator rolls its pods; holds when every GPU of the new pods runs at the new cap.
 2. ``scale_up_clamped``: the deployment is re-admitted after step 1's drift, then
    ``budget.propose`` asks for one prefill replica less and more decode replicas than the
-   rack budget allows; holds when decode grew but stayed below the proposal, the planner gave
-   a power reason, and it staged the rebalance (scale-down first, scale-up next evaluation).
+   rack budget and the GPUs allow; holds when decode grew but stayed below the proposal, the
+   planner gave a power or GPU-capacity reason, and it staged the rebalance (scale-down first,
+   scale-up next evaluation) because its transition would exceed the watts or the free GPUs.
 3. ``retune_applied``: at least one retune window was decided and applied to the routers.
 4. ``manual_change_reverted``: once retune has applied a decision, someone PATCHes a router
    by hand; holds when retune puts the decided settings back.
@@ -190,8 +191,10 @@ class Scenario:
         budget = self.budget_status(DISAGG)
         self._reasons.update(r for r in budget.get("reasons", []) if isinstance(r, str))
         assert self._proposed is not None
-        clamped = any(r.startswith("power_") for r in self._reasons)
-        staged = "power_rebalance_staged" in self._reasons
+        # The proposal fills every GPU: the watts or the GPUs the nodes have free stop it
+        # (budget/capacity.py), whichever binds first on this twin.
+        clamped = any(r.startswith("power_") or r == "gpu_capacity" for r in self._reasons)
+        staged = bool({"power_rebalance_staged", "gpu_rebalance_staged"} & self._reasons)
         ok = self._initial_decode < decode < self._proposed and clamped and (staged or self._initial_prefill <= 1)
         steps = " -> ".join(f"({p}, {d})" for p, d in self._replica_steps)
         return ok, (f"(prefill, decode) replicas {steps}; decode proposed {self._proposed}; "
