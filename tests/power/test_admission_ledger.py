@@ -60,6 +60,9 @@ def test_the_tick_shares_ratio_times_the_limit_only_while_the_group_admits(rack_
     closed = plan(quiet)
     assert closed.limits[KEY].limit_w == 2000 and closed.group_admission["rack-a"].admission.reason == "telemetry_stale"
     assert closed.group_peak_bound == {"rack-a": 2000}
+    # the deployment's evaluation is told why (its status message says it), only while it is closed
+    assert closed.limits[KEY].admission == closed.group_admission["rack-a"].admission.message
+    assert opened.limits[KEY].admission is None and plain.limits[KEY].admission is None
 
 
 def publish(r: redis.Redis, at: float) -> None:
@@ -99,6 +102,7 @@ def test_a_stale_group_holds_a_scale_up_and_a_fresh_one_admits_up_to_the_ratio(r
     assert tick["admission"] == {"rack-a": "telemetry_stale"}
     st = wait_for(lambda: (s := budget_status(api, "alpha")).get("powerLimitWatts") and s, "alpha evaluated")
     assert st["powerLimitWatts"] == LIMIT_W and replicas(api, "alpha") == {"prefill": 1, "decode": 3}
+    assert "admission closed: group 'rack-a'" in st["message"], st["message"]
 
     # Fresh reports: 1,000 W measured, p99 + 5 % reserve well within 2,000 W: 1.5 x 2,000 W to share.
     publish(r, at=time.time())
@@ -109,3 +113,4 @@ def test_a_stale_group_holds_a_scale_up_and_a_fresh_one_admits_up_to_the_ratio(r
                   "alpha planned against 1.5 x the limit")
     wait_for(lambda: replicas(api, "alpha") == {"prefill": 1, "decode": 5}, "decode scaled up to the ratio")
     assert st["targets"] == {"decode": 5}  # 6 x 500 W = 3,000 W: the 7th replica would pass 1.5 x 2,000 W
+    assert "admission closed" not in st["message"], st["message"]

@@ -45,6 +45,9 @@ class GroupLimit:
     current_w: int = 0
     # The GPUs it can hold on its groups (budget/capacity.py); None: unknown, no ceiling
     gpu_capacity: int | None = None
+    # Why an oversubscribed group it may land on admits no growth this tick (power/admission.py);
+    # the limit already reflects it, the status message says it. None: admitted or not oversubscribed
+    admission: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,12 @@ def _limit(snap: Snapshot, admitted: AdmittedPowerInputs) -> tuple[int, str, boo
         return own, f"group {g.group}: no allowance, scale-ups blocked", True
     minimum = sum(snap.budget.min_replicas.get(r.value, 1) * rp.watts_per_replica
                   for r, rp in admitted.power.roles.items())
+    closed = f"admission closed: {g.admission}" if g.admission else ""
     if g.limit_w >= minimum:
-        return min(own, g.limit_w), "", False
+        return min(own, g.limit_w), closed, False
     # Shrink toward the minimum footprint; never grow into watts the group does not have.
-    return (min(own, minimum), f"group {g.group}: allowance {g.limit_w} W is below the minimum footprint {minimum} W",
-            g.current_w < minimum)
+    note = f"group {g.group}: allowance {g.limit_w} W is below the minimum footprint {minimum} W"
+    return min(own, minimum), "; ".join(n for n in (note, closed) if n), g.current_w < minimum
 
 
 def _other_writer(snap: Snapshot) -> str | None:

@@ -108,6 +108,18 @@ def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentV
     return {k: replace(gl, gpu_capacity=ceilings.get(k)) for k, gl in limits.items()}
 
 
+def _with_admission(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView], node_groups: Mapping[str, str],
+                    budgets: Mapping[str, int], group_label: str, node_labels: Mapping[str, Mapping[str, str]],
+                    closed: Mapping[str, str]) -> dict[str, GroupLimit]:
+    """Each deployment's GroupLimit naming the closed admission of the oversubscribed groups it may land on."""
+    out = dict(limits)
+    for v in views:
+        why = [closed[g] for g in sorted(groups_of(v, node_groups, budgets, group_label, node_labels)) if g in closed]
+        if why and v.key in out:
+            out[v.key] = replace(out[v.key], admission="; ".join(why))
+    return out
+
+
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
                 *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,
@@ -163,6 +175,9 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
         shared, admission = oversubscription.capacities(groups, current, now)
         ledger = fleet_ledger(views, node_groups, shared, group_label, tenants, labels)
     limits = ledger.limits
+    closed = {g: cap.admission.message for g, cap in admission.items() if not cap.admission.admitted}
+    if closed:  # say why in each affected deployment's status (its limit already holds it)
+        limits = _with_admission(limits, views, node_groups, groups, group_label, labels, closed)
     if pods_reader is not None:  # every pod's GPUs are known: bound scale-ups by the GPUs that exist
         limits = _with_capacity(limits, views, node_groups, groups, group_label, group_nodes,
                                 {n.name: n.gpu_allocatable for n in nodes}, pods, labels)

@@ -78,6 +78,8 @@ class EvaluateArgs(TaskArgs):
     group_minimum_w: int = Field(0, ge=0)
     group_current_w: int = Field(0, ge=0)
     group_gpu_capacity: int | None = Field(None, ge=0)  # the GPUs it may hold on its groups (None: no ceiling)
+    # why an oversubscribed group it may land on admits no growth (power/admission.py; None: it admits)
+    group_admission: str | None = Field(None, max_length=4000)
     from_tick: bool = False
 
 
@@ -174,7 +176,8 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     for key, gl in plan.limits.items():
         ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
             "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
-            "group_current_w": gl.current_w, "group_gpu_capacity": gl.gpu_capacity, "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
+            "group_current_w": gl.current_w, "group_gpu_capacity": gl.gpu_capacity, "group_admission": gl.admission,
+            "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
         sent.append(key)
     log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found") + "".join(f"; {a.admission.message}"
@@ -202,7 +205,7 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     cfg = _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
     if params.from_tick:
         group = GroupLimit(params.group, params.group_limit_w, params.group_minimum_w, params.group_current_w,
-                           params.group_gpu_capacity)
+                           params.group_gpu_capacity, params.group_admission)
     elif bcfg.groups:
         group = GroupLimit("(evaluated outside a tick)", None)  # no allowance: scale-ups blocked
     else:
