@@ -16,6 +16,8 @@ Usage: python bench/retune_shift.py [--trace conversation|synthetic] [--window-s
        [--offset-s S]  (each change S seconds into a window instead of on its boundary)
        [--shift-z Z]   (the detector's threshold, retune.shift_z; 0: off)
        [--no-hindsight]  (skip column d)
+       [--held-out]   (the conversation trace after its first 30 minutes: evaluation only, never
+                       for choosing the loop's settings)
 The synthetic trace is 1,022 s long: with the default phases it covers 150 s windows
 (``--window-s 150``), or 300 s ones with ``--windows-per-phase 1``; a construction the source
 cannot fill up to its last window is refused (a partial last window is said).
@@ -68,13 +70,20 @@ def main() -> None:
     ap.add_argument("--offset-s", type=float, default=0.0, help="each change this long after a window boundary")
     ap.add_argument("--trace", choices=("conversation", "synthetic"), default="conversation")
     ap.add_argument("--no-hindsight", action="store_true", help="skip the best setting in hindsight (column d)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="the conversation trace after its first 30 minutes (evaluation only: do not tune to it)")
     args = ap.parse_args()
     factors = [float(x) for x in args.phases.split(",")]
+    if args.held_out and args.trace != "conversation":
+        sys.exit("retune_shift: --held-out is the conversation trace's held-out part; drop --trace synthetic")
     if args.trace == "conversation":
         conv = read_trace(TRACES / "conversation_trace.jsonl.gz").requests
         t0 = min(r.timestamp_ms for r in conv)
-        calib = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]  # calibration part only
-        name = "conversation 0:1800"
+        if args.held_out:  # evaluation only
+            calib, name = [r for r in conv if r.timestamp_ms >= t0 + 1_800_000], "conversation 1800:end (held out)"
+        else:
+            calib = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]  # calibration part only
+            name = "conversation 0:1800"
     else:
         calib, name = read_trace(TRACES / "synthetic_trace.jsonl").requests, "synthetic"
     reqs = shifted(calib, args.window_s, factors, args.windows_per_phase, args.offset_s)
