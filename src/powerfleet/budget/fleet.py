@@ -161,6 +161,7 @@ class FleetLedger:
     limits: dict[str, GroupLimit]  # deployment -> its GroupLimit
     projected_w: dict[str, int] = field(default_factory=dict)  # group -> the ledger (tenants included)
     peak_w: dict[str, int] = field(default_factory=dict)  # group -> bound through the transitions
+    groups: dict[str, set[str]] = field(default_factory=dict)  # deployment -> the groups it may land on (groups_of)
 
 
 def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],
@@ -189,7 +190,7 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
         limit = None if UNPLACED in touched[k] else racks.limits.get(k)
         out[k] = GroupLimit(group=",".join(sorted(touched[k])), limit_w=limit, minimum_w=f.minimum_w,
                             current_w=f.current_w)
-    return FleetLedger(out, racks.projected_w, racks.peak_w)
+    return FleetLedger(out, racks.projected_w, racks.peak_w, touched)
 
 
 def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str], budgets: Mapping[str, int],

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, pod_charge
 from powerfleet.budget.capacity import free_gpus, gpu_ceilings, need_of
-from powerfleet.budget.fleet import DeploymentView, fleet_ledger, groups_of
+from powerfleet.budget.fleet import DeploymentView, fleet_ledger
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
@@ -97,26 +97,24 @@ def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str,
     return dict(watts), {g: dict(b) for g, b in basis.items()}
 
 
-def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView], node_groups: Mapping[str, str],
-                   budgets: Mapping[str, int], group_label: str, group_nodes: Mapping[str, Sequence[str]],
-                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod],
-                   node_labels: Mapping[str, Mapping[str, str]]) -> dict[str, GroupLimit]:
-    """Each deployment's GroupLimit with the GPUs it may hold on its groups (budget/capacity.py)."""
+def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView],
+                   touched: Mapping[str, set[str]], group_nodes: Mapping[str, Sequence[str]],
+                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod]) -> dict[str, GroupLimit]:
+    """Each deployment's GroupLimit with the GPUs it may hold on its groups (budget/capacity.py).
+    ``touched``: deployment -> the groups it may land on (the ledger's)."""
     needs = {v.key: n for v in views if (n := need_of(v)) is not None}
-    touched = {v.key: groups_of(v, node_groups, budgets, group_label, node_labels) for v in views}
     ceilings = gpu_ceilings(needs, touched, group_nodes, free_gpus(node_gpus, pods))
     return {k: replace(gl, gpu_capacity=ceilings.get(k)) for k, gl in limits.items()}
 
 
-def _with_admission(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView], node_groups: Mapping[str, str],
-                    budgets: Mapping[str, int], group_label: str, node_labels: Mapping[str, Mapping[str, str]],
+def _with_admission(limits: Mapping[str, GroupLimit], touched: Mapping[str, set[str]],
                     closed: Mapping[str, str]) -> dict[str, GroupLimit]:
     """Each deployment's GroupLimit naming the closed admission of the oversubscribed groups it may land on."""
     out = dict(limits)
-    for v in views:
-        why = [closed[g] for g in sorted(groups_of(v, node_groups, budgets, group_label, node_labels)) if g in closed]
-        if why and v.key in out:
-            out[v.key] = replace(out[v.key], admission="; ".join(why))
+    for k, gs in touched.items():
+        why = [closed[g] for g in sorted(gs) if g in closed]
+        if why and k in out:
+            out[k] = replace(out[k], admission="; ".join(why))
     return out
 
 
@@ -177,10 +175,10 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     limits = ledger.limits
     closed = {g: cap.admission.message for g, cap in admission.items() if not cap.admission.admitted}
     if closed:  # say why in each affected deployment's status (its limit already holds it)
-        limits = _with_admission(limits, views, node_groups, groups, group_label, labels, closed)
+        limits = _with_admission(limits, ledger.groups, closed)
     if pods_reader is not None:  # every pod's GPUs are known: bound scale-ups by the GPUs that exist
-        limits = _with_capacity(limits, views, node_groups, groups, group_label, group_nodes,
-                                {n.name: n.gpu_allocatable for n in nodes}, pods, labels)
+        limits = _with_capacity(limits, views, ledger.groups, group_nodes,
+                                {n.name: n.gpu_allocatable for n in nodes}, pods)
     peak = {g: ledger.peak_w.get(g, tenants.get(g, 0)) for g in groups}
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}
