@@ -12,6 +12,7 @@ import redis
 from pydantic import ValidationError
 
 from powerfleet.broker.epoch import broker_epoch, epoch_of
+from powerfleet.budget.load import MAX_REPLICAS
 from powerfleet.cluster.immutability import AdmittedPowerInputs
 
 PROPOSALS = "powerfleet:budget:proposals"
@@ -44,9 +45,6 @@ def _replicas_record(raw: bytes) -> tuple[dict[str, int], str | None] | None:
         return None
 
 
-MAX_PROPOSED = 100_000  # the task API's bound on a proposed count (tasks/budget.py)
-
-
 def _proposal_record(raw: bytes) -> dict[str, int] | None:
     """The {role: count} of a stored proposal ({"replicas": ..., "at": ..., "source": ...}); None for
     a record that is not one (corrupt, or written by something else): no proposal, as if none was made."""
@@ -55,7 +53,7 @@ def _proposal_record(raw: bytes) -> dict[str, int] | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     replicas = rec.get("replicas") if isinstance(rec, dict) else None
-    if not isinstance(replicas, dict) or not all(type(v) is int and 0 <= v <= MAX_PROPOSED for v in replicas.values()):
+    if not isinstance(replicas, dict) or not all(type(v) is int and 0 <= v <= MAX_REPLICAS for v in replicas.values()):
         return None
     return {str(k): v for k, v in replicas.items()}
 
