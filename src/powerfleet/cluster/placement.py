@@ -88,6 +88,13 @@ def _requirements(raw: Any, field: bool) -> list[Requirement] | None:
     return out
 
 
+def _field(obj: Any, *path: str) -> Any:
+    """``obj[path[0]][path[1]]...``; None where a step is missing or not an object."""
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj
+
+
 def placement_of(spec: Mapping[str, Any]) -> Placement:
     """The constraints of a pod spec (JSON); ``ANYWHERE`` for what is absent or not understood."""
     selector = spec.get("nodeSelector")
@@ -96,11 +103,8 @@ def placement_of(spec: Mapping[str, Any]) -> Placement:
     if not isinstance(selector, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in selector.items()):
         return ANYWHERE
-    node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}) if isinstance(
-        spec.get("affinity") or {}, Mapping) else None
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(
-        node_affinity, Mapping) else None
-    raw_terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    raw_terms = _field(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                       "nodeSelectorTerms")
     terms: tuple[tuple[Requirement, ...], ...] | None = None
     if isinstance(raw_terms, list) and raw_terms:
         parsed = []
