@@ -97,7 +97,7 @@ def beat(
     app = fleet_app(config)
     from powerfleet.metrics.registry import serve_metrics
     from powerfleet.metrics.signals import install_tick_metrics
-    from powerfleet.workers.app import TICK_FAMILIES
+    from powerfleet.queues import TICK_FAMILIES
 
     install_tick_metrics(TICK_FAMILIES)
     if port:

@@ -33,7 +33,7 @@ def status(
     from powerfleet.broker.topology import describe
     from powerfleet.metrics.queues import queue_depths
     from powerfleet.tasks.ports import fleet_redis
-    from powerfleet.workers.app import TICK_FAMILIES
+    from powerfleet.queues import TICK_FAMILIES
     from powerfleet.queues import node_queue
 
     r = fleet_redis(app)

@@ -16,7 +16,7 @@ from kombu import Exchange, Queue
 from powerfleet.broker.celery_options import redbeat_settings, tls_settings, transport_options
 from powerfleet.broker.publish import noreplicas_is_unavailable, retry_noreplicas
 from powerfleet.config import FleetConfig
-from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, family_of, node_queue, route_task
+from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, TICK_FAMILIES, family_of, node_queue, route_task
 from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
@@ -161,12 +161,6 @@ class _TimeLimitAnnotation:
         return {"soft_time_limit": lim.soft_s, "time_limit": lim.hard_s}
 
 
-# Tick family -> (task name, interval attribute on BeatConfig).
-TICK_FAMILIES: dict[str, str] = {
-    "reconcile": "powerfleet.fleet.reconcile",
-    "budget": "powerfleet.budget.tick",
-    "retune": "powerfleet.retune.tick",
-}
 
 
 def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:

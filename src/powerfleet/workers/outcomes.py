@@ -21,6 +21,8 @@ from typing import Any
 
 from celery import Task
 
+from powerfleet.queues import TICK_FAMILIES
+
 TICK_PREFIX = "fleet-tick"
 SKIPPED_PREFIX = "skipped:"
 # Retune outcomes that mean "this window or step did nothing because something failed";
@@ -56,6 +58,4 @@ class FleetTask(Task):
     """The base of every task of the fleet's app: results pass through ``summarised`` once."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from powerfleet.workers.app import TICK_FAMILIES
-
         return summarised(self.name, super().__call__(*args, **kwargs), TICK_FAMILIES)
