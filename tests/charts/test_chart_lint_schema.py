@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.charts.chartlib import CHART_DIR, CRD_KINDS, HELM_SKIP_REASON, KUBE_VERSION, objects, render
+from tests.charts.chartlib import CHART_DIR, CRD_KINDS, HELM_SKIP_REASON, KUBE_VERSION, find, objects, one, render
 from tests.charts.values_schema import SCHEMA_PATH, dumps, regenerated
 
 helm = pytest.importorskip("helm_python", reason=HELM_SKIP_REASON)
@@ -134,11 +134,25 @@ def test_schema_refuses_bad_values_with_its_message(values: dict[str, Any], mess
 
 
 def test_the_defaults_and_their_boundaries_pass_the_schema() -> None:
-    objects({"agent": {"terminationGracePeriodSeconds": 60, "safeDefaultWatts": 1}})
-    objects({"image": {"tag": "", "digest": "sha256:" + "0" * 64}})
-    objects({"redis": {"auth": {"password": "a" * 16}}})
-    objects({"broker": {"existingSecret": {"name": "b"}}, "redis": {"enabled": False}})
-    objects({"global": {"imageRegistry": "x"}})  # a parent chart's globals are tolerated
+    # Each boundary value renders, and lands where it is meant to (not merely "no error").
+    agent = one(objects({"agent": {"terminationGracePeriodSeconds": 60, "safeDefaultWatts": 1}}), "DaemonSet", "agent")
+    assert agent["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60, agent["spec"]["template"]["spec"]
+    digest = "sha256:" + "0" * 64
+    images = {c["image"] for o in objects({"image": {"tag": "", "digest": digest}}) for c in _containers(o)}
+    ours = {i for i in images if "/powerfleet/" in i}  # (the bundled Redis keeps its own image)
+    assert ours and all(i.endswith("@" + digest) for i in ours), images
+    assert find(objects({"redis": {"auth": {"password": "a" * 16}}}), "StatefulSet", "redis")
+    external = objects({"broker": {"existingSecret": {"name": "b"}}, "redis": {"enabled": False}})
+    assert not find(external, "StatefulSet", "redis"), "redis.enabled=false still renders a Redis"
+    assert one(external, "DaemonSet", "agent")
+    assert len(objects({"global": {"imageRegistry": "x"}})) == len(objects())  # a parent chart's globals are tolerated
+
+
+def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec", {})
+    pod = spec.get("template", {}).get("spec") or spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec") or (
+        spec if obj["kind"] == "Pod" else {})
+    return list(pod.get("containers", [])) + list(pod.get("initContainers", []))
 
 
 def test_config_schema_matches_the_fleet_config_model() -> None:
