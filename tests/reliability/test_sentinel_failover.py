@@ -125,7 +125,9 @@ def test_a_master_killed_mid_fan_out_is_carried_through(fleet: Fleet, sentinels:
     assert broker["master"] == f"127.0.0.1:{fleet.cluster.master_port()}"
     assert len(broker["replicas"]) == 2  # the survivor and the killed one (Sentinel remembers it, down)
     assert broker["last_failover"]["epoch"] >= 2  # the config epoch rises with each failover
-    assert broker["last_failover"]["age_s"] <= time.monotonic() - killed_at + 1  # this failover, not the first
+    # This failover, not the first (which came before the fixture's start): the age is at most the
+    # time since the kill, with slack for Sentinel's own clock and rounding on a loaded machine.
+    assert broker["last_failover"]["age_s"] <= time.monotonic() - killed_at + 5, (broker, time.monotonic() - killed_at)
     # The password reached every process (it authenticated) and no log line or output.
     assert SECRET not in status.stdout + status.stderr
     for child in fleet.launcher.children:
