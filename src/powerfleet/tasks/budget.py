@@ -69,18 +69,14 @@ class BudgetTickResult(TaskArgs):
     # oversubscribed group -> "admitted" or the reason admission is closed (power/admission.py)
     admission: dict[str, str] = Field(default_factory=dict)
     task_ids: dict[str, str] = Field(default_factory=dict)  # deployment -> its budget.evaluate task id
+    generation: int | None = None  # the generation its allocation was published under (budget/generations.py)
 
 
 class EvaluateArgs(TaskArgs):
     deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
-    group: str | None = None  # set by the tick: the budgeted group(s) the deployment draws from
-    group_limit_w: int | None = Field(None, ge=0)
-    group_minimum_w: int = Field(0, ge=0)
-    group_current_w: int = Field(0, ge=0)
-    group_gpu_capacity: int | None = Field(None, ge=0)  # the GPUs it may hold on its groups (None: no ceiling)
-    # why an oversubscribed group it may land on admits no growth (power/admission.py; None: it admits)
-    group_admission: str | None = Field(None, max_length=4000)
-    from_tick: bool = False
+    # The tick's generation (budget/generations.py), never a limit: the allowance is read from Redis
+    # when the evaluation runs, and an outdated generation is skipped. None: sent by hand, no allowance.
+    generation: int | None = Field(None, ge=0, le=2**62)
 
 
 class EvaluateResult(TaskArgs):
@@ -97,6 +93,7 @@ class EvaluateResult(TaskArgs):
     replicas_written: dict[str, int]
     status_written: bool
     events: list[str]
+    skipped: str | None = None  # why nothing was applied (reason Outdated: its tick is no longer the newest)
 
 
 class ProposeArgs(TaskArgs):
@@ -147,6 +144,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
         return BudgetTickResult(at=now, evaluations=[])
     from powerfleet.budget import metrics
     from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.generations import Allocations
     from powerfleet.budget.tick import tick_limits
     from powerfleet.cluster.dra import KubeDra
     from powerfleet.cluster.gpu_pods import KubeGpuPods
@@ -154,6 +152,8 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.power.admission import admission_rule
 
     fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
+    allocations = Allocations(fleet_redis(self.app))
+    generation = allocations.open(now)  # from here on, every earlier tick's evaluation is outdated
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
                            KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app), now), now=now,
@@ -172,17 +172,21 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
                                              "peak_w": plan.group_peak_bound.get(g, 0),
                                              "measured_w": plan.group_measured.get(g)} for g, w in cfg.groups.items()})
     admission = _admission(plan.group_admission)
+    if not allocations.publish(generation, plan.limits):
+        detail = f"superseded: a later tick opened before generation {generation} was published, no evaluation sent"
+        log.record("budget", now, self.request.origin, detail)
+        return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in plan.limits},
+                                admission=admission, generation=None)
     sent, ids = [], {}
-    for key, gl in plan.limits.items():
-        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
-            "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
-            "group_current_w": gl.current_w, "group_gpu_capacity": gl.gpu_capacity, "group_admission": gl.admission,
-            "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
+    for key in plan.limits:
+        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={"deployment": key, "generation": generation},
+                                      expires=self.app.fleet_config.beat.budget_interval_s).id
         sent.append(key)
     log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found") + "".join(f"; {a.admission.message}"
                                                           for a in plan.group_admission.values()))
-    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission, task_ids=ids)
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission, task_ids=ids,
+                            generation=generation)
 
 
 def _admission(got: dict[str, Any]) -> dict[str, str]:
@@ -198,14 +202,21 @@ def _admission(got: dict[str, Any]) -> dict[str, str]:
             max_retries=2, default_retry_delay=2)
 def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     from powerfleet.budget import metrics
+    from powerfleet.budget.generations import Allocations, verdict
     from powerfleet.budget.program import GroupLimit
     from powerfleet.budget.runner import TransientClusterError, budget_of, evaluate_deployment
 
     bcfg = self.app.fleet_config.budget
     cfg = _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
-    if params.from_tick:
-        group = GroupLimit(params.group, params.group_limit_w, params.group_minimum_w, params.group_current_w,
-                           params.group_gpu_capacity, params.group_admission)
+    allocations, fence = Allocations(fleet_redis(self.app)), None
+    if params.generation is not None:  # sent by a tick: its allowance is read from Redis, now
+        group = verdict(allocations.read(params.generation, params.deployment), clock.now(),
+                        2 * self.app.fleet_config.beat.budget_interval_s)
+        if isinstance(group, str):
+            return _skip(params.deployment, group)
+
+        def fence() -> str | None:  # checked again just before anything is written
+            return allocations.outdated(params.generation)
     elif bcfg.groups:
         group = GroupLimit("(evaluated outside a tick)", None)  # no allowance: scale-ups blocked
     else:
@@ -219,12 +230,27 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
             RedisReports(fleet_redis(self.app), clock.now()), 3 * self.app.fleet_config.beat.reconcile_interval_s,
             bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
         out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
+                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence, fence=fence)
     except TransientClusterError as exc:  # only transient API errors are retried
         raise self.retry(exc=exc)
+    if out.skipped is not None:
+        return _skip(params.deployment, out.skipped)
     metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
                               out.reasons, out.over_w)
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
+
+
+def _skip(deployment: str, why: str) -> EvaluateResult:
+    """A recorded skip: nothing read was applied (its tick is outdated, or never published this allocation)."""
+    import logging
+
+    from powerfleet.budget import metrics
+
+    logging.getLogger("powerfleet.budget").info("%s: evaluation skipped, %s", deployment, why)
+    metrics.record_evaluation(deployment, "Outdated", None, None, None, None, ())
+    return EvaluateResult(deployment=deployment, reason="Outdated", ready=False, targets={}, settled_w=None,
+                          peak_w=None, gpus=None, limit_w=None, reasons=[], replicas_written={}, status_written=False,
+                          events=[], skipped=why)
 
 
 @fleet_task("powerfleet.budget.propose", ProposeArgs, acks_late=True)
