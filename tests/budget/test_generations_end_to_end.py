@@ -12,13 +12,11 @@ the issue reproduced). It must write nothing and say why.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.budget.conftest import RACK_A_NODES
+from tests.budget.control import start_control
 from tests.budget.stand_in_operator import dgd, replicas, settle
-from tests.integration.conftest import wait_worker
 
 pytestmark = pytest.mark.integration
 LIMIT_W, REPLICA_W = 4000, 500
@@ -34,16 +32,8 @@ def test_an_evaluation_from_an_older_tick_applies_nothing(rack_a, launcher, app)
     for name in ("alpha", "beta"):
         api.apply(dgd(name, 1, 1))
         settle(api, kube, name, RACK_A_NODES)
-    launcher.env.update({
-        "POWERFLEET_BUDGET__KUBECONFIG": str(kubeconfig),
-        "POWERFLEET_BUDGET__GROUPS": json.dumps({"rack-a": LIMIT_W}),
-        "POWERFLEET_BUDGET__DEPLOYMENTS": json.dumps({"default/alpha": {"power_limit_w": 8000},
-                                                      "default/beta": {"power_limit_w": 8000}}),
-    })
-    for worker in ("ctl1@gen", "ctl2@gen"):
-        launcher.spawn("worker", "worker", "--queues", "control", "--name", worker, "--concurrency", "2")
-    for worker in ("ctl1@gen", "ctl2@gen"):
-        wait_worker(app, worker)
+    start_control(launcher, app, kubeconfig, {"rack-a": LIMIT_W}, {"default/alpha": 8000, "default/beta": 8000},
+                  ["ctl1@gen", "ctl2@gen"])
 
     def call(task: str, **kwargs):
         return app.send_task(f"powerfleet.budget.{task}", kwargs=kwargs).get(timeout=90)

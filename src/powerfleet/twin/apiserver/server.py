@@ -17,6 +17,7 @@ from powerfleet.twin.apiserver import verbs
 from powerfleet.twin.apiserver.admission import admit
 from powerfleet.twin.apiserver.errors import ApiError, Obj
 from powerfleet.twin.apiserver.faults import Faults
+from powerfleet.twin.apiserver.pages import Pages
 from powerfleet.twin.apiserver.http import Handler, HTTPServer
 from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import DEFAULT_RESOURCES, Registry, ResourceType
@@ -44,6 +45,7 @@ class ApiServer:
         self.store = Store(clock or SystemClock())
         self.registry = Registry(resources)
         self.faults = Faults()  # 429/5xx shares and held requests, off until told (faults.py)
+        self.pages = Pages(self.store.clock)  # chunked LISTs' continue tokens (pages.py)
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -184,4 +186,4 @@ class ApiServer:
         except ApiError:
             req.json_body()  # read what was sent, so the kept-alive connection stays in step
             raise
-        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options)
+        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options, self.pages)
