@@ -4,9 +4,9 @@ processes, the loopback API server holding one request to order them.
 
 rack-a has 4,000 W; every replica is 1 GPU x 500 W. alpha and beta run (1 prefill, 1 decode) each.
 Tick N: alpha is proposed decode 5 and is the only one that wants to grow: its share is 3,000 W.
-Its evaluation is held at the server (its DGD GET) while beta is proposed decode 5 too and tick
-N+1 re-divides the rack (2,000 W each), and both scale to (1, 3): 4,000 W. Then the held
-evaluation goes on. Applying tick N's share would take alpha to (1, 5): 5,000 W on 4,000 W (what
+Its evaluations (one batch, budget/batch.py) are held at the server (the batch's snapshot read)
+while beta is proposed decode 5 too and tick N+1, on the other worker, re-divides the rack (2,000 W
+each), and both scale to (1, 3): 4,000 W. Then the held batch goes on. Applying tick N's share would take alpha to (1, 5): 5,000 W on 4,000 W (what
 the issue reproduced). It must write nothing and say why.
 """
 
@@ -39,13 +39,13 @@ def test_an_evaluation_from_an_older_tick_applies_nothing(rack_a, launcher, app)
         return app.send_task(f"powerfleet.budget.{task}", kwargs=kwargs).get(timeout=90)
 
     def results(tick: dict) -> dict[str, dict]:
-        return {k: app.AsyncResult(t).get(timeout=90) for k, t in tick["task_ids"].items()}
+        """Each deployment's evaluation (the tick sends them in batches, each under one task id)."""
+        return {k: app.AsyncResult(t).get(timeout=90)["results"][k] for k, t in tick["task_ids"].items()}
 
     call("propose", deployment="default/alpha", replicas={"decode": 5})
-    held = api.faults.hold("GET", "/dynamographdeployments/alpha")
+    held = api.faults.hold("GET", "/api/v1/configmaps")  # the batch's snapshot: only a batch lists them all
     tick_n = call("tick")
-    assert held.reached.wait(60), "tick N's evaluation of alpha never reached the server"
-    assert app.AsyncResult(tick_n["task_ids"]["default/beta"]).get(timeout=90)["reason"] == "Planned"
+    assert held.reached.wait(60), "tick N's evaluations never reached the server"
 
     call("propose", deployment="default/beta", replicas={"decode": 5})
     tick_n1 = call("tick")
@@ -57,10 +57,11 @@ def test_an_evaluation_from_an_older_tick_applies_nothing(rack_a, launcher, app)
     for name in ("alpha", "beta"):
         settle(api, kube, name, RACK_A_NODES)
 
-    held.release()  # tick N's evaluation of alpha goes on, after tick N+1 re-divided the rack
-    late = app.AsyncResult(tick_n["task_ids"]["default/alpha"]).get(timeout=90)
-    assert late["reason"] == "Outdated" and late["replicas_written"] == {}, late
-    assert f"generation {tick_n['generation']}" in late["skipped"] and "later tick" in late["skipped"], late
+    held.release()  # tick N's evaluations go on, after tick N+1 re-divided the rack
+    late = results(tick_n)
+    for key in ("default/alpha", "default/beta"):
+        assert late[key]["reason"] == "Outdated" and late[key]["replicas_written"] == {}, late
+        assert f"generation {tick_n['generation']}" in late[key]["skipped"] and "later tick" in late[key]["skipped"], late
     assert replicas(api, "alpha") == {"prefill": 1, "decode": 3}, late
     assert _rack_w(api) <= LIMIT_W, (replicas(api, "alpha"), replicas(api, "beta"))
 

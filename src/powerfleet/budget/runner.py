@@ -102,10 +102,14 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
             raise
         else:
             out.replicas_written = changed
-            if changed:
-                emitter.emit(res.scale_events)
+            if changed and res.scale_events:  # one write, one event naming every component it scaled
+                emitter.emit([Event("Scaled", "; ".join(ev.message for ev in res.scale_events))])
             if version:  # the condition's patch is fenced on the DGD as powerfleet left it
                 obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
+                # and the status describes it so: the write changed the spec, so the server moved its
+                # generation on by one; a status naming the one read would be written again next time
+                if type(res.status.get("observedGeneration")) is int:
+                    res.status["observedGeneration"] += 1
     if dict(previous) != res.status:
         try:
             sink.write(obj, res.status)

@@ -79,6 +79,15 @@ class EvaluateArgs(TaskArgs):
     generation: int | None = Field(None, ge=0, le=2**62)
 
 
+EVALUATION_BATCH = 500  # deployments per budget.evaluate_batch: they share one snapshot (budget/batch.py)
+
+
+class EvaluateBatchArgs(TaskArgs):
+    deployments: list[Annotated[str, Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")]] = Field(
+        min_length=1, max_length=EVALUATION_BATCH)
+    generation: int = Field(ge=0, le=2**62)  # the tick's (budget/generations.py); never a limit
+
+
 class EvaluateResult(TaskArgs):
     deployment: str
     reason: str
@@ -94,6 +103,14 @@ class EvaluateResult(TaskArgs):
     status_written: bool
     events: list[str]
     skipped: str | None = None  # why nothing was applied (reason Outdated: its tick is no longer the newest)
+
+
+class EvaluateBatchResult(TaskArgs):
+    results: dict[str, EvaluateResult]  # deployment -> its evaluation
+    # sent again as a budget.evaluate each (same generation): a transient API error on their turn,
+    # or the batch's snapshot unreadable (why)
+    resent: list[str] = Field(default_factory=list)
+    why: str | None = None
 
 
 class ProposeArgs(TaskArgs):
@@ -177,11 +194,14 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
         log.record("budget", now, self.request.origin, detail)
         return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in plan.limits},
                                 admission=admission, generation=None)
-    sent, ids = [], {}
-    for key in plan.limits:
-        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={"deployment": key, "generation": generation},
-                                      expires=self.app.fleet_config.beat.budget_interval_s).id
-        sent.append(key)
+    sent, ids, keys = [], {}, list(plan.limits)
+    for i in range(0, len(keys), EVALUATION_BATCH):  # each batch shares one snapshot (budget/batch.py)
+        batch = keys[i:i + EVALUATION_BATCH]
+        task = self.app.send_task("powerfleet.budget.evaluate_batch",
+                                  kwargs={"deployments": batch, "generation": generation},
+                                  expires=self.app.fleet_config.beat.budget_interval_s)
+        ids.update(dict.fromkeys(batch, task.id))
+        sent.extend(batch)
     log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found") + "".join(f"; {a.admission.message}"
                                                           for a in plan.group_admission.values()))
@@ -201,41 +221,87 @@ def _admission(got: dict[str, Any]) -> dict[str, str]:
 @fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,
             max_retries=2, default_retry_delay=2)
 def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
+    from powerfleet.budget.runner import TransientClusterError
+
+    _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
+    try:
+        return _evaluation(self.app, params.deployment, params.generation, _cluster(self.app), _sink(self.app),
+                           _scaling(self.app))
+    except TransientClusterError as exc:  # only transient API errors are retried
+        raise self.retry(exc=exc)
+
+
+@fleet_task("powerfleet.budget.evaluate_batch", EvaluateBatchArgs, acks_late=False)
+def budget_evaluate_batch(self: Any, params: EvaluateBatchArgs) -> EvaluateBatchResult:
+    """A tick's evaluations on one snapshot of the cluster (budget/batch.py): only their writes
+    reach the API server. One that meets a transient API error is sent again on its own."""
+    from powerfleet.budget.batch import SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
+    from powerfleet.budget.persist import DgdStatus
+    from powerfleet.budget.runner import TransientClusterError
+    from powerfleet.cluster.budget_store import KubeBudgetStore
+    from powerfleet.cluster.ports import ClusterError
+
+    for key in params.deployments:
+        _configured(self.app, "powerfleet.budget.evaluate_batch", key)
+    cluster = _cluster(self.app)
+
+    def resend(keys: list[str]) -> None:
+        for key in keys:
+            self.app.send_task("powerfleet.budget.evaluate", kwargs={"deployment": key, "generation": params.generation},
+                               countdown=2, expires=self.app.fleet_config.beat.budget_interval_s)
+
+    try:
+        snap = read_snapshot(cluster, _scaling(self.app), params.deployments)
+    except ClusterError as exc:  # each then reads for itself, with its own retries
+        resend(params.deployments)
+        return EvaluateBatchResult(results={}, resent=params.deployments, why=f"snapshot unreadable: {exc}")
+    view = SnapshotCluster(cluster, snap)
+    sink = (DgdStatus(view) if self.app.fleet_config.budget.status_store == "dgd"
+            else SnapshotStatus(KubeBudgetStore(cluster), snap))
+    scaling = SnapshotScaling(_scaling(self.app), snap)
+    results, failed = {}, []
+    for key in params.deployments:
+        try:
+            results[key] = _evaluation(self.app, key, params.generation, view, sink, scaling)
+        except TransientClusterError:
+            failed.append(key)
+    resend(failed)
+    return EvaluateBatchResult(results=results, resent=failed, why="transient API errors" if failed else None)
+
+
+def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any, sink: Any,
+                scaling: Any) -> EvaluateResult:
+    """One evaluation: its allowance read from Redis (a skip when outdated), then the program.
+    Raises TransientClusterError for the caller to retry."""
     from powerfleet.budget import metrics
+    from powerfleet.budget.evidence import EvidenceSource, RedisReports
     from powerfleet.budget.generations import Allocations, verdict
     from powerfleet.budget.program import GroupLimit
-    from powerfleet.budget.runner import TransientClusterError, budget_of, evaluate_deployment
+    from powerfleet.budget.runner import budget_of, evaluate_deployment
+    from powerfleet.cluster.dra import KubeDra
 
-    bcfg = self.app.fleet_config.budget
-    cfg = _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
-    allocations, fence = Allocations(fleet_redis(self.app)), None
-    if params.generation is not None:  # sent by a tick: its allowance is read from Redis, now
-        group = verdict(allocations.read(params.generation, params.deployment), clock.now(),
-                        2 * self.app.fleet_config.beat.budget_interval_s)
+    bcfg = app.fleet_config.budget
+    cfg = bcfg.deployments[deployment]
+    allocations, fence = Allocations(fleet_redis(app)), None
+    if generation is not None:  # sent by a tick: its allowance is read from Redis, now
+        group = verdict(allocations.read(generation, deployment), clock.now(), 2 * app.fleet_config.beat.budget_interval_s)
         if isinstance(group, str):
-            return _skip(params.deployment, group)
+            return _skip(deployment, group)
 
         def fence() -> str | None:  # checked again just before anything is written
-            return allocations.outdated(params.generation)
+            return allocations.outdated(generation)
     elif bcfg.groups:
         group = GroupLimit("(evaluated outside a tick)", None)  # no allowance: scale-ups blocked
     else:
         group = None
-    try:
-        from powerfleet.budget.evidence import EvidenceSource, RedisReports
-        from powerfleet.cluster.dra import KubeDra
-
-        cluster = _cluster(self.app)
-        evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
-            RedisReports(fleet_redis(self.app), clock.now()), 3 * self.app.fleet_config.beat.reconcile_interval_s,
-            bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
-        out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence, fence=fence)
-    except TransientClusterError as exc:  # only transient API errors are retried
-        raise self.retry(exc=exc)
+    evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
+        RedisReports(fleet_redis(app), clock.now()), 3 * app.fleet_config.beat.reconcile_interval_s,
+        bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
+    out = evaluate_deployment(cluster, _state(app), deployment, budget_of(cfg), group, clock, sink, scaling,
+                              KubeDra(cluster), evidence, fence=fence)
     if out.skipped is not None:
-        return _skip(params.deployment, out.skipped)
-    metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
+        return _skip(deployment, out.skipped)
+    metrics.record_evaluation(deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
                               out.reasons, out.over_w)
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
 
