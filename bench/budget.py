@@ -139,9 +139,10 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     import redis
 
     from powerfleet.broker.embedded import EmbeddedRedis
-    from powerfleet.budget.batch import SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
+    from powerfleet.budget.batch import (BatchState, PrefetchedReports, SnapshotCluster, SnapshotScaling,
+                                         SnapshotStatus, read_snapshot)
     from powerfleet.budget.evidence import EvidenceSource, RedisReports
-    from powerfleet.budget.generations import Allocations, verdict
+    from powerfleet.budget.generations import Allocations, Read, verdict
     from powerfleet.budget.persist import ConfigMapStatus
     from powerfleet.budget.runner import evaluate_deployment
     from powerfleet.budget.state import BudgetState
@@ -187,18 +188,22 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
         def evaluations(generation, plan) -> dict[str, float]:
             """Wall time, snapshot calls, and calls and counts of the deployments that scaled and not."""
             t, before = time.perf_counter(), calls["n"]
-            cluster, sink, scale = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling
-            if batched:
+            cluster, sink, scale, st, source = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling, state, evidence
+            if batched:  # as budget.evaluate_batch does it (tasks/budget.py)
                 snap = read_snapshot(kube, scaling, list(cfg))
                 cluster, sink, scale = SnapshotCluster(kube, snap), SnapshotStatus(KubeBudgetStore(kube), snap), \
                     SnapshotScaling(scaling, snap)
+                st, (newest, published, records) = BatchState(state, r), allocations.read_all()
+                nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
+                source = EvidenceSource(PrefetchedReports(RedisReports(r, clock.now()), nodes), 45.0, 1000, "auto")
             got = {"snapshot_calls": calls["n"] - before, "scaled": 0, "scaled_calls": 0, "unchanged": 0,
                    "unchanged_calls": 0}
             for v in views:
                 mark = calls["n"]
-                group = verdict(allocations.read(generation, v.key), clock.now(), 60.0) if batched else plan.limits[v.key]
-                out = evaluate_deployment(cluster, state, v.key, budget_of(cfg[v.key]), group, clock, sink, scale,
-                                          KubeDra(kube), evidence,
+                group = (verdict(Read(generation, newest, published, records.get(v.key)), clock.now(), 60.0)
+                         if batched else plan.limits[v.key])
+                out = evaluate_deployment(cluster, st, v.key, budget_of(cfg[v.key]), group, clock, sink, scale,
+                                          KubeDra(kube), source,
                                           fence=(lambda: allocations.outdated(generation)) if batched else None)
                 kind = "scaled" if out.replicas_written else "unchanged"
                 got[kind] += 1

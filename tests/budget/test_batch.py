@@ -3,7 +3,7 @@ one snapshot for every deployment of the batch, then only writes, and none where
 
 from __future__ import annotations
 
-from powerfleet.budget.batch import SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
+from powerfleet.budget.batch import BatchState, SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
 from powerfleet.budget.program import DeploymentBudget
 from powerfleet.budget.runner import evaluate_deployment
 from powerfleet.clock import FakeClock
@@ -29,10 +29,12 @@ def _calls(kube) -> list[tuple[str, str]]:
 
 
 def _batch(kube, state, clock, scaling):
+    """As budget.evaluate_batch runs them: one snapshot of the cluster, the state read once."""
     snap = read_snapshot(kube, scaling, KEYS)
     view, sink, scale = SnapshotCluster(kube, snap), SnapshotStatus(KubeBudgetStore(kube), snap), \
         SnapshotScaling(scaling, snap)
-    return {k: evaluate_deployment(view, state, k, BUDGET, None, clock, sink, scale) for k in KEYS}
+    batch_state = BatchState(state, state._r)
+    return {k: evaluate_deployment(view, batch_state, k, BUDGET, None, clock, sink, scale) for k in KEYS}
 
 
 def test_a_batch_reads_once_and_then_only_writes_what_changed(world):
@@ -67,6 +69,9 @@ def test_a_batch_reads_once_and_then_only_writes_what_changed(world):
     assert all("alpha" in path or "events" in path for _, path in writes), writes
     assert scaled["default/alpha"].events.count("Scaled") == 1, scaled
     assert not any(o.status_written for k, o in scaled.items() if k != "default/alpha"), scaled
+    # what the batch's state recorded is what a single evaluation reads back
+    assert state.last_replicas("default/alpha") == {"Frontend": 1, "prefill": 1, "decode": 3}
+    assert state.figures()["default/alpha"]["reason"] == "Planned" and not state.was_rolling("default/llama")
 
 
 def test_a_deployment_missing_from_the_snapshot_is_not_found(world):

@@ -133,6 +133,15 @@ class Allocations:
             newest, published, record = p.execute()
         return Read(generation, _int(newest), _int(published), record)
 
+    def read_all(self) -> tuple[int | None, int | None, dict[str, bytes]]:
+        """The counter, the published generation and every deployment's record, in one MULTI (a batch)."""
+        with self._r.pipeline(transaction=True) as p:
+            p.get(GENERATION)
+            p.hgetall(ALLOCATION)
+            newest, stored = p.execute()
+        records = {k.decode(): v for k, v in stored.items() if k != _PUBLISHED.encode()}
+        return _int(newest), _int(stored.get(_PUBLISHED.encode())), records
+
     def outdated(self, generation: int) -> str | None:
         """Why generation ``generation`` may no longer write (None: it is still the newest)."""
         newest = _int(self._r.get(GENERATION))

@@ -235,7 +235,10 @@ def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
 def budget_evaluate_batch(self: Any, params: EvaluateBatchArgs) -> EvaluateBatchResult:
     """A tick's evaluations on one snapshot of the cluster (budget/batch.py): only their writes
     reach the API server. One that meets a transient API error is sent again on its own."""
-    from powerfleet.budget.batch import SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
+    from powerfleet.budget.batch import (BatchState, PrefetchedReports, SnapshotCluster, SnapshotScaling,
+                                         SnapshotStatus, read_snapshot)
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.generations import Allocations, Read
     from powerfleet.budget.persist import DgdStatus
     from powerfleet.budget.runner import TransientClusterError
     from powerfleet.cluster.budget_store import KubeBudgetStore
@@ -259,20 +262,29 @@ def budget_evaluate_batch(self: Any, params: EvaluateBatchArgs) -> EvaluateBatch
     sink = (DgdStatus(view) if self.app.fleet_config.budget.status_store == "dgd"
             else SnapshotStatus(KubeBudgetStore(cluster), snap))
     scaling = SnapshotScaling(_scaling(self.app), snap)
+    # Redis too, once for the batch: the state, the allocations, the reports of the pods' nodes
+    r = fleet_redis(self.app)
+    state, (newest, published, records) = BatchState(_state(self.app), r), Allocations(r).read_all()
+    nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
+    reports = (None if self.app.fleet_config.budget.enforcement_evidence == "off"
+               else PrefetchedReports(RedisReports(r, clock.now()), nodes))
     results, failed = {}, []
     for key in params.deployments:
         try:
-            results[key] = _evaluation(self.app, key, params.generation, view, sink, scaling)
+            results[key] = _evaluation(self.app, key, params.generation, view, sink, scaling, state=state,
+                                       read=Read(params.generation, newest, published, records.get(key)),
+                                       reports=reports)
         except TransientClusterError:
             failed.append(key)
     resend(failed)
     return EvaluateBatchResult(results=results, resent=failed, why="transient API errors" if failed else None)
 
 
-def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any, sink: Any,
-                scaling: Any) -> EvaluateResult:
+def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any, sink: Any, scaling: Any, *,
+                state: Any = None, read: Any = None, reports: Any = None) -> EvaluateResult:
     """One evaluation: its allowance read from Redis (a skip when outdated), then the program.
-    Raises TransientClusterError for the caller to retry."""
+    A batch passes its state, allocation ``read`` and enforcement ``reports``, each read once for
+    all its deployments. Raises TransientClusterError for the caller to retry."""
     from powerfleet.budget import metrics
     from powerfleet.budget.evidence import EvidenceSource, RedisReports
     from powerfleet.budget.generations import Allocations, verdict
@@ -284,7 +296,8 @@ def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any,
     cfg = bcfg.deployments[deployment]
     allocations, fence = Allocations(fleet_redis(app)), None
     if generation is not None:  # sent by a tick: its allowance is read from Redis, now
-        group = verdict(allocations.read(generation, deployment), clock.now(), 2 * app.fleet_config.beat.budget_interval_s)
+        got = read if read is not None else allocations.read(generation, deployment)
+        group = verdict(got, clock.now(), 2 * app.fleet_config.beat.budget_interval_s)
         if isinstance(group, str):
             return _skip(deployment, group)
 
@@ -295,9 +308,9 @@ def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any,
     else:
         group = None
     evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
-        RedisReports(fleet_redis(app), clock.now()), 3 * app.fleet_config.beat.reconcile_interval_s,
+        reports or RedisReports(fleet_redis(app), clock.now()), 3 * app.fleet_config.beat.reconcile_interval_s,
         bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
-    out = evaluate_deployment(cluster, _state(app), deployment, budget_of(cfg), group, clock, sink, scaling,
+    out = evaluate_deployment(cluster, state or _state(app), deployment, budget_of(cfg), group, clock, sink, scaling,
                               KubeDra(cluster), evidence, fence=fence)
     if out.skipped is not None:
         return _skip(deployment, out.skipped)
