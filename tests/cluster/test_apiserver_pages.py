@@ -9,6 +9,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -17,7 +19,8 @@ from powerfleet.cluster.gpu_pods import KubeGpuPods
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.ports import ClusterError
 from powerfleet.cluster.retries import with_retries
-from powerfleet.twin.apiserver import ApiServer
+from powerfleet.twin.apiserver import ApiError, ApiServer
+from powerfleet.twin.apiserver.pages import Pages, parse_limit
 
 
 def _pod(name: str, ns: str = "default") -> dict:
@@ -140,3 +143,20 @@ def test_with_retries_waits_the_servers_retry_after_bounded():
     with pytest.raises(ApiException):
         with_retries(lambda: (_ for _ in ()).throw(ApiException(status=403)), sleep=waits.append)
     assert len(waits) == 3  # a 403 is not retried
+
+
+@given(st.text(max_size=80) | st.builds(lambda d: __import__("base64").urlsafe_b64encode(
+    __import__("json").dumps(d).encode()).decode(), st.dictionaries(st.sampled_from(["id", "start", "rv", "v"]),
+                                                                      st.none() | st.integers(-3, 3) | st.text(max_size=3))))
+@settings(max_examples=300, deadline=None)
+def test_any_continue_token_is_400_or_410_never_a_crash(token):
+    pages = Pages(FakeClock(0.0))
+    try:
+        pages.page([], 1, 2, token)
+    except ApiError as exc:
+        assert exc.code in (400, 410), exc.status()
+    for raw in (token, "0", "-1", "7"):
+        try:
+            assert parse_limit(raw) is None or parse_limit(raw) > 0
+        except ApiError as exc:
+            assert exc.code == 400
