@@ -6,12 +6,15 @@
    (``budget.program.evaluate``), all pure, from snapshots built in memory. Goal: well inside
    one 30 s evaluation interval.
 3. A full tick against the loopback API server and an embedded redis-server: the tick's reads
-   (nodes, DGDs, every pod with its GPUs, the agents' enforcement reports) and group allowances,
-   then every deployment's evaluation as ``budget.evaluate`` runs it (DGD GET, status ConfigMap
-   GET, pod LIST, scaling adapters, writes), one after another in this process, counting the
-   API calls. The fleet runs the evaluations on the control workers in parallel.
+   (nodes, DGDs, every pod with its GPUs in pages, the agents' enforcement reports), group
+   allowances and their publication under a generation, then every deployment's evaluation as
+   ``budget.evaluate_batch`` runs it (one snapshot: DGD LIST, status ConfigMap LIST, DGD pod LIST,
+   scaling adapters per namespace; then each deployment's allowance read from Redis and its
+   writes), in this one process, counting the API calls: the scaling tick's evaluation wall time,
+   calls per scaled deployment and calls for the unchanged ones. ``--unbatched`` also runs them
+   each with its own reads (DGD GET, ConfigMap GET, pod LIST, adapters), as before batching.
 
-Usage: python bench/budget.py [--plans N] [--deployments N] [--nodes N] [--racks N] [--seed S] [--no-api]
+Usage: python bench/budget.py [--plans N] [--deployments N] [--nodes N] [--racks N] [--seed S] [--no-api] [--unbatched]
 """
 
 from __future__ import annotations
@@ -90,16 +93,56 @@ def bench_fleet(deployments: int, nodes: int, racks: int, seed: int) -> tuple[fl
     return t_groups, time.perf_counter() - t, scaled
 
 
-def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[str, float]:
+def _seed_world(api, r, views, node_groups, now: float) -> None:
+    """The loopback server's nodes, DGDs and pods, and every node's agent reporting its pods' GPUs."""
+    from powerfleet.budget.evidence import ENFORCEMENT_KEY
+
+    for n, g in node_groups.items():
+        # 8 allocatable GPUs each: the tick's GPU-capacity ceiling (budget/capacity.py) is computed
+        api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": g}},
+                   "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    for v in views:
+        comps = [{"name": c.name, "type": c.name, "replicas": c.replicas, "podTemplate": {
+            "metadata": {"annotations": {POWER_ANNOTATION: "350"}},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
+            for c in v.dgd.components]
+        # as Dynamo's operator writes it (the fields its CRD requires), so the server accepts status writes
+        status = {"observedGeneration": 1, "state": "successful", "rollingUpdate": {"phase": "Completed"},
+                  "components": {c.name: {"componentKind": "Deployment", "componentNames": [f"{v.dgd.name}-{c.name}"],
+                                          "replicas": c.replicas, "readyReplicas": c.replicas,
+                                          "updatedReplicas": c.replicas, "availableReplicas": c.replicas}
+                                 for c in v.dgd.components}}
+        api.apply({"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
+                   "metadata": {"name": v.dgd.name, "namespace": "default"},
+                   "spec": {"components": comps}, "status": status})
+        for p in v.pods:
+            api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": p.name, "namespace": "default", "labels": p.labels, "annotations": p.annotations},
+                "spec": {"nodeName": p.node_name, "containers": [{"name": "main", "resources": {
+                    "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
+    # Every node's agent reports its pods' GPUs enforced at their cap (budget.enforcement_evidence
+    # auto, the default: the evaluations judge them).
+    pipe = r.pipeline(transaction=False)
+    for i, p in enumerate(api.list("v1", "Pod", "default")):
+        pipe.hset(ENFORCEMENT_KEY.format(node=p["spec"]["nodeName"]), f"GPU-{i}", json.dumps(
+            {"pod_uid": p["metadata"]["uid"], "enforced_w": 350, "draw_w": 300.0, "at": now}))
+    pipe.execute()
+
+
+def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
-    for the evaluations."""
+    for the evaluations (``batched``: as budget.evaluate_batch runs them, on one snapshot, with the
+    generation rule's Redis reads; else each with its own reads, as before batching)."""
     import tempfile
     from pathlib import Path
 
     import redis
 
     from powerfleet.broker.embedded import EmbeddedRedis
-    from powerfleet.budget.evidence import ENFORCEMENT_KEY, EvidenceSource, RedisReports
+    from powerfleet.budget.batch import (BatchState, PrefetchedReports, SnapshotCluster, SnapshotScaling,
+                                         SnapshotStatus, read_snapshot)
+    from powerfleet.budget.evidence import EvidenceSource, RedisReports
+    from powerfleet.budget.generations import Allocations, Read, verdict
     from powerfleet.budget.persist import ConfigMapStatus
     from powerfleet.budget.runner import evaluate_deployment
     from powerfleet.budget.state import BudgetState
@@ -115,35 +158,9 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
     logging.getLogger("powerfleet").setLevel(logging.ERROR)  # holds and warnings are expected here
     views, node_groups, budgets = fleet(deployments, nodes, racks, seed)
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
-        for n, g in node_groups.items():
-            # 8 allocatable GPUs each: the tick's GPU-capacity ceiling (budget/capacity.py) is computed
-            api.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"powerfleet.io/rack": g}},
-                       "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
-        for v in views:
-            comps = [{"name": c.name, "type": c.name, "replicas": c.replicas, "podTemplate": {
-                "metadata": {"annotations": {POWER_ANNOTATION: "350"}},
-                "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
-                for c in v.dgd.components]
-            status = {"observedGeneration": 1, "rollingUpdate": {"phase": "Completed"}, "components": {
-                c.name: {"replicas": c.replicas, "readyReplicas": c.replicas, "updatedReplicas": c.replicas}
-                for c in v.dgd.components}}
-            api.apply({"apiVersion": "nvidia.com/v1beta1", "kind": "DynamoGraphDeployment",
-                       "metadata": {"name": v.dgd.name, "namespace": "default"},
-                       "spec": {"components": comps}, "status": status})
-            for p in v.pods:
-                api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
-                    "name": p.name, "namespace": "default", "labels": p.labels, "annotations": p.annotations},
-                    "spec": {"nodeName": p.node_name, "containers": [{"name": "main", "resources": {
-                        "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
         r = redis.Redis.from_url(broker.url)
         clock = FakeClock(t=1_800_000_000.0)
-        # Every node's agent reports its pods' GPUs enforced at their cap (budget.enforcement_evidence
-        # auto, the default: the evaluations judge them).
-        pipe = r.pipeline(transaction=False)
-        for i, p in enumerate(api.list("v1", "Pod", "default")):
-            pipe.hset(ENFORCEMENT_KEY.format(node=p["spec"]["nodeName"]), f"GPU-{i}", json.dumps(
-                {"pod_uid": p["metadata"]["uid"], "enforced_w": 350, "draw_w": 300.0, "at": clock.now()}))
-        pipe.execute()
+        _seed_world(api, r, views, node_groups, clock.now())
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
         calls = {"n": 0}
         request = kube.api_client.rest_client.request
@@ -156,34 +173,67 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int) -> dict[
         state = BudgetState(r)
         for v in views:
             state.admit(v.key, v.admitted)
-            state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
         cfg = {v.key: DeploymentBudgetConfig(power_limit_w=4000) for v in views}
         scaling = KubeScaling(kube)
         evidence = EvidenceSource(RedisReports(r, clock.now()), 45.0, 1000, "auto")
-        t0 = time.perf_counter()
-        plan = tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", KubeGpuPods(kube), RedisReports(r),
-                           now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
-        t_tick, tick_calls = time.perf_counter() - t0, calls["n"]
-        scaled = 0
+        allocations = Allocations(r)
 
-        def evaluations() -> None:
-            nonlocal scaled
+        def tick():
+            generation = allocations.open(clock.now())
+            plan = tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", KubeGpuPods(kube), RedisReports(r),
+                               now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
+            allocations.publish(generation, plan.limits)
+            return generation, plan
+
+        def evaluations(generation, plan) -> dict[str, float]:
+            """Wall time, snapshot calls, and calls and counts of the deployments that scaled and not."""
+            t, before = time.perf_counter(), calls["n"]
+            cluster, sink, scale, st, source = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling, state, evidence
+            if batched:  # as budget.evaluate_batch does it (tasks/budget.py)
+                snap = read_snapshot(kube, scaling, list(cfg))
+                cluster, sink, scale = SnapshotCluster(kube, snap), SnapshotStatus(KubeBudgetStore(kube), snap), \
+                    SnapshotScaling(scaling, snap)
+                st, (newest, published, records) = BatchState(state, r), allocations.read_all()
+                nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
+                source = EvidenceSource(PrefetchedReports(RedisReports(r, clock.now()), nodes), 45.0, 1000, "auto")
+            got = {"snapshot_calls": calls["n"] - before, "scaled": 0, "scaled_calls": 0, "unchanged": 0,
+                   "unchanged_calls": 0}
             for v in views:
-                out = evaluate_deployment(kube, state, v.key, budget_of(cfg[v.key]), plan.limits[v.key], clock,
-                                          ConfigMapStatus(KubeBudgetStore(kube)), scaling, KubeDra(kube), evidence)
-                scaled += bool(out.replicas_written)
+                mark = calls["n"]
+                group = (verdict(Read(generation, newest, published, records.get(v.key)), clock.now(), 60.0)
+                         if batched else plan.limits[v.key])
+                out = evaluate_deployment(cluster, st, v.key, budget_of(cfg[v.key]), group, clock, sink, scale,
+                                          KubeDra(kube), source,
+                                          fence=(lambda: allocations.outdated(generation)) if batched else None)
+                kind = "scaled" if out.replicas_written else "unchanged"
+                got[kind] += 1
+                got[f"{kind}_calls"] += calls["n"] - mark
+            got["wall_s"] = time.perf_counter() - t
+            got["calls"] = calls["n"] - before
+            return got
 
-        evaluations()
-        total, first_calls = time.perf_counter() - t0, calls["n"]
+        # a first tick with no proposal: every deployment's status and condition are written once
+        # (a fleet's steady state), nothing scales; a second one changes nothing
+        evaluations(*tick())
+        quiet = evaluations(*tick())  # and again: nothing changed, so nothing is written
+        for v in views:
+            state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
+        t0, start = time.perf_counter(), calls["n"]
+        generation, plan = tick()
+        t_tick, tick_calls = time.perf_counter() - t0, calls["n"] - start
+        first = evaluations(generation, plan)  # the scaling tick
         # the next tick: no operator runs here, so the scaled deployments stay in flight (held, figures unchanged)
-        t1 = time.perf_counter()
-        plan = tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", KubeGpuPods(kube), RedisReports(r),
-                           now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
-        evaluations()
-        steady, steady_calls = time.perf_counter() - t1, calls["n"] - first_calls
+        generation, plan = tick()
+        steady = evaluations(generation, plan)
         kube.close()
-    return {"tick_s": t_tick, "tick_calls": tick_calls, "total_s": total, "calls": first_calls, "scaled": scaled,
-            "steady_s": steady, "steady_calls": steady_calls}
+    return {"tick_s": t_tick, "tick_calls": tick_calls, "quiet": quiet, "first": first, "steady": steady}
+
+
+def _evaluation_line(label: str, got: dict[str, float]) -> str:
+    per = got["scaled_calls"] / got["scaled"] if got["scaled"] else 0.0
+    return (f"{label}: evaluations {got['wall_s']:.1f} s, {got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} "
+            f"for the snapshot); {got['scaled']:.0f} scaled at {per:.2f} calls each; {got['unchanged']:.0f} "
+            f"unchanged, {got['unchanged_calls']:.0f} calls in all")
 
 
 def main() -> None:
@@ -194,20 +244,22 @@ def main() -> None:
     ap.add_argument("--racks", type=int, default=50)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-api", action="store_true", help="skip the full tick against the loopback API server")
+    ap.add_argument("--unbatched", action="store_true", help="also run the evaluations each with its own reads")
     args = ap.parse_args()
     print(f"plans/s (random two-role inputs, {args.plans}): {bench_plans(args.plans, args.seed):,.0f}")
     t_groups, total, scaled = bench_fleet(args.deployments, args.nodes, args.racks, args.seed)
     print(f"fleet evaluation ({args.deployments} deployments, {args.nodes} nodes, {args.racks} racks): "
           f"{total:.3f} s (group allowances {t_groups:.3f} s; {scaled} deployments scaled; goal << 30 s)")
     if not args.no_api:
-        got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed)
-        per = (got["calls"] - got["tick_calls"]) / max(1, args.deployments)
-        print(f"full tick against the loopback API server ({args.deployments} deployments, {args.nodes} nodes, "
-              f"{args.racks} racks): tick reads + allowances {got['tick_s']:.2f} s in {got['tick_calls']:.0f} API calls; "
-              f"with every evaluation run in turn {got['total_s']:.1f} s, {got['calls']:.0f} API calls "
-              f"({per:.1f} per deployment; {got['scaled']:.0f} scaled); the next tick (the scaled ones now in flight) "
-              f"{got['steady_s']:.1f} s, {got['steady_calls']:.0f} API calls")
-
+        for batched in ((True, False) if args.unbatched else (True,)):
+            got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, batched)
+            how = "batched, one snapshot" if batched else "each with its own reads (before batching)"
+            print(f"full tick against the loopback API server ({args.deployments} deployments, {args.nodes} nodes, "
+                  f"{args.racks} racks; {how}, in one process): tick reads + allowances {got['tick_s']:.2f} s in "
+                  f"{got['tick_calls']:.0f} API calls")
+            print("  " + _evaluation_line("a quiet tick (nothing proposed, statuses already written)", got["quiet"]))
+            print("  " + _evaluation_line("the scaling tick", got["first"]))
+            print("  " + _evaluation_line("the next tick (the scaled ones in flight)", got["steady"]))
 
 if __name__ == "__main__":
     main()

@@ -98,6 +98,13 @@ def test_other_tenants_share_the_racks_and_their_gpus_are_never_given_to_a_dgd(w
         loop.run_once()
     pods = api.list("v1", "Pod")
     tenants = [p for p in pods if TENANT_LABEL in p["metadata"]["labels"]]
+    # The Pending tenant (its pool label is on no node) stays unbound, as kube-scheduler leaves it.
+    queued = [p for p in tenants if p["metadata"]["name"] == "queued-train"]
+    assert len(queued) == 1 and not queued[0]["spec"].get("nodeName"), queued
+    assert queued[0]["status"]["phase"] == "Pending" and {(c["type"], c["status"], c.get("reason")) for c in
+                                                           queued[0]["status"]["conditions"]} == {
+        ("PodScheduled", "False", "Unschedulable")}, queued
+    tenants = [p for p in tenants if p not in queued]
     assert {p["spec"]["nodeName"] for p in tenants} == set(SPEC.node_names)  # one node per rack here
     assert sorted(POWER_ANNOTATION in p["metadata"]["annotations"] for p in tenants) == [False, False, True, True]
     used = [(p["spec"].get("nodeName"), g) for p in pods for g in pod_gpus(p)]

@@ -66,9 +66,12 @@ class ConfigMapStatus:
         self.store = store
         self._stored: StoredStatus | None = None
 
+    def _read(self, namespace: str, dgd_name: str) -> StoredStatus | None:
+        return self.store.read_status(namespace, dgd_name)  # budget/batch.py reads it from a snapshot
+
     def previous(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         owner = Owner.of(obj)
-        self._stored = self.store.read_status(owner.namespace, owner.name)
+        self._stored = self._read(owner.namespace, owner.name)
         if self._stored is None:
             return {}
         if self._stored.owner_uid and owner.uid and self._stored.owner_uid != owner.uid:

@@ -10,7 +10,7 @@ skipped when unchanged, and its transition events emitted only after that write.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -57,6 +57,10 @@ class Outcome:
     replicas_written: dict[str, int] = field(default_factory=dict)
     status_written: bool = False
     events: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why nothing was written: its tick's allowance was outdated by then
+
+
+Fence = Callable[[], "str | None"]  # why the allowance may no longer be applied (None: it may)
 
 
 class _Emitter:
@@ -75,9 +79,13 @@ class _Emitter:
 
 
 def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], snap: Snapshot, res: Result,
-           previous: Mapping[str, Any], out: Outcome, scaling: ScalingPort, owners: Owners) -> Result:
+           previous: Mapping[str, Any], out: Outcome, scaling: ScalingPort, owners: Owners,
+           fence: Fence | None = None) -> Result:
     dgd = snap.dgd
     emitter = _Emitter(cluster, dgd, out)
+    if fence is not None and (why := fence()) is not None:  # a later tick re-divided the budget meanwhile
+        out.reason, out.ready, out.skipped = "Outdated", False, why
+        return res
     if res.replicas:
         try:
             changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
@@ -94,10 +102,14 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
             raise
         else:
             out.replicas_written = changed
-            if changed:
-                emitter.emit(res.scale_events)
+            if changed and res.scale_events:  # one write, one event naming every component it scaled
+                emitter.emit([Event("Scaled", "; ".join(ev.message for ev in res.scale_events))])
             if version:  # the condition's patch is fenced on the DGD as powerfleet left it
                 obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
+                # and the status describes it so: the write changed the spec, so the server moved its
+                # generation on by one; a status naming the one read would be written again next time
+                if type(res.status.get("observedGeneration")) is int:
+                    res.status["observedGeneration"] += 1
     if dict(previous) != res.status:
         try:
             sink.write(obj, res.status)
@@ -145,12 +157,14 @@ def _read_evidence(source: EvidenceSource | None, pods: list[Any] | None, clock:
 def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, budget: DeploymentBudget,
                         group: GroupLimit | None, clock: Clock, sink: StatusSink | None = None,
                         scaling: ScalingPort | None = None, dra: ClaimTemplates | None = None,
-                        evidence: EvidenceSource | None = None) -> Outcome:
+                        evidence: EvidenceSource | None = None, *, fence: Fence | None = None) -> Outcome:
     """One evaluation of ``key`` ("namespace/name"). ``sink``: where the status is persisted
     (budget/persist.py; the task passes the configured one, default ``status.budget`` on the DGD).
     ``scaling``: the scaling adapters (budget/scale.py; default: none are looked for). ``dra``:
     the ResourceClaimTemplates a DRA claim's device class is looked up in (default: not looked up).
-    ``evidence``: where the agents' enforcement reports are read (default: none, the requested caps)."""
+    ``evidence``: where the agents' enforcement reports are read (default: none, the requested caps).
+    ``fence``: asked just before anything is written whether ``group`` may still be applied (the
+    tick's generation, budget/generations.py); when it may not, nothing is written (``skipped``)."""
     sink = sink if sink is not None else DgdStatus(cluster)
     scaling = scaling if scaling is not None else NoAdapters()
     namespace, _, name = key.partition("/")
@@ -210,8 +224,10 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
                   limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []),
                   over_w=st.get("overBudgetWatts", 0) if "settledWatts" in st else None)
-    res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners)
+    res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners, fence)
     state.record_replicas(key, {**held, **out.replicas_written})
+    if out.skipped is not None:
+        return out
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,
                                "peak_w": out.peak_w, "gpus": out.gpus})
     return out

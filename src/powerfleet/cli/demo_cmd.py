@@ -55,8 +55,8 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
     rack_of = {n: rack for rack, nodes in twin.spec.racks.items() for n in nodes}
     tenant_gpus: dict[str, int] = {}
     for pod in tenant_pods(twin.spec):
-        rack = rack_of[pod["spec"]["nodeName"]]
-        tenant_gpus[rack] = tenant_gpus.get(rack, 0) + 1
+        if (node := pod["spec"].get("nodeName")) is not None:  # the Pending tenant holds no GPU yet
+            tenant_gpus[rack_of[node]] = tenant_gpus.get(rack_of[node], 0) + 1
     return {rack: int(w - (len(twin.spec.racks[rack]) * twin.spec.gpus_per_node - tenant_gpus.get(rack, 0)) * IDLE_W)
             for rack, w in twin.budgets.items()}
 

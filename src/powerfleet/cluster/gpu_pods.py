@@ -19,6 +19,8 @@ from powerfleet.cluster.dgd import GPU_RESOURCE, INT_RE
 from powerfleet.cluster.kube import LIST_TIMEOUT_SECONDS, REQUEST_TIMEOUT_SECONDS, KubeCluster, _api_errors
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.placement import Placement, placement_of
+from powerfleet.cluster.ports import ClusterError
+from powerfleet.cluster.retries import with_retries
 
 
 class GpuPod(PodInfo):
@@ -46,23 +48,51 @@ def pod_gpus(spec: Mapping[str, Any]) -> int:
     return max(sidecars + sum(_container_gpus(c) for c in containers), plain)
 
 
-class KubeGpuPods:
-    """The ledger's pod LIST on the official client."""
+PAGE_SIZE = 500  # pods per page of the ledger's LIST (kubectl's chunk size)
 
-    def __init__(self, cluster: KubeCluster) -> None:
+
+class KubeGpuPods:
+    """The ledger's pod LIST on the official client, in pages of ``page_size`` (``limit`` and
+    ``continue``); a page answered 410 (its continue token expired) starts the list again, once."""
+
+    def __init__(self, cluster: KubeCluster, page_size: int = PAGE_SIZE) -> None:
         self.cluster = cluster
         self.core = client.CoreV1Api(cluster.api_client)
+        self.page_size = page_size
+        self.pages_read = 0  # pages read by the last list_gpu_pods (for the bench)
 
-    def list_gpu_pods(self) -> list[GpuPod]:
-        """Every pod in the cluster with its GPU count (pods without GPUs come back with 0). The
-        response is read as JSON, not through the client's models: at thousands of pods that is
-        most of a tick's time."""
-        with _api_errors("list pods (all namespaces, for the ledger)"):
-            resp = self.core.list_pod_for_all_namespaces(timeout_seconds=LIST_TIMEOUT_SECONDS,
-                                                         _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                                                         _preload_content=False)
-            listed = json.loads(resp.data)
-        return [gpu_pod(p) for p in listed.get("items") or [] if isinstance(p, Mapping)]
+    def _page(self, token: str | None, label_selector: str | None) -> Mapping[str, Any]:
+        kwargs: dict[str, Any] = {"limit": self.page_size, "timeout_seconds": LIST_TIMEOUT_SECONDS,
+                                  "_request_timeout": REQUEST_TIMEOUT_SECONDS, "_preload_content": False}
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        if token:
+            kwargs["_continue"] = token
+        resp = with_retries(lambda: self.core.list_pod_for_all_namespaces(**kwargs))
+        self.pages_read += 1
+        got = json.loads(resp.data)
+        return got if isinstance(got, Mapping) else {}
+
+    def list_gpu_pods(self, label_selector: str | None = None) -> list[GpuPod]:
+        """Every pod in the cluster (``label_selector``: only those) with its GPU count (pods without
+        GPUs come back with 0). The response is read as JSON, not through the client's models: at
+        thousands of pods that is most of a tick's time."""
+        self.pages_read = 0
+        for fresh_start in (False, True):
+            items: list[Any] = []
+            token: str | None = None
+            try:
+                with _api_errors("list pods (all namespaces, for the ledger)"):
+                    while True:
+                        listed = self._page(token, label_selector)
+                        items.extend(listed.get("items") or [])
+                        token = (listed.get("metadata") or {}).get("continue") or None
+                        if token is None:
+                            return [gpu_pod(p) for p in items if isinstance(p, Mapping)]
+            except ClusterError as exc:
+                if exc.status != 410 or fresh_start:
+                    raise
+        raise AssertionError("unreachable")  # the second pass returns or raises
 
 
 def gpu_pod(obj: Mapping[str, Any]) -> GpuPod:

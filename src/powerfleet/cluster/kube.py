@@ -23,6 +23,7 @@ from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.objects import EventInfo, Lease, NodeInfo, ObjectRef, PodInfo, gpu_allocatable
 from powerfleet.cluster.patch_errors import raise_for_patch
 from powerfleet.cluster.ports import ClusterError, Conflict, InvalidDGD, LeaseConflict, NotFound, PodEvent
+from powerfleet.cluster.retries import with_retries
 
 LIST_TIMEOUT_SECONDS = 20  # server-side timeout for LISTs
 REQUEST_TIMEOUT_SECONDS = 25.0  # client-side timeout for every call
@@ -159,7 +160,8 @@ class KubeCluster:
     def served_dgd_versions(self) -> list[str]:
         """The nvidia.com versions the cluster serves (API discovery), in DGD_VERSIONS order."""
         with _api_errors("discover API groups"):
-            groups = client.ApisApi(self.api_client).get_api_versions(_request_timeout=REQUEST_TIMEOUT_SECONDS)
+            groups = with_retries(lambda: client.ApisApi(self.api_client).get_api_versions(
+                _request_timeout=REQUEST_TIMEOUT_SECONDS))
         served = {v.version for g in groups.groups or [] if g.name == DGD_GROUP for v in g.versions or []}
         return [v for v in DGD_VERSIONS if v in served]
 
@@ -175,9 +177,9 @@ class KubeCluster:
 
     def get_dgd_object(self, namespace: str, name: str) -> dict[str, Any]:
         with _api_errors(f"get DGD {namespace}/{name}"):
-            return self.custom.get_namespaced_custom_object(
+            return with_retries(lambda: self.custom.get_namespaced_custom_object(
                 DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL, name, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
+            ))
 
     def get_dgd(self, namespace: str, name: str) -> DGD:
         return parse_dgd(self.get_dgd_object(namespace, name))
@@ -185,15 +187,15 @@ class KubeCluster:
     def list_dgds(self, namespace: str | None = None) -> list[DGD | InvalidDGD]:
         with _api_errors(f"list DGDs in {namespace or 'all namespaces'}"):
             if namespace is None:
-                listed = self.custom.list_cluster_custom_object(
+                listed = with_retries(lambda: self.custom.list_cluster_custom_object(
                     DGD_GROUP, self.dgd_version(), DGD_PLURAL,
                     timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
+                ))
             else:
-                listed = self.custom.list_namespaced_custom_object(
+                listed = with_retries(lambda: self.custom.list_namespaced_custom_object(
                     DGD_GROUP, self.dgd_version(), namespace, DGD_PLURAL,
                     timeout_seconds=LIST_TIMEOUT_SECONDS, _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
+                ))
         out: list[DGD | InvalidDGD] = []
         for item in listed.get("items", []):
             try:
@@ -265,8 +267,9 @@ class KubeCluster:
 
     def list_nodes(self, *, label_selector: str | None = None) -> list[NodeInfo]:
         with _api_errors(f"list nodes ({label_selector or ''})".strip()):
-            listed = self.core.list_node(label_selector=label_selector, timeout_seconds=LIST_TIMEOUT_SECONDS,
-                                         _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            listed = with_retries(lambda: self.core.list_node(
+                label_selector=label_selector, timeout_seconds=LIST_TIMEOUT_SECONDS,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS))
         return [NodeInfo(name=n.metadata.name, labels=dict(n.metadata.labels or {}),
                          gpu_allocatable=gpu_allocatable((n.status.allocatable if n.status else None) or {}))
                 for n in listed.items]
@@ -283,9 +286,9 @@ class KubeCluster:
         }
         with _api_errors(f"list pods ({label_selector or ''} {field_selector or ''})".strip()):
             if namespace is None:
-                listed = self.core.list_pod_for_all_namespaces(**kwargs)
+                listed = with_retries(lambda: self.core.list_pod_for_all_namespaces(**kwargs))
             else:
-                listed = self.core.list_namespaced_pod(namespace, **kwargs)
+                listed = with_retries(lambda: self.core.list_namespaced_pod(namespace, **kwargs))
         return [pod_info(p) for p in listed.items]
 
     def list_pods_with_version(

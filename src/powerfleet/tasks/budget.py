@@ -69,18 +69,23 @@ class BudgetTickResult(TaskArgs):
     # oversubscribed group -> "admitted" or the reason admission is closed (power/admission.py)
     admission: dict[str, str] = Field(default_factory=dict)
     task_ids: dict[str, str] = Field(default_factory=dict)  # deployment -> its budget.evaluate task id
+    generation: int | None = None  # the generation its allocation was published under (budget/generations.py)
 
 
 class EvaluateArgs(TaskArgs):
     deployment: str = Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")
-    group: str | None = None  # set by the tick: the budgeted group(s) the deployment draws from
-    group_limit_w: int | None = Field(None, ge=0)
-    group_minimum_w: int = Field(0, ge=0)
-    group_current_w: int = Field(0, ge=0)
-    group_gpu_capacity: int | None = Field(None, ge=0)  # the GPUs it may hold on its groups (None: no ceiling)
-    # why an oversubscribed group it may land on admits no growth (power/admission.py; None: it admits)
-    group_admission: str | None = Field(None, max_length=4000)
-    from_tick: bool = False
+    # The tick's generation (budget/generations.py), never a limit: the allowance is read from Redis
+    # when the evaluation runs, and an outdated generation is skipped. None: sent by hand, no allowance.
+    generation: int | None = Field(None, ge=0, le=2**62)
+
+
+EVALUATION_BATCH = 500  # deployments per budget.evaluate_batch: they share one snapshot (budget/batch.py)
+
+
+class EvaluateBatchArgs(TaskArgs):
+    deployments: list[Annotated[str, Field(min_length=3, max_length=507, pattern=r"^[^/]+/[^/]+$")]] = Field(
+        min_length=1, max_length=EVALUATION_BATCH)
+    generation: int = Field(ge=0, le=2**62)  # the tick's (budget/generations.py); never a limit
 
 
 class EvaluateResult(TaskArgs):
@@ -97,6 +102,15 @@ class EvaluateResult(TaskArgs):
     replicas_written: dict[str, int]
     status_written: bool
     events: list[str]
+    skipped: str | None = None  # why nothing was applied (reason Outdated: its tick is no longer the newest)
+
+
+class EvaluateBatchResult(TaskArgs):
+    results: dict[str, EvaluateResult]  # deployment -> its evaluation
+    # sent again as a budget.evaluate each (same generation): a transient API error on their turn,
+    # or the batch's snapshot unreadable (why)
+    resent: list[str] = Field(default_factory=list)
+    why: str | None = None
 
 
 class ProposeArgs(TaskArgs):
@@ -147,6 +161,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
         return BudgetTickResult(at=now, evaluations=[])
     from powerfleet.budget import metrics
     from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.generations import Allocations
     from powerfleet.budget.tick import tick_limits
     from powerfleet.cluster.dra import KubeDra
     from powerfleet.cluster.gpu_pods import KubeGpuPods
@@ -154,6 +169,8 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.power.admission import admission_rule
 
     fresh_s = 3 * self.app.fleet_config.beat.reconcile_interval_s  # an agent report older than this is no evidence
+    allocations = Allocations(fleet_redis(self.app))
+    generation = allocations.open(now)  # from here on, every earlier tick's evaluation is outdated
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
                            KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app), now), now=now,
@@ -172,17 +189,24 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
                                              "peak_w": plan.group_peak_bound.get(g, 0),
                                              "measured_w": plan.group_measured.get(g)} for g, w in cfg.groups.items()})
     admission = _admission(plan.group_admission)
-    sent, ids = [], {}
-    for key, gl in plan.limits.items():
-        ids[key] = self.app.send_task("powerfleet.budget.evaluate", kwargs={
-            "deployment": key, "group": gl.group, "group_limit_w": gl.limit_w, "group_minimum_w": gl.minimum_w,
-            "group_current_w": gl.current_w, "group_gpu_capacity": gl.gpu_capacity, "group_admission": gl.admission,
-            "from_tick": True}, expires=self.app.fleet_config.beat.budget_interval_s).id
-        sent.append(key)
+    if not allocations.publish(generation, plan.limits):
+        detail = f"superseded: a later tick opened before generation {generation} was published, no evaluation sent"
+        log.record("budget", now, self.request.origin, detail)
+        return BudgetTickResult(at=now, evaluations=[], skipped={k: detail for k in plan.limits},
+                                admission=admission, generation=None)
+    sent, ids, keys = [], {}, list(plan.limits)
+    for i in range(0, len(keys), EVALUATION_BATCH):  # each batch shares one snapshot (budget/batch.py)
+        batch = keys[i:i + EVALUATION_BATCH]
+        task = self.app.send_task("powerfleet.budget.evaluate_batch",
+                                  kwargs={"deployments": batch, "generation": generation},
+                                  expires=self.app.fleet_config.beat.budget_interval_s)
+        ids.update(dict.fromkeys(batch, task.id))
+        sent.extend(batch)
     log.record("budget", now, self.request.origin, (f"budget.evaluate -> {', '.join(sent)}" if sent else
                "no configured deployment found") + "".join(f"; {a.admission.message}"
                                                           for a in plan.group_admission.values()))
-    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission, task_ids=ids)
+    return BudgetTickResult(at=now, evaluations=sent, skipped=plan.skipped, admission=admission, task_ids=ids,
+                            generation=generation)
 
 
 def _admission(got: dict[str, Any]) -> dict[str, str]:
@@ -197,34 +221,115 @@ def _admission(got: dict[str, Any]) -> dict[str, str]:
 @fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,
             max_retries=2, default_retry_delay=2)
 def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
-    from powerfleet.budget import metrics
-    from powerfleet.budget.program import GroupLimit
-    from powerfleet.budget.runner import TransientClusterError, budget_of, evaluate_deployment
+    from powerfleet.budget.runner import TransientClusterError
 
-    bcfg = self.app.fleet_config.budget
-    cfg = _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
-    if params.from_tick:
-        group = GroupLimit(params.group, params.group_limit_w, params.group_minimum_w, params.group_current_w,
-                           params.group_gpu_capacity, params.group_admission)
+    _configured(self.app, "powerfleet.budget.evaluate", params.deployment)
+    try:
+        return _evaluation(self.app, params.deployment, params.generation, _cluster(self.app), _sink(self.app),
+                           _scaling(self.app))
+    except TransientClusterError as exc:  # only transient API errors are retried
+        raise self.retry(exc=exc)
+
+
+@fleet_task("powerfleet.budget.evaluate_batch", EvaluateBatchArgs, acks_late=False)
+def budget_evaluate_batch(self: Any, params: EvaluateBatchArgs) -> EvaluateBatchResult:
+    """A tick's evaluations on one snapshot of the cluster (budget/batch.py): only their writes
+    reach the API server. One that meets a transient API error is sent again on its own."""
+    from powerfleet.budget.batch import (BatchState, PrefetchedReports, SnapshotCluster, SnapshotScaling,
+                                         SnapshotStatus, read_snapshot)
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.generations import Allocations, Read
+    from powerfleet.budget.persist import DgdStatus
+    from powerfleet.budget.runner import TransientClusterError
+    from powerfleet.cluster.budget_store import KubeBudgetStore
+    from powerfleet.cluster.ports import ClusterError
+
+    for key in params.deployments:
+        _configured(self.app, "powerfleet.budget.evaluate_batch", key)
+    cluster = _cluster(self.app)
+
+    def resend(keys: list[str]) -> None:
+        for key in keys:
+            self.app.send_task("powerfleet.budget.evaluate", kwargs={"deployment": key, "generation": params.generation},
+                               countdown=2, expires=self.app.fleet_config.beat.budget_interval_s)
+
+    try:
+        snap = read_snapshot(cluster, _scaling(self.app), params.deployments)
+    except ClusterError as exc:  # each then reads for itself, with its own retries
+        resend(params.deployments)
+        return EvaluateBatchResult(results={}, resent=params.deployments, why=f"snapshot unreadable: {exc}")
+    view = SnapshotCluster(cluster, snap)
+    sink = (DgdStatus(view) if self.app.fleet_config.budget.status_store == "dgd"
+            else SnapshotStatus(KubeBudgetStore(cluster), snap))
+    scaling = SnapshotScaling(_scaling(self.app), snap)
+    # Redis too, once for the batch: the state, the allocations, the reports of the pods' nodes
+    r = fleet_redis(self.app)
+    state, (newest, published, records) = BatchState(_state(self.app), r), Allocations(r).read_all()
+    nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
+    reports = (None if self.app.fleet_config.budget.enforcement_evidence == "off"
+               else PrefetchedReports(RedisReports(r, clock.now()), nodes))
+    results, failed = {}, []
+    for key in params.deployments:
+        try:
+            results[key] = _evaluation(self.app, key, params.generation, view, sink, scaling, state=state,
+                                       read=Read(params.generation, newest, published, records.get(key)),
+                                       reports=reports)
+        except TransientClusterError:
+            failed.append(key)
+    resend(failed)
+    return EvaluateBatchResult(results=results, resent=failed, why="transient API errors" if failed else None)
+
+
+def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any, sink: Any, scaling: Any, *,
+                state: Any = None, read: Any = None, reports: Any = None) -> EvaluateResult:
+    """One evaluation: its allowance read from Redis (a skip when outdated), then the program.
+    A batch passes its state, allocation ``read`` and enforcement ``reports``, each read once for
+    all its deployments. Raises TransientClusterError for the caller to retry."""
+    from powerfleet.budget import metrics
+    from powerfleet.budget.evidence import EvidenceSource, RedisReports
+    from powerfleet.budget.generations import Allocations, verdict
+    from powerfleet.budget.program import GroupLimit
+    from powerfleet.budget.runner import budget_of, evaluate_deployment
+    from powerfleet.cluster.dra import KubeDra
+
+    bcfg = app.fleet_config.budget
+    cfg = bcfg.deployments[deployment]
+    allocations, fence = Allocations(fleet_redis(app)), None
+    if generation is not None:  # sent by a tick: its allowance is read from Redis, now
+        got = read if read is not None else allocations.read(generation, deployment)
+        group = verdict(got, clock.now(), 2 * app.fleet_config.beat.budget_interval_s)
+        if isinstance(group, str):
+            return _skip(deployment, group)
+
+        def fence() -> str | None:  # checked again just before anything is written
+            return allocations.outdated(generation)
     elif bcfg.groups:
         group = GroupLimit("(evaluated outside a tick)", None)  # no allowance: scale-ups blocked
     else:
         group = None
-    try:
-        from powerfleet.budget.evidence import EvidenceSource, RedisReports
-        from powerfleet.cluster.dra import KubeDra
-
-        cluster = _cluster(self.app)
-        evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
-            RedisReports(fleet_redis(self.app), clock.now()), 3 * self.app.fleet_config.beat.reconcile_interval_s,
-            bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
-        out = evaluate_deployment(cluster, _state(self.app), params.deployment, budget_of(cfg), group, clock,
-                                  _sink(self.app), _scaling(self.app), KubeDra(cluster), evidence)
-    except TransientClusterError as exc:  # only transient API errors are retried
-        raise self.retry(exc=exc)
-    metrics.record_evaluation(params.deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
+    evidence = None if bcfg.enforcement_evidence == "off" else EvidenceSource(
+        reports or RedisReports(fleet_redis(app), clock.now()), 3 * app.fleet_config.beat.reconcile_interval_s,
+        bcfg.max_settable_gpu_w, bcfg.enforcement_evidence)
+    out = evaluate_deployment(cluster, state or _state(app), deployment, budget_of(cfg), group, clock, sink, scaling,
+                              KubeDra(cluster), evidence, fence=fence)
+    if out.skipped is not None:
+        return _skip(deployment, out.skipped)
+    metrics.record_evaluation(deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
                               out.reasons, out.over_w)
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
+
+
+def _skip(deployment: str, why: str) -> EvaluateResult:
+    """A recorded skip: nothing read was applied (its tick is outdated, or never published this allocation)."""
+    import logging
+
+    from powerfleet.budget import metrics
+
+    logging.getLogger("powerfleet.budget").info("%s: evaluation skipped, %s", deployment, why)
+    metrics.record_evaluation(deployment, "Outdated", None, None, None, None, ())
+    return EvaluateResult(deployment=deployment, reason="Outdated", ready=False, targets={}, settled_w=None,
+                          peak_w=None, gpus=None, limit_w=None, reasons=[], replicas_written={}, status_written=False,
+                          events=[], skipped=why)
 
 
 @fleet_task("powerfleet.budget.propose", ProposeArgs, acks_late=True)

@@ -13,9 +13,11 @@ delay, and a deleted pod stays Terminating (GPUs held, not counted as a replica)
 deadline, when the plan removes it (``twin/kubelet.py``). The status is rendered in Dynamo's
 field names by ``twin/dgdstatus.py``; ``OperatorSettings`` (``twin/fidelity.py``) holds the knobs.
 
-It also schedules: a new pod goes to the node with the most free GPUs (spreading the two
-racks), and is given concrete GPU indices (the device plugin's part), recorded in the pod
-annotation ``twin.powerfleet.io/gpus``. A rollout is surge-one: a pod of the new template is
+It also schedules (twin/scheduler.py, as kube-scheduler filters: cordons, nodeSelector and required
+node affinity, taints and tolerations, allocatable ``nvidia.com/gpu``): a new pod goes to the
+fitting node with the most free GPUs (spreading the two racks), and is given concrete GPU indices
+(the device plugin's part), recorded in the pod annotation ``twin.powerfleet.io/gpus``; one that
+fits nowhere stays Pending with ``PodScheduled=False``, reason ``Unschedulable``, until room appears. A rollout is surge-one: a pod of the new template is
 added, and an old pod is removed only once the ready count exceeds the desired replicas; when
 the surge pod finds no GPUs, one old pod goes first (replace in place).
 """
@@ -29,12 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_COMPONENT, LABEL_DGD_NAME
+from powerfleet.cluster.gpu_pods import pod_gpus as spec_gpus
 from powerfleet.twin.dgdstatus import ComponentCounts, render, was_ready
 from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.kubelet import expired, is_ready, next_status, terminating
+from powerfleet.twin.scheduler import GPUS_ANNOTATION, NodeView, Scheduler, pod_gpu_indices, unschedulable
 
 Obj = dict[str, Any]
-GPUS_ANNOTATION = "twin.powerfleet.io/gpus"
 HASH_LABEL = "twin.powerfleet.io/template-hash"
 _DEFAULT = OperatorSettings()
 
@@ -49,6 +52,7 @@ class ComponentSpec:
     labels: dict[str, str]
     image: str
     template_hash: str
+    scheduling: Mapping[str, Any] = field(default_factory=dict)  # the template's nodeSelector, affinity, tolerations
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,8 @@ def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
             rest = {k: v for k, v in item.items() if k != "replicas"}
             out.append(ComponentSpec(str(item.get("name", "")), str(item.get("type") or item.get("componentType") or ""),
                                      _int(item.get("replicas", 1), 1), gpus, dict(_map(meta.get("annotations"))),
-                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest)))
+                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest),
+                                     _scheduling(_map(template.get("spec")))))
     else:
         for name, item in _map(spec.get("services")).items():
             item = _map(item)
@@ -124,60 +129,35 @@ def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
             rest = {k: v for k, v in item.items() if k != "replicas"}
             out.append(ComponentSpec(str(name), str(item.get("subComponentType") or item.get("componentType") or ""),
                                      _int(item.get("replicas", 1), 1), gpus, dict(_map(meta.get("annotations"))),
-                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest)))
+                                     dict(_map(meta.get("labels"))), str(main.get("image", "")), _hash(rest),
+                                     _scheduling(_map(item.get("extraPodSpec")))))
     return [c for c in out if c.name]
 
 
 _ready = is_ready
+pod_gpus = pod_gpu_indices  # the GPU indices a pod was given (twin/scheduler.py)
+_SCHEDULING = ("nodeSelector", "affinity", "tolerations")  # what a pod template says of where it may run
 
 
-def pod_gpus(pod: Mapping[str, Any]) -> list[int]:
-    raw = _map(_map(pod.get("metadata")).get("annotations")).get(GPUS_ANNOTATION, "")
-    return [int(x) for x in str(raw).split(",") if x.strip().isdigit()]
-
-
-class _Scheduler:
-    """Free GPU indices per node, updated as the plan places pods."""
-
-    def __init__(self, nodes: Mapping[str, int], pods: Sequence[Mapping[str, Any]]) -> None:
-        self.order = list(nodes)
-        self.free = {n: set(range(c)) for n, c in nodes.items()}
-        for p in pods:
-            node = _map(p.get("spec")).get("nodeName")
-            if node in self.free:
-                self.free[node] -= set(pod_gpus(p))
-
-    def place(self, gpus: int) -> tuple[str, list[int]] | None:
-        fits = [n for n in self.order if len(self.free[n]) >= gpus]
-        if not fits:
-            return None
-        node = max(fits, key=lambda n: (len(self.free[n]), -self.order.index(n)))
-        chosen = sorted(self.free[node])[:gpus]
-        self.free[node] -= set(chosen)
-        return node, chosen
-
-    def release(self, pod: Mapping[str, Any]) -> None:
-        node = _map(pod.get("spec")).get("nodeName")
-        if node in self.free:
-            self.free[node] |= set(pod_gpus(pod))
+def _scheduling(pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: pod_spec[k] for k in _SCHEDULING if k in pod_spec}
 
 
 def _pod_manifest(dgd: Mapping[str, Any], comp: ComponentSpec, ordinal: int,
-                  placed: tuple[str, list[int]] | None, grace_s: int) -> Obj:
+                  placed: tuple[str, list[int]] | str, grace_s: int) -> Obj:
     meta = _map(dgd.get("metadata"))
     dgd_name = str(meta.get("name"))
     annotations = dict(comp.annotations)
     spec: Obj = {"containers": [{"name": "main", "image": comp.image or "twin",
                                  "resources": {"limits": {GPU_RESOURCE: str(comp.gpus)}} if comp.gpus else {}}],
-                 "restartPolicy": "Always", "terminationGracePeriodSeconds": grace_s}
+                 "restartPolicy": "Always", "terminationGracePeriodSeconds": grace_s, **comp.scheduling}
     status: Obj = {"phase": "Pending"}
-    if placed is not None:
+    if isinstance(placed, tuple):
         spec["nodeName"] = placed[0]
         annotations[GPUS_ANNOTATION] = ",".join(str(i) for i in placed[1])
         status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
     else:
-        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                 "message": f"0 nodes have {comp.gpus} free {GPU_RESOURCE}"}]
+        status["conditions"] = [unschedulable(placed)]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -204,11 +184,14 @@ def _ordinals(pods: Sequence[Mapping[str, Any]]) -> set[int]:
 
 
 def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]],
-              nodes: Mapping[str, int], *, now: float = 0.0, settings: OperatorSettings = _DEFAULT) -> Plan:
-    """The whole desired state for one pass. ``nodes``: node name -> GPU count, in scheduling order.
-    Terminating pods hold their GPUs (the scheduler counts them) until their deadline."""
+              nodes: Sequence[NodeView] | Mapping[str, int], *, now: float = 0.0,
+              settings: OperatorSettings = _DEFAULT) -> Plan:
+    """The whole desired state for one pass. ``nodes``: the nodes in scheduling order (NodeViews,
+    or node name -> GPU count). Terminating pods hold their GPUs (the scheduler counts them) until
+    their deadline. A pod no DGD owns (another tenant's) is scheduled and stepped too: bound once
+    it fits (twin/scheduler.py), then started by the kubelet."""
     plan = Plan()
-    sched = _Scheduler(nodes, pods)
+    sched = Scheduler(nodes, pods)
     by_dgd: dict[str, list[Mapping[str, Any]]] = {}
     held: dict[str, list[Mapping[str, Any]]] = {}  # terminating pods per DGD (their names are taken)
     for p in pods:
@@ -220,6 +203,8 @@ def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any
         owner = _map(_map(p.get("metadata")).get("labels")).get(LABEL_DGD_NAME)
         if owner:
             by_dgd.setdefault(str(owner), []).append(p)
+        else:
+            _schedule_unowned(p, sched, plan, now)
     for dgd in sorted(dgds, key=lambda d: str(_map(d.get("metadata")).get("name"))):
         dname = str(_map(dgd.get("metadata")).get("name"))
         _reconcile_dgd(dgd, by_dgd.get(dname, []), held.get(dname, []), sched, plan, now, settings)
@@ -230,8 +215,22 @@ def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any
     return plan
 
 
+def _schedule_unowned(pod: Mapping[str, Any], sched: Scheduler, plan: Plan, now: float) -> None:
+    """A pod the operator does not own: the scheduler binds it when it fits, the kubelet starts it."""
+    name = str(_map(pod.get("metadata")).get("name"))
+    spec = _map(pod.get("spec"))
+    if spec.get("nodeName"):
+        nxt = next_status(pod, now, 0.0)
+        if nxt is not None:
+            plan.pod_status[name] = nxt
+        return
+    placed = sched.place(spec, spec_gpus(spec))
+    if isinstance(placed, tuple):
+        plan.placements[name] = placed
+
+
 def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], held: list[Mapping[str, Any]],
-                   sched: _Scheduler, plan: Plan, now: float, settings: OperatorSettings) -> None:
+                   sched: Scheduler, plan: Plan, now: float, settings: OperatorSettings) -> None:
     meta = _map(dgd.get("metadata"))
     name = str(meta.get("name"))
     comps = components(dgd)
@@ -281,7 +280,8 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], held: 
                 for _ in range(1 if rolling else missing):
                     ordinal = next(i for i in range(len(ordinals) + 1) if i not in ordinals)
                     ordinals.add(ordinal)
-                    pod = _pod_manifest(dgd, comp, ordinal, sched.place(comp.gpus), settings.termination_grace_s)
+                    pod = _pod_manifest(dgd, comp, ordinal, sched.place(comp.scheduling, comp.gpus),
+                                        settings.termination_grace_s)
                     plan.creates.append(pod)
         ready_now = sum(1 for p in current if _ready(p)) + sum(1 for p in old if _ready(p))
         if old and ready_now > comp.replicas:
@@ -290,14 +290,14 @@ def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], held: 
         for p in current:
             pname = str(_map(p.get("metadata")).get("name"))
             if not _map(p.get("spec")).get("nodeName"):
-                placed = sched.place(comp.gpus)
-                if placed is None and old:
+                placed = sched.place(_map(p.get("spec")), comp.gpus)
+                if not isinstance(placed, tuple) and old:
                     # No room to surge: replace in place (one old pod goes first, as a rollout with
                     # maxUnavailable 1 would), so a full cluster can still roll out a new template.
                     delete(old[0])
                     old = old[1:]
-                    placed = sched.place(comp.gpus)
-                if placed is not None:
+                    placed = sched.place(_map(p.get("spec")), comp.gpus)
+                if isinstance(placed, tuple):
                     plan.placements[pname] = placed
                 continue
             nxt = next_status(p, now, settings.delay_for(comp.name, comp.type))

@@ -183,8 +183,9 @@ class Twin:
         out = {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
         caps = {t.name: t.cap_w for t in TENANTS}
         for pod in tenant_pods(self.spec):
-            tenant = pod["metadata"]["labels"][TENANT_LABEL]
-            out[self.spec.rack_of(pod["spec"]["nodeName"])] += caps[tenant] or GPU_DEFAULT_W
+            tenant, node = pod["metadata"]["labels"][TENANT_LABEL], pod["spec"].get("nodeName")
+            if node is not None and tenant in caps:  # the Pending tenant is on no rack
+                out[self.spec.rack_of(node)] += caps[tenant] or GPU_DEFAULT_W
         return out
 
     def manifest(self) -> dict[str, Any]:

@@ -6,6 +6,11 @@ Each rack's first node runs one pod of each tenant: ``train-job`` carries the po
 GPU runs at the default limit). Neither has the DGD labels, so no DGD, budget or retune reads
 them; their GPUs are taken (the twin's scheduler counts them) and they draw power at a steady
 load, so a rack's measured power includes what the fleet does not plan.
+
+A third, ``queued-train`` (2 GPUs, capped at 400 W), is **Pending**: it asks for nodes labelled
+``powerfleet.io/twin-pool=training`` and no node has that label, so the twin's scheduler leaves it
+unbound with ``PodScheduled=False``, reason ``Unschedulable``, as kube-scheduler does; label a
+node (with 2 GPUs free) and the next operator pass binds it there (twin/scheduler.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class Tenant:
 
 
 TENANTS: tuple[Tenant, ...] = (Tenant("train-job", 300, 0.5), Tenant("batch-infer", None, 0.2))
+PENDING = Tenant("queued-train", 400, 0.6)  # waits for a pool no node is in
+POOL_LABEL = "powerfleet.io/twin-pool"
 
 
 def tenant_pods(spec: TwinSpec) -> list[dict[str, Any]]:
@@ -54,12 +61,32 @@ def tenant_pods(spec: TwinSpec) -> list[dict[str, Any]]:
                 "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"},
                                                               {"type": "Ready", "status": "True"}]},
             })
+    out.append(pending_tenant_pod(spec))
     return out
+
+
+def pending_tenant_pod(spec: TwinSpec) -> dict[str, Any]:
+    """The tenant that fits nowhere yet: Pending, with the condition kube-scheduler writes."""
+    from powerfleet.twin.scheduler import unschedulable
+
+    n = spec.nodes
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": PENDING.name, "namespace": spec.namespace,
+                     "annotations": {POWER_ANNOTATION: str(PENDING.cap_w)},
+                     "labels": {TENANT_LABEL: PENDING.name, "app.kubernetes.io/name": PENDING.name}},
+        "spec": {"nodeSelector": {POOL_LABEL: "training"}, "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "main", "image": f"example.com/{PENDING.name}:1",
+                                 "resources": {"limits": {GPU_RESOURCE: "2"}}}]},
+        "status": {"phase": "Pending", "conditions": [unschedulable(
+            f"0/{n} nodes are available: {n} node(s) didn't match Pod's node affinity/selector. "
+            f"preemption: 0/{n} nodes are available: {n} Preemption is not helpful for scheduling.")]},
+    }
 
 
 def tenant_loads(pods: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Pod name -> utilisation, for the tenants' running pods."""
-    load = {t.name: t.load for t in TENANTS}
+    load = {t.name: t.load for t in (*TENANTS, PENDING)}
     return {str(p["metadata"]["name"]): load[tenant] for p in pods
             if (tenant := (p["metadata"].get("labels") or {}).get(TENANT_LABEL)) in load
             and (p.get("status") or {}).get("phase") == "Running"}

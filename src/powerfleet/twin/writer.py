@@ -25,6 +25,7 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, DGD_VERSION
 from powerfleet.twin.fidelity import OperatorSettings
 from powerfleet.twin.operator import GPUS_ANNOTATION, Event, Plan, reconcile
+from powerfleet.twin.scheduler import NodeView, node_view
 from powerfleet.twin.other_writers import OtherWriters, OtherWrites
 from powerfleet.twin.planner import StandInPlanner
 
@@ -66,15 +67,14 @@ class OperatorLoop:
 
     # -- the read side --
 
-    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[NodeView]]:
         dgds = self.custom.list_namespaced_custom_object(DGD_GROUP, self.dgd_version, self.namespace, DGD_PLURAL,
                                                          _request_timeout=_TIMEOUT)["items"]
         san = self.api_client.sanitize_for_serialization
         pods = [san(p) for p in self.core.list_namespaced_pod(self.namespace, _request_timeout=_TIMEOUT).items]
-        nodes: dict[str, int] = {}
-        for n in sorted(self.core.list_node(_request_timeout=_TIMEOUT).items, key=lambda n: n.metadata.name):
-            alloc = (n.status.allocatable or {}) if n.status else {}
-            nodes[n.metadata.name] = int(alloc.get("nvidia.com/gpu", "0") or 0)
+        # What the scheduler reads of each node: labels, taints, cordon, allocatable GPUs (twin/scheduler.py).
+        nodes = sorted((node_view(san(n)) for n in self.core.list_node(_request_timeout=_TIMEOUT).items),
+                       key=lambda v: v.name)
         return dgds, pods, nodes
 
     # -- the one writer --

@@ -17,10 +17,13 @@ Where it matters to powerfleet it refuses and rewrites what a real kube-apiserve
 * metadata limits (names 253, label values 63, annotations 256 KiB -> 422), bodies over 3 MiB
   -> 413, strategic merge patch on a custom resource and server-side apply -> 415;
 * graceful pod deletion (``deletionTimestamp``, the grace period, then a final delete);
-* GET, LIST (label and field selectors), CREATE (``generateName``), UPDATE (stale
+* GET, LIST (label and field selectors; ``limit``/``continue`` pages from one snapshot, 410 once a
+  token expired: ``pages``), CREATE (``generateName``), UPDATE (stale
   resourceVersion -> 409), PATCH (merge, JSON patch with ``test``), DELETE (preconditions),
   deletecollection, ``/status`` subresources, WATCH (resumable from the event log, else 410);
 * one global resourceVersion counter; ``generation`` bumps when ``spec`` changes;
+* injected faults, off by default (``faults``): a share of requests answered 429 with
+  ``Retry-After`` or 5xx, and a request held until released;
 * optional persistence to one JSON file (loaded at start, written atomically after every
   change and at stop) so a demo can be stopped and resumed.
 
@@ -32,7 +35,7 @@ Usage::
 
 Modules: ``server`` (ApiServer: lifecycle, kubeconfig, seeding, persistence), ``store`` (objects,
 resourceVersion, event log), ``resources`` (served types), ``routing`` (paths, discovery),
-``verbs`` (REST verbs), ``watch``, ``selectors``, ``patches``, ``http`` (transport), ``errors``,
+``verbs`` (REST verbs), ``pages`` (chunked LISTs), ``faults`` (injected 429/5xx, held requests), ``watch``, ``selectors``, ``patches``, ``http`` (transport), ``errors``,
 ``options``, ``crds`` + ``schema`` + ``admission`` (what is refused), ``conversion`` + ``versions``.
 """
 

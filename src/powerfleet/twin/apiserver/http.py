@@ -56,7 +56,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.server.handle_api(self, method)
         except ApiError as exc:
-            self.send_json(exc.code, exc.status())
+            self.send_json(exc.code, exc.status(), exc.headers)
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # noqa: BLE001 - a fixture must answer, not die

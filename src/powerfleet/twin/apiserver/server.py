@@ -15,7 +15,9 @@ import yaml
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.twin.apiserver import verbs
 from powerfleet.twin.apiserver.admission import admit
-from powerfleet.twin.apiserver.errors import Obj
+from powerfleet.twin.apiserver.errors import ApiError, Obj
+from powerfleet.twin.apiserver.faults import Faults
+from powerfleet.twin.apiserver.pages import Pages
 from powerfleet.twin.apiserver.http import Handler, HTTPServer
 from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import DEFAULT_RESOURCES, Registry, ResourceType
@@ -42,6 +44,8 @@ class ApiServer:
         self.persist_path = Path(persist_path) if persist_path else None
         self.store = Store(clock or SystemClock())
         self.registry = Registry(resources)
+        self.faults = Faults()  # 429/5xx shares and held requests, off until told (faults.py)
+        self.pages = Pages(self.store.clock)  # chunked LISTs' continue tokens (pages.py)
         self._httpd: HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -177,4 +181,9 @@ class ApiServer:
     # -- HTTP --
 
     def handle(self, req: Handler, method: str) -> None:
-        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options)
+        try:
+            self.faults.before(method, req.path)
+        except ApiError:
+            req.json_body()  # read what was sent, so the kept-alive connection stays in step
+            raise
+        verbs.handle(self.store, self.registry, self._stopping, req, method, self.options, self.pages)

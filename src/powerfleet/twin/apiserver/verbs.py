@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from powerfleet.twin.apiserver.admission import admit, warning_header
 from powerfleet.twin.apiserver.errors import ApiError, Obj
 from powerfleet.twin.apiserver.http import Handler
+from powerfleet.twin.apiserver.pages import Pages, parse_limit
 from powerfleet.twin.apiserver.patches import apply_patch
 from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import Registry, ResourceType
@@ -42,7 +43,7 @@ def _pod_grace(store: Store, rt: ResourceType, ns: str, name: str, query: Mappin
 
 
 def handle(store: Store, registry: Registry, stopping: threading.Event, req: Handler, method: str,
-           options: ServerOptions) -> None:
+           options: ServerOptions, pages: Pages | None = None) -> None:
     split = urlsplit(req.path)
     query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
     found = route(split.path, registry)
@@ -61,9 +62,13 @@ def handle(store: Store, registry: Registry, stopping: threading.Event, req: Han
         if query.get("watch") in ("true", "1"):
             watch(store, stopping, req, rt, found.namespace, label, field, query, versions.served)
             return
-        items, rv = store.list(srt, found.namespace, label, field)
-        req.send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                        "metadata": {"resourceVersion": str(rv)}, "items": [versions.served(i) for i in items]})
+        limit, token = parse_limit(query.get("limit")), query.get("continue") or None
+        if token and pages is None:
+            raise ApiError(400, "BadRequest", "continue is not served here")
+        items, rv = ([], 0) if token else store.list(srt, found.namespace, label, field)
+        served = [versions.served(i) for i in items]
+        page, meta = (served, {"resourceVersion": str(rv)}) if pages is None else pages.page(served, rv, limit, token)
+        req.send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": page})
         return
     if method == "GET":
         req.send_json(200, versions.served(store.get(srt, ns, name)))

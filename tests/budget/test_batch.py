@@ -1,0 +1,84 @@
+"""Batched evaluations (budget/batch.py) against the loopback API server and a real redis-server:
+one snapshot for every deployment of the batch, then only writes, and none where nothing changed."""
+
+from __future__ import annotations
+
+from powerfleet.budget.batch import BatchState, SnapshotCluster, SnapshotScaling, SnapshotStatus, read_snapshot
+from powerfleet.budget.program import DeploymentBudget
+from powerfleet.budget.runner import evaluate_deployment
+from powerfleet.clock import FakeClock
+from powerfleet.cluster.budget_store import KubeBudgetStore
+from powerfleet.cluster.scaling import KubeScaling
+from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+
+BUDGET = DeploymentBudget(power_limit_w=5000)
+KEYS = ["default/llama", "default/alpha", "other/beta"]
+
+
+def _calls(kube) -> list[tuple[str, str]]:
+    """Count the API calls ``kube`` makes from here on: (method, path) each."""
+    log: list[tuple[str, str]] = []
+    request = kube.api_client.rest_client.request
+
+    def counted(method, url, *a, **kw):
+        log.append((method, url.split("?")[0].split("/", 3)[-1]))
+        return request(method, url, *a, **kw)
+
+    kube.api_client.rest_client.request = counted
+    return log
+
+
+def _batch(kube, state, clock, scaling):
+    """As budget.evaluate_batch runs them: one snapshot of the cluster, the state read once."""
+    snap = read_snapshot(kube, scaling, KEYS)
+    view, sink, scale = SnapshotCluster(kube, snap), SnapshotStatus(KubeBudgetStore(kube), snap), \
+        SnapshotScaling(scaling, snap)
+    batch_state = BatchState(state, state._r)
+    return {k: evaluate_deployment(view, batch_state, k, BUDGET, None, clock, sink, scale) for k in KEYS}
+
+
+def test_a_batch_reads_once_and_then_only_writes_what_changed(world):
+    api, kube, state = world
+    api.apply(dgd("alpha", 1, 1))
+    api.apply(dgd("beta", 1, 2, namespace="other"))
+    settle(api, kube, "alpha", ["gpu-0"])
+    settle(api, kube, "beta", ["gpu-0"], namespace="other")
+    clock, scaling = FakeClock(t=1_800_000_000.0), KubeScaling(kube)
+    kube.dgd_version()
+    log = _calls(kube)
+    first = _batch(kube, state, clock, scaling)
+    reads = [c for c in log if c[0] == "GET"]
+    # DGDs, status ConfigMaps, the DGD pods (one page), the adapters of each of the two namespaces
+    assert len(reads) == 5, reads
+    assert all(o.status_written and o.reason == "Planned" for o in first.values()), first
+    assert budget_status(api, "beta", "other")["reason"] == "Planned"
+
+    del log[:]
+    clock.advance(30)
+    again = _batch(kube, state, clock, scaling)
+    assert len(log) == 5 and all(m == "GET" for m, _ in log), log  # nothing changed: the snapshot, no write
+    assert not any(o.status_written or o.events or o.replicas_written for o in again.values()), again
+
+    state.propose("default/alpha", {"decode": 3}, at=clock.now(), source="test")
+    del log[:]
+    scaled = _batch(kube, state, clock, scaling)
+    writes = [c for c in log if c[0] != "GET"]
+    assert scaled["default/alpha"].replicas_written == {"decode": 3}, scaled
+    assert replicas(api, "alpha") == {"prefill": 1, "decode": 3}
+    # alpha's replica write, its one Scaled event, its status ConfigMap; the others wrote nothing
+    assert all("alpha" in path or "events" in path for _, path in writes), writes
+    assert scaled["default/alpha"].events.count("Scaled") == 1, scaled
+    assert not any(o.status_written for k, o in scaled.items() if k != "default/alpha"), scaled
+    # what the batch's state recorded is what a single evaluation reads back
+    assert state.last_replicas("default/alpha") == {"Frontend": 1, "prefill": 1, "decode": 3}
+    assert state.figures()["default/alpha"]["reason"] == "Planned" and not state.was_rolling("default/llama")
+
+
+def test_a_deployment_missing_from_the_snapshot_is_not_found(world):
+    _, kube, state = world
+    scaling = KubeScaling(kube)
+    snap = read_snapshot(kube, scaling, ["default/nosuch"])
+    out = evaluate_deployment(SnapshotCluster(kube, snap), state, "default/nosuch", BUDGET, None,
+                              FakeClock(t=1_800_000_000.0), SnapshotStatus(KubeBudgetStore(kube), snap),
+                              SnapshotScaling(scaling, snap))
+    assert out.reason == "NotFound", out
