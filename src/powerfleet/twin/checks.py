@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerfleet.twin.runtime import Sample
 
@@ -19,6 +19,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    figures: Mapping[str, object] = field(default_factory=dict)  # what it measured, for summary.json
 
 
 def power_within_budget(samples: Sequence[Sample], rack_budget_w: Mapping[str, float],
@@ -29,8 +30,9 @@ def power_within_budget(samples: Sequence[Sample], rack_budget_w: Mapping[str, f
         return Check(name, False, "no power samples were taken")
     worst: tuple[float, str, float] | None = None  # (excess W, where, t)
     for s in samples:
-        pairs = [(f"rack {r}", w, rack_budget_w.get(r, 0.0)) for r, w in s.rack_w.items()]
-        pairs.append(("fleet", s.fleet_w, fleet_budget_w))
+        budgets = s.rack_budget_w or rack_budget_w  # the limits in force at the sample (a set_limit moves them)
+        pairs = [(f"rack {r}", w, budgets.get(r, 0.0)) for r, w in s.rack_w.items()]
+        pairs.append(("fleet", s.fleet_w, sum(s.rack_budget_w.values()) if s.rack_budget_w else fleet_budget_w))
         for where, w, budget in pairs:
             if w > budget and (worst is None or w - budget > worst[0]):
                 worst = (w - budget, where, s.t)
