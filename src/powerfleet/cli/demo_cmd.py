@@ -165,7 +165,7 @@ def demo(
     plan = None  # the scenario file (validated before anything starts), None for oversubscribe
     if scenario != "oversubscribe":
         plan = load_scenario(scenario, duration, nodes)
-        duration = float(plan.duration_s)
+        duration = float(plan[0].duration_s)
     elif nodes is not None:
         fail("--nodes: the oversubscribe scenario runs its own two-node twin")
     duration = 180.0 if duration is None else duration

@@ -56,13 +56,14 @@ def no_rack_over_limit(samples: Sequence[Sample], rack_of: Mapping[str, str],
 
 
 def slo(windows: Iterable[Any], slas: Mapping[str, float], reasons: Mapping[str, Iterable[str]],
-        racks_of: Mapping[str, Iterable[str]]) -> Check:
+        racks_of: Mapping[str, Iterable[str]], since: Mapping[str, float] | None = None) -> Check:
     """Each deployment with an SLA within it (at least SLO_ATTAINMENT of its windows' mean TTFT at
-    or under the target), or the budget's reason that bound it named, with what would lift it."""
+    or under the target, counting the windows that start at or after ``since``), or the budget's
+    reason that bound it named, with what would lift it."""
     name = "slo"
     by_dgd: dict[str, list[float]] = {}
     for w in windows:
-        if w.ttft_ms_current is not None:
+        if w.ttft_ms_current is not None and w.start >= (since or {}).get(w.dgd, float("-inf")):
             by_dgd.setdefault(w.dgd, []).append(float(w.ttft_ms_current))
     figures: dict[str, dict[str, Any]] = {}
     parts, bad = [], []

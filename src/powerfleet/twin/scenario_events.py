@@ -29,6 +29,7 @@ from powerfleet.twin.scenario_tenants import tenant_pod
 from powerfleet.twin.scenario_twin import multiplier_at
 
 CLAMPS = ("gpu_capacity",)
+LOAD_WINDOW_TICKS = 600  # the served token rates kept per deployment (one a tick)
 
 
 class FleetPort(Protocol):
@@ -55,6 +56,7 @@ class ScenarioRun(StepRunner, Probe):
         self.steps = [self._step(i, e) for i, e in enumerate(scenario.events)]
         self.at_s = {s.name: M.at_s(e.at, scenario.duration_s) for s, e in zip(self.steps, scenario.events)}
         self._rates: dict[str, float] = {}
+        self._served: dict[str, list[tuple[float, float, float]]] = {}  # dgd -> (t, input tok/s, output tok/s)
 
     def tick(self, fraction: float) -> None:
         t_s = fraction * self.scenario.duration_s
@@ -63,6 +65,9 @@ class ScenarioRun(StepRunner, Probe):
             if self._rates.get(dgd, 1.0) != x:
                 self.log(f"scenario: {dgd} traffic x{x:g}")
             self._rates[dgd], source.rate = x, x
+            seen = self._served.setdefault(dgd, [])
+            seen.append((time.time(), *self.twin.token_rates(dgd)))
+            del seen[:-LOAD_WINDOW_TICKS]
         super().tick(fraction)
         for step in self.steps:  # a planner following the load proposes again every every_s
             again = getattr(step, "again", None)
@@ -157,7 +162,12 @@ class ScenarioRun(StepRunner, Probe):
     def load_proposal(self, e: M.ProposeLoad) -> tuple[dict[str, float], dict[str, int]]:
         """(load per role, replicas) from the deployment's served token rates: prefill by input
         tokens/s, decode by output tokens/s, an aggregated worker by both."""
-        isl, osl = self.twin.token_rates(e.deployment)
+        # The mean over the last every_s seconds (20 s at most once): the trace is bursty, and a
+        # planner that followed each second's rate would roll the deployment back and forth.
+        span = float(e.every_s or 20.0)
+        seen = [r for r in self._served.get(e.deployment, []) if r[0] >= time.time() - span]
+        isl, osl = ((sum(r[1] for r in seen) / len(seen), sum(r[2] for r in seen) / len(seen)) if seen
+                    else self.twin.token_rates(e.deployment))
         load = {"prefill": isl, "decode": osl, "worker": isl + osl}
         used = {r: round(load[r], 1) for r in e.target_per_replica}
         return used, {r: max(1, math.ceil(used[r] / float(t))) for r, t in e.target_per_replica.items()}

@@ -121,8 +121,10 @@ def first_error(exc: ValidationError) -> str:
 
 
 def _is_union_tag(part: Any) -> bool:
-    # pydantic names the union member it tried ("set_limit", "int", "function-after[...]"): not a key.
-    return isinstance(part, str) and (part in ("int", "float", "str") or "[" in part or part.endswith("]"))
+    # pydantic names the union member it tried (an event's kind, "int", "function-after[...]"): not a key.
+    from powerfleet.twin.scenario_model import EVENT_KINDS
+
+    return isinstance(part, str) and (part in ("int", "float", "str") or part in EVENT_KINDS or "[" in part)
 
 
 def load(source: str, *, duration_s: float | None = None) -> tuple[Scenario, Path]:

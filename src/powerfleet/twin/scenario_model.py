@@ -98,6 +98,9 @@ class Topology(_Strict):
 
 class Sla(_Strict):
     ttft_ms: Annotated[Union[StrictFloat, StrictInt], Field(gt=0, le=3_600_000)]
+    judged_from: Union[StrictFloat, StrictInt, str] = Field(
+        0, description="windows starting before this time (seconds, or '40%') are not judged: the time a "
+                       "planner following the load needs")
     itl_ms: None = Field(None, description="refused: the twin's frontends measure TTFT only")
 
 
@@ -159,7 +162,8 @@ class Traffic(_Strict):
 
 class _Event(_Strict):
     at: Union[StrictFloat, StrictInt, str] = Field(description="seconds from the start, or a share of the run: '25%'")
-    name: Name | None = Field(None, description="the event's check in the report (default: <kind>-<index>)")
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")] | None = Field(
+        None, description="the event's check in the report (default: <kind>-<index>)")
 
 
 class SetLimit(_Event):
@@ -244,6 +248,8 @@ class PatchRouter(_Event):
 Event = Annotated[Union[SetLimit, Propose, ProposeLoad, SetAnnotation, AddTenant, DeletePod, NodeEvent, FlushRedis,
                         KillBroker, TelemetryFault, RecreateDgd, PatchRouter], Field(discriminator="kind")]
 
+EVENT_KINDS = ("set_limit", "propose", "propose_load", "set_annotation", "add_tenant", "delete_pod", "kill_agent",
+               "restart_agent", "flush_redis", "kill_broker", "telemetry_fault", "recreate_dgd", "patch_router")
 CHECKS = ("power_within_budget", "no_rack_over_limit", "caps_match_annotations", "retune_windows_decided",
           "retune_applied", "no_unexpected_task_failures", "slo", "events")
 
@@ -300,6 +306,9 @@ class Scenario(_Strict):
             node = getattr(e, "node", None) or (e.tenant.node if isinstance(e, AddTenant) else None)
             if node is not None and node not in nodes:
                 raise ValueError(f"{where}: {node} is not a node of the topology")
+        for name, d in self.deployments.items():
+            if d.sla is not None:
+                at_s(d.sla.judged_from, self.duration_s, f"deployments.{name}.sla.judged_from")
         for name, tr in self.traffic.items():
             for j, m in enumerate(tr.multipliers):
                 at_s(m.at, self.duration_s, f"traffic.{name}.multipliers.{j}.at")

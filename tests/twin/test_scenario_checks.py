@@ -1,0 +1,76 @@
+"""A scenario's own checks (twin/scenario_checks.py), pure: each rack's physical watts against its
+limit at the time, and each deployment's SLA attainment or the cause that bound it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from powerfleet.twin.nodes import GpuSample
+from powerfleet.twin.runtime import Sample
+from powerfleet.twin.scenario_checks import no_rack_over_limit, retune_applied, slo
+
+RACKS = {"n0": "rack-a", "n1": "rack-b"}
+
+
+def _sample(t: float, gpus: list[tuple[str, float, float | None]], limit_w: float) -> Sample:
+    """``gpus``: (node, enforced cap, annotation or None) of GPUs that run a pod."""
+    samples = [GpuSample(node, i, f"GPU-{i}", cap, 100.0, f"pod-{i}", "decode", False)
+               for i, (node, cap, _) in enumerate(gpus)]
+    samples.append(GpuSample("n0", 99, "GPU-idle", 700.0, 60.0, None, None, False))  # no pod: not counted
+    annotated = {f"{node}/{i}": want for i, (node, _, want) in enumerate(gpus)}
+    return Sample(t, 0.0, {"rack-a": 100.0 * len(gpus)}, samples, annotated, {}, {"rack-a": limit_w})
+
+
+def test_a_pod_counts_at_the_larger_of_its_annotation_and_its_enforced_limit() -> None:
+    # An unenforced annotation (cap still 700) and a cap under its annotation both count high.
+    held = no_rack_over_limit([_sample(0, [("n0", 700.0, 400.0), ("n0", 300.0, 500.0)], 1200.0)], RACKS, {})
+    assert held.ok and held.figures["racks"]["rack-a"]["physical_w_max"] == 1200.0, held
+    over = no_rack_over_limit([_sample(0, [("n0", 700.0, 400.0), ("n0", 300.0, 500.0)], 1199.0)], RACKS, {})
+    assert not over.ok and "rack rack-a 1 W over its limit at t=0" in over.detail, over
+
+
+def test_a_tenant_without_annotation_counts_at_its_enforced_limit() -> None:
+    check = no_rack_over_limit([_sample(5, [("n0", 700.0, None)], 650.0)], RACKS, {})
+    assert not check.ok and "50 W over" in check.detail, check
+
+
+def test_samples_where_the_minimums_do_not_fit_are_not_judged_and_are_counted() -> None:
+    # Three pods' GPUs need at least 600 W; a 500 W limit cannot hold, whatever the caps.
+    samples = [_sample(0, [("n0", 400.0, 400.0)] * 3, 2000.0), _sample(1, [("n0", 400.0, 400.0)] * 3, 500.0)]
+    check = no_rack_over_limit(samples, RACKS, {})
+    assert check.ok, check
+    assert "1 rack samples where the pods' minimums exceeded the limit (not judged)" in check.detail, check
+    assert check.figures["racks"]["rack-a"]["limit_w_min"] == 500.0 and check.figures["racks"]["rack-a"]["limit_w"] == 500.0
+
+
+def test_no_samples_is_a_failed_check() -> None:
+    assert not no_rack_over_limit([], RACKS, {}).ok
+
+
+def _windows(dgd: str, ttfts: list[float]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(dgd=dgd, ttft_ms_current=t, start=float(i)) for i, t in enumerate(ttfts)]
+
+
+def test_slo_holds_within_the_target_or_with_the_binding_cause_named() -> None:
+    within = slo(_windows("a", [100.0] * 9 + [900.0]), {"a": 500.0}, {}, {})
+    assert within.ok and "a 90% of 10 windows within 500 ms" in within.detail, within
+    bound = slo(_windows("a", [900.0] * 4), {"a": 500.0}, {"a": ["power_budget_clamped"]}, {"a": ["rack-a"]})
+    assert bound.ok and "bound by power_budget_clamped; raise the limit of rack-a" in bound.detail, bound
+    assert bound.figures["deployments"]["a"]["attainment"] == 0.0
+    gpus = slo(_windows("a", [900.0]), {"a": 500.0}, {"a": ["gpu_capacity"]}, {"a": ["rack-a"]})
+    assert gpus.ok and "add GPUs to its racks" in gpus.detail, gpus
+
+
+def test_slo_fails_when_missed_and_nothing_bound_it_or_nothing_was_measured() -> None:
+    missed = slo(_windows("a", [900.0, 100.0]), {"a": 500.0}, {"a": ["rollout_scale_up_held"]}, {})
+    assert not missed.ok and "a 50% of 2 windows within 500 ms (worst 900 ms) and nothing bound its scale" in \
+        missed.detail, missed
+    unmeasured = slo([], {"a": 500.0}, {}, {})
+    assert not unmeasured.ok and "a: no window measured its TTFT" in unmeasured.detail, unmeasured
+    assert not slo([], {}, {}, {}).ok
+
+
+def test_retune_applied_needs_an_applied_window() -> None:
+    assert not retune_applied({"a": [{"window": 1, "outcome": "keep"}]}).ok
+    check = retune_applied({"a": [{"window": 1, "outcome": "keep"}, {"window": 2, "outcome": "apply"}]})
+    assert check.ok and check.detail == "2 windows decided, 1 applied", check
