@@ -59,10 +59,24 @@ def _twin(tmp_path: Path, scenario: Any, file: Path) -> Twin:
                             rack_limit_w=parts.rack_limit_w, traffic=parts.traffic)).start()
 
 
+# The default demo's cap change and manual router change, and a rebalance far above the budget.
+EVENTS = [
+    {"at": "8%", "kind": "set_annotation", "name": "cap_change", "deployment": "llm-disagg", "component": "decode",
+     "watts": 380},
+    {"at": "15%", "kind": "propose_load", "name": "follow_load", "deployment": "llm-agg",
+     "target_per_replica": {"worker": 6000}},
+    {"at": "25%", "kind": "propose", "name": "scale_up_clamped", "deployment": "llm-disagg", "readmit": True,
+     "expect": "clamped", "replicas": {"prefill": 1, "decode": 18}},
+    {"at": "60%", "kind": "patch_router", "name": "manual_change_reverted", "deployment": "llm-agg",
+     "policy": {"temperature": 0.9}, "after_retune_applied": True, "expect": "reverted"},
+]
+
+
 @pytest.fixture
 def default(tmp_path: Path):
     scenario, file = load("default")
-    scenario = resized(scenario, 1)
+    scenario = parse(yaml.safe_dump({**resized(scenario, 1).model_dump(mode="json", exclude_none=True),
+                                     "events": EVENTS}), "t")
     tw = _twin(tmp_path, scenario, file)
     yield scenario, tw
     tw.stop()
@@ -77,6 +91,7 @@ def test_absent_tasks_fail_their_events_with_the_reason(default) -> None:
     states = run.states()
     assert states["scale_up_clamped"] == "failed: powerfleet.budget.propose is not a task in this build", states
     assert states["manual_change_reverted"] == "failed: powerfleet.retune.apply is not a task in this build", states
+    assert states["follow_load"] == "failed: powerfleet.budget.propose_load is not a task in this build", states
     assert not fleet.sent  # nothing was sent for a capability that is not there
     # The cap change needs no task: it was made on the DGD, and without agents it cannot hold.
     assert states["cap_change"].startswith("failed: not reached before the end"), states
@@ -96,6 +111,7 @@ def test_a_refused_send_fails_only_its_event(default) -> None:
     assert states["scale_up_clamped"].startswith("failed: ValueError: powerfleet.budget.readmit: deployment: bad"), \
         states
     assert states["cap_change"] == "running" and states["manual_change_reverted"] == "pending", states
+    assert states["follow_load"].startswith("failed: "), states  # propose_load is not a task here
 
 
 def test_the_propose_event_reads_the_budgets_reasons_from_its_status_configmap(default) -> None:
@@ -167,3 +183,18 @@ def test_set_limit_moves_the_twins_budget_and_tells_the_fleet(tmp_path: Path) ->
                  "a sample taken under the new limit")
     finally:
         twin.stop()
+
+
+def test_propose_load_proposes_from_the_served_token_rates(default) -> None:
+    scenario, twin = default
+    fleet = Fleet({"powerfleet.budget.propose_load"})
+    run = ScenarioRun(scenario, twin, fleet, lambda line: None)
+    from tests.waiting import wait_for
+
+    wait_for(lambda: twin.token_rates("llm-agg")[0] > 0, "llm-agg to serve traffic")
+    run.tick(0.0)  # records the served rates
+    step = next(s for s in run.steps if s.name == "follow_load")
+    assert step.start() is None
+    (name, kwargs), = fleet.sent
+    assert name == "powerfleet.budget.propose_load" and kwargs["deployment"] == "default/llm-agg", kwargs
+    assert kwargs["target_per_replica"] == {"worker": 6000.0} and kwargs["load"]["worker"] > 0, kwargs
