@@ -74,3 +74,28 @@ def test_retune_applied_needs_an_applied_window() -> None:
     assert not retune_applied({"a": [{"window": 1, "outcome": "keep"}]}).ok
     check = retune_applied({"a": [{"window": 1, "outcome": "keep"}, {"window": 2, "outcome": "apply"}]})
     assert check.ok and check.detail == "2 windows decided, 1 applied", check
+
+
+def test_a_retune_line_never_calls_a_worse_candidate_best() -> None:
+    from powerfleet.twin.view import decision_text
+
+    worse = decision_text("keep: best 1269.76 vs probe 1255.58 ms (mean TTFT) (minimize), -1.129 % is worse than the probe")
+    assert worse == ("keep: no candidate beat the current settings (top candidate 1269.76 vs current 1255.58 ms "
+                     "(mean TTFT), 1.129 % worse)"), worse
+    tie = decision_text("best 5 vs probe 5 ms (mean TTFT) (minimize), -0.000 % ties the probe; keeping the current "
+                        "settings; held at the current value")
+    assert "-0.000" not in tie and "best" not in tie and "the same); held at the current value" in tie, tie
+    small = decision_text("best 10878.9 vs probe 10924.6 ms (mean TTFT) (minimize), +0.418 % does not beat the probe "
+                          "by more than 1 %")
+    assert small.startswith("no candidate beat the current settings by more than 1 % (") and "0.418 % better" in small
+    applied = decision_text("best 9 vs probe 10 ms (mean TTFT) (minimize), +10.000 % beats the probe by more than 1 %")
+    assert applied.startswith("a candidate beat the current settings by more than 1 %"), applied
+
+
+def test_abandoned_windows_carry_their_reason_into_the_check() -> None:
+    from powerfleet.twin.checks import windows_decided
+
+    check = windows_decided({("a", 1), ("a", 2)}, {("a", 1): "keep", ("a", 2): "abandoned"}, (), ("keep",),
+                            {("a", 2): "a window 10:00:20-10:00:30: blocked: dgd-unsettled"})
+    assert check.ok and check.detail == ("2 launched windows ended: 1 abandoned, 1 keep (abandoned: a window "
+                                         "10:00:20-10:00:30: blocked: dgd-unsettled)"), check

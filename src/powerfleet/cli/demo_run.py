@@ -20,7 +20,7 @@ from powerfleet.twin.report import summary as build_summary
 from powerfleet.twin.report import write_report
 from powerfleet.twin.runtime import Twin
 from powerfleet.twin.scenario import DECIDED
-from powerfleet.twin.view import ViewState, clock, make_view, tick_news, window_span
+from powerfleet.twin.view import ViewState, clock, decision_text, make_view, tick_news, window_span
 
 FLEET_UP_TIMEOUT_S = 120.0
 
@@ -258,6 +258,10 @@ class DemoRun:
         # A window launched within its time budget of the end may still be sweeping: not judged.
         budget_s = self.window_s * 0.8 + self.window_s
         running = [(d, k) for d, k in self._launched if (k + 1) * self.window_s > self.ended_at - budget_s]
+        abandoned = {(d, int(h["window"])): f"{d} window {window_span(int(h['window']), self.window_s)}: "
+                     + _reason_text("abandoned", str(h.get("reason") or ""), self.window_s).removeprefix(" - ")
+                     for d, hs in history.items() for h in hs
+                     if isinstance(h.get("window"), int) and h.get("outcome") == "abandoned"}
         rack_of = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         racks_of = {d: set(rack_of.values()) for d in self.plan.deployments}
         slas = {d: float(x.sla.ttft_ms) for d, x in self.plan.deployments.items() if x.sla is not None}
@@ -271,7 +275,7 @@ class DemoRun:
             # Judged from the first reconcile tick: before it no agent has been asked to act.
             "caps_match_annotations": lambda: C.caps_match_annotations(
                 samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
-            "retune_windows_decided": lambda: C.windows_decided(self._launched, outcomes, running, DECIDED),
+            "retune_windows_decided": lambda: C.windows_decided(self._launched, outcomes, running, DECIDED, abandoned),
             "retune_applied": lambda: SC.retune_applied(history),
             "no_unexpected_task_failures": lambda: C.no_task_failures(self._log_lines()),
             "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since),
@@ -322,7 +326,7 @@ def _reason_text(outcome: str, reason: str, window_s: int) -> str:
     reason names ("moved at window 179612441") as its clock times, like every other window."""
     while reason.startswith(f"{outcome}:"):
         reason = reason[len(outcome) + 1:].strip()
-    reason = _WINDOW_INDEX.sub(lambda m: f"window {window_span(int(m.group(1)), window_s)}", reason)
+    reason = decision_text(_WINDOW_INDEX.sub(lambda m: f"window {window_span(int(m.group(1)), window_s)}", reason))
     return f" - {reason}" if reason else ""
 
 

@@ -77,7 +77,8 @@ def caps_match_annotations(samples: Sequence[Sample], allowed_lag_s: float, sinc
 
 
 def windows_decided(launched: Iterable[tuple[str, int]], outcomes: Mapping[tuple[str, int], str],
-                    still_running: Iterable[tuple[str, int]] = (), decided: Iterable[str] = ()) -> Check:
+                    still_running: Iterable[tuple[str, int]] = (), decided: Iterable[str] = (),
+                    abandoned: Mapping[tuple[str, int], str] | None = None) -> Check:
     """Every launched retune window ended in a recorded outcome, and at least one in a decision.
 
     ``outcomes``: (deployment, window) -> the outcome its history records. A window the harvest
@@ -98,6 +99,9 @@ def windows_decided(launched: Iterable[tuple[str, int]], outcomes: Mapping[tuple
     for o in ended.values():
         counts[o] = counts.get(o, 0) + 1
     summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+    whys = [why for w, why in sorted((abandoned or {}).items()) if w in ended]
+    if whys:  # each abandoned window with its reason, here as in the timeline
+        summary += " (abandoned: " + "; ".join(whys[:5]) + (f"; {len(whys) - 5} more" if len(whys) > 5 else "") + ")"
     if not any(o in set(decided) for o in ended.values()):
         return Check(name, False, f"{len(launched_set)} windows launched, none decided ({summary or 'no outcome yet'})")
     return Check(name, True, f"{len(ended)} launched windows ended: {summary}"
