@@ -99,3 +99,15 @@ def test_abandoned_windows_carry_their_reason_into_the_check() -> None:
                             {("a", 2): "a window 10:00:20-10:00:30: blocked: dgd-unsettled"})
     assert check.ok and check.detail == ("2 launched windows ended: 1 abandoned, 1 keep (abandoned: a window "
                                          "10:00:20-10:00:30: blocked: dgd-unsettled)"), check
+
+
+def test_a_deployment_on_two_racks_is_not_said_to_have_a_share_of_each() -> None:
+    from powerfleet.twin.report import budget_event
+
+    status = {"reason": "Planned", "powerLimitWatts": 10020, "ownLimitWatts": 22400, "group": "rack-a,rack-b",
+              "settledWatts": 8000}
+    line = budget_event("default/llm-disagg", status, {"rack-a": 9960.0, "rack-b": 9960.0})
+    assert "limit 10020 W = what it holds now plus the least headroom of rack-a (9960 W) and rack-b (9960 W), " \
+           "under its own 22400 W" in line and "share" not in line, line
+    one = budget_event("default/llm-agg", {**status, "powerLimitWatts": 5000, "group": "rack-a"}, {"rack-a": 9960.0})
+    assert "limit 5000 W = its share of rack-a (9960 W), under its own 22400 W" in one, one
