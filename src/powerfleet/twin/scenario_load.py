@@ -29,6 +29,7 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 SCHEMA_PATH = SCENARIO_DIR / "schema.json"
 MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 32
+SCRIPTED = ("oversubscribe",)  # shipped scenarios that are programs, not files (twin/oversubscribe.py)
 
 
 class ScenarioError(ValueError):
@@ -44,7 +45,8 @@ def resolve(source: str) -> Path:
     if "/" not in source and not source.endswith((".yaml", ".yml", ".json")):
         path = SCENARIO_DIR / f"{source}.yaml"
         if not path.is_file():
-            raise ScenarioError(f"{source!r} is neither a shipped scenario ({', '.join(shipped())}) nor a file path")
+            names = ", ".join(sorted([*shipped(), *SCRIPTED]))
+            raise ScenarioError(f"{source!r} is neither a shipped scenario ({names}) nor a file path")
         return path
     return Path(source)
 
