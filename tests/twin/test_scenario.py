@@ -38,6 +38,9 @@ class Fleet:
     def group_limit(self, rack: str) -> float | None:
         return None
 
+    def planning_limit(self, rack: str) -> float | None:
+        return 500.0
+
     def kill_agent(self, node: str) -> int:
         self.calls.append(("kill_agent", node))
         return -9
@@ -64,7 +67,7 @@ EVENTS = [
     {"at": "8%", "kind": "set_annotation", "name": "cap_change", "deployment": "llm-disagg", "component": "decode",
      "watts": 380},
     {"at": "15%", "kind": "propose_load", "name": "follow_load", "deployment": "llm-agg",
-     "target_per_replica": {"worker": 6000}},
+     "target_per_replica": {"worker": 8000}},
     {"at": "25%", "kind": "propose", "name": "scale_up_clamped", "deployment": "llm-disagg", "readmit": True,
      "expect": "clamped", "replicas": {"prefill": 1, "decode": 18}},
     {"at": "60%", "kind": "patch_router", "name": "manual_change_reverted", "deployment": "llm-agg",
@@ -197,4 +200,4 @@ def test_propose_load_proposes_from_the_served_token_rates(default) -> None:
     assert step.start() is None
     (name, kwargs), = fleet.sent
     assert name == "powerfleet.budget.propose_load" and kwargs["deployment"] == "default/llm-agg", kwargs
-    assert kwargs["target_per_replica"] == {"worker": 6000.0} and kwargs["load"]["worker"] > 0, kwargs
+    assert kwargs["target_per_replica"] == {"worker": 8000.0} and kwargs["load"]["worker"] > 0, kwargs

@@ -55,7 +55,8 @@ def test_slo_holds_within_the_target_or_with_the_binding_cause_named() -> None:
     within = slo(_windows("a", [100.0] * 9 + [900.0]), {"a": 500.0}, {}, {})
     assert within.ok and "a 90% of 10 windows within 500 ms" in within.detail, within
     bound = slo(_windows("a", [900.0] * 4), {"a": 500.0}, {"a": ["power_budget_clamped"]}, {"a": ["rack-a"]})
-    assert bound.ok and "bound by power_budget_clamped; raise the limit of rack-a" in bound.detail, bound
+    assert bound.ok and "(worst 900 ms, 400 ms over): bound by power_budget_clamped; raise the limit of rack-a" in \
+        bound.detail, bound
     assert bound.figures["deployments"]["a"]["attainment"] == 0.0
     gpus = slo(_windows("a", [900.0]), {"a": 500.0}, {"a": ["gpu_capacity"]}, {"a": ["rack-a"]})
     assert gpus.ok and "add GPUs to its racks" in gpus.detail, gpus

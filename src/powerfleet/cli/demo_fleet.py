@@ -63,6 +63,10 @@ class DemoFleet:
         entry = history[-1]["groups"].get(rack) or {}
         return entry.get("limit_w")
 
+    def planning_limit(self, rack: str) -> float | None:
+        """What the control worker was given for the rack: its limit less the idle reserve."""
+        return planner_group_budgets(self.twin).get(rack)
+
     def kill_agent(self, node: str) -> int:
         child = self._child(f"agent-{node}")
         if child is None:

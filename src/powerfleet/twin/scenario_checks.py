@@ -85,7 +85,8 @@ def slo(windows: Iterable[Any], slas: Mapping[str, float], reasons: Mapping[str,
                      "deployments' caps") if any(b.startswith("power_") for b in binding) else \
                 "add GPUs to its racks or free the tenants' GPUs"
             f["operator_could"] = lever
-            parts.append(f"{dgd} {att:.0%} within {target:g} ms (worst {f['ttft_ms_worst']:.0f} ms): bound by "
+            parts.append(f"{dgd} {att:.0%} within {target:g} ms (worst {f['ttft_ms_worst']:.0f} ms, "
+                         f"{f['ttft_ms_worst'] - target:.0f} ms over): bound by "
                          f"{', '.join(binding)}; {lever}")
         else:
             bad.append(f"{dgd} {att:.0%} of {len(ttfts)} windows within {target:g} ms (worst "

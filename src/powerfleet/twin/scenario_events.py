@@ -37,6 +37,7 @@ class FleetPort(Protocol):
     def has_task(self, name: str) -> bool: ...
     def set_limit(self, rack: str, watts: int) -> None: ...
     def group_limit(self, rack: str) -> float | None: ...
+    def planning_limit(self, rack: str) -> float | None: ...
     def kill_agent(self, node: str) -> int: ...
     def restart_agent(self, node: str) -> None: ...
     def agent_answers(self, node: str) -> bool: ...
@@ -105,14 +106,9 @@ class ScenarioRun(StepRunner, Probe):
 
         def poll() -> tuple[bool, str]:
             seen = self.fleet.group_limit(e.rack)
-            want = self.fleet_budget(e.rack)
+            want = self.fleet.planning_limit(e.rack)
             return seen == want, f"budget tick's {e.rack} planning limit {seen} W (want {want} W)"
         return start, poll
-
-    def fleet_budget(self, rack: str) -> float | None:
-        from powerfleet.cli.demo_cmd import planner_group_budgets
-
-        return planner_group_budgets(self.twin).get(rack)
 
     # -- propose / propose_load: the planner's proposal, through the budget --
 
