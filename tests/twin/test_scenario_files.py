@@ -182,3 +182,14 @@ def test_demo_refuses_a_bad_scenario_before_starting_anything(tmp_path: Path) ->
         assert lines == ["powerfleet: error: --scenario: scenario mine.yaml: topology.racks.rack-a.limit_w: "
                          "Input should be greater than or equal to 1"], (cmd, out.stderr)
     assert not report.exists()  # nothing started, not even the report directory
+
+
+def test_twin_runs_a_scenarios_cluster_and_says_its_events_are_not_run(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "twin", "--scenario", "tenant-pending", "--json",
+                          "--duration", "2", "--dir", str(tmp_path / "twin")], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    manifest = json.loads(out.stdout)
+    assert manifest["racks"] == {"rack-a": ["twin-gpu-00", "twin-gpu-01"]}, manifest["racks"]
+    assert manifest["rack_budget_w"] == {"rack-a": 9000.0}, manifest
+    assert "the scenario's 2 events are not run here" in out.stderr, out.stderr
