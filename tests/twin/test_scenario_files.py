@@ -94,6 +94,7 @@ def test_the_shipped_scenarios_are_the_default_and_the_three_worked_examples() -
 def test_a_bad_key_is_one_line_naming_its_path(path: str, value: object, expect: str) -> None:
     message = _error(_with(path, value))
     assert message.startswith("scenario t.yaml: ") and expect in message, message
+    assert "(top level)" not in message, message
 
 
 def test_many_nodes_are_refused_by_the_total() -> None:
@@ -193,3 +194,22 @@ def test_twin_runs_a_scenarios_cluster_and_says_its_events_are_not_run(tmp_path:
     assert manifest["racks"] == {"rack-a": ["twin-gpu-00", "twin-gpu-01"]}, manifest["racks"]
     assert manifest["rack_budget_w"] == {"rack-a": 9000.0}, manifest
     assert "the scenario's 2 events are not run here" in out.stderr, out.stderr
+
+
+def test_the_oversubscribe_file_gives_the_guards_plan() -> None:
+    from powerfleet.twin.oversubscribe import GuardPlan, group_limit, plan_of, twin_spec
+
+    scenario, _ = load("oversubscribe")
+    plan = plan_of(scenario)
+    default = GuardPlan()
+    assert plan.limit_w == group_limit(twin_spec(0)) == 3308 and plan.ratio == default.ratio, plan
+    assert plan.surge[0] == default.surge[0] and abs(plan.surge[1] - default.surge[1]) < 1e-9, plan
+    assert plan.loss == default.loss and plan.scale == default.scale and plan.lost_node == "twin-gpu-01", plan
+    assert dict(plan.priority) == dict(default.priority), plan
+
+
+def test_power_guard_needs_its_rack_its_surge_and_its_telemetry_loss() -> None:
+    scenario, _ = load("oversubscribe")
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    data["events"] = data["events"][:1]
+    assert "checks: power_guard judges one rack with oversubscription > 1 through one set_load" in _error(data)

@@ -162,13 +162,8 @@ def demo(
     from powerfleet.twin.runtime import Twin, TwinOptions
     from powerfleet.workers.launcher import Launcher
 
-    plan = None  # the scenario file (validated before anything starts), None for oversubscribe
-    if scenario != "oversubscribe":
-        plan = load_scenario(scenario, duration, nodes)
-        duration = float(plan[0].duration_s)
-    elif nodes is not None:
-        fail("--nodes: the oversubscribe scenario runs its own two-node twin")
-    duration = 180.0 if duration is None else duration
+    plan = load_scenario(scenario, duration, nodes)  # validated before anything starts
+    duration = float(plan[0].duration_s)
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
         fail("--window: the retune window must be at least 10 s")
@@ -176,13 +171,8 @@ def demo(
 
     prepare_log_dir(report, "--report")  # before the demo runs, not after it
     work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
-    options = TwinOptions(root=work / "twin", window_s=window_s, operator=demo_operator_settings(duration))
-    if plan is None:  # its own twin: two nodes in one rack, no other tenants
-        from powerfleet.twin.oversubscribe import twin_spec
-
-        options = replace(options, spec=twin_spec(seed), tenants=False)
-    else:
-        options = scenario_options(options, plan[0], plan[1], seed)
+    options = scenario_options(TwinOptions(root=work / "twin", window_s=window_s,
+                                           operator=demo_operator_settings(duration)), plan[0], plan[1], seed)
     spec = options.spec
     nodes = spec.nodes
     metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, spec.node_names)
@@ -198,11 +188,11 @@ def demo(
     launcher = Launcher(log_dir=work / "logs")
     try:
         port = flower_port or free_loopback_port()
-        env = fleet_env(twin, window_s, port, plan[0] if plan else None)
-        if scenario == "oversubscribe":
-            from powerfleet.twin.oversubscribe import fleet_values
+        env = fleet_env(twin, window_s, port, plan[0])
+        if "power_guard" in plan[0].checks:  # the live guard on its oversubscribed rack (docs/power.md)
+            from powerfleet.twin.oversubscribe import fleet_values, plan_of
 
-            env.update(config_env(fleet_values(twin)))
+            env.update(config_env(fleet_values(twin, 1.0, plan_of(plan[0]))))
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
         os.environ.update(env)
         config = fleet_config(ctx)
@@ -223,9 +213,8 @@ def demo(
         run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
                       duration_s=duration, window_s=window_s, plain=plain, stop=stop, work=work,
                       meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s,
-                            "scenario": scenario if plan is None else plan[0].name,
-                            "scenario_file": None if plan is None else str(plan[1])},
-                      plan=None if plan is None else plan[0], ports=ports)
+                            "scenario": plan[0].name, "scenario_file": str(plan[1])},
+                      plan=plan[0], ports=ports)
         outcome = run.run()
     finally:
         launcher.stop()

@@ -50,7 +50,7 @@ class DemoRun:
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
     ledger: list[dict[str, Any]] | None = None  # the budget ticks' group figures, read at the end of the run
-    plan: Any = None  # the scenario file (twin/scenario_model.py); None: the oversubscription scenario
+    plan: Any = None  # the scenario file (twin/scenario_model.py)
     ports: dict[str, dict[str, str]] = field(default_factory=dict)  # each process's metrics port settings
     reasons_seen: dict[str, set[str]] = field(default_factory=dict)  # deployment -> the budget's reasons seen
 
@@ -60,17 +60,17 @@ class DemoRun:
         self.app = create_app(self.config, self.broker_url)
         self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=5)
         self.ticklog = TickLog(self.redis)
-        if self.plan is not None:
+        if "power_guard" not in self.plan.checks:
             from powerfleet.cli.demo_fleet import DemoFleet
             from powerfleet.twin.scenario_events import ScenarioRun
 
             fleet = DemoFleet(self.app, self.redis, self.launcher, self.twin, self.work, self.plan, self.ports)
             self.scenario: Any = ScenarioRun(self.plan, self.twin, fleet, self._decision)
-        else:  # issue 22 item 6 (twin/oversubscribe.py)
-            from powerfleet.twin.oversubscribe import OversubscribeScenario
+        else:  # issue 22 item 6 (twin/oversubscribe.py): the guard's own steps and checks
+            from powerfleet.twin.oversubscribe import OversubscribeScenario, plan_of
 
             self.scenario = OversubscribeScenario(self.twin, self.redis, self._decision,
-                                                  self.config.power.guard_period_s)
+                                                  self.config.power.guard_period_s, plan_of(self.plan))
         budgets = self.twin.budgets
         self.state = ViewState(duration_s=self.duration_s, flower_url=self.flower_url, rack_budget_w=budgets,
                                fleet_budget_w=sum(budgets.values()))
@@ -305,7 +305,7 @@ class DemoRun:
         self.summary = build_summary(samples=samples, windows=windows, checks=checks,
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra, events=self.timeline)
-        if self.plan is not None:
+        if hasattr(self.scenario, "at_s"):  # a ScenarioRun (the guard's scenario has its own section)
             from powerfleet.twin.scenario_report import scenario_result
 
             self.summary["scenario_result"] = scenario_result(
@@ -314,7 +314,7 @@ class DemoRun:
         racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks,
                              ledger=self.ledger)
-        if self.meta.get("scenario") == "oversubscribe":
+        if "power_guard" in self.plan.checks:
             from powerfleet.twin.oversubscribe_report import extend
 
             extend(out, self.summary, samples, self.scenario)

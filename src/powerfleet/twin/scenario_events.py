@@ -343,17 +343,40 @@ class ScenarioRun(StepRunner, Probe):
         def start() -> str | None:
             self.twin.nodes[e.node].telemetry_lost = True
             began.append(time.time())
-            self.log(f"scenario: {e.node}'s power telemetry is lost for {e.duration_s:g} s (NVML's power reading "
+            self.log(f"scenario: {e.node}'s power telemetry is lost for {self._span(e):g} s (NVML's power reading "
                      "fails)")
             return None
 
         def poll() -> tuple[bool, str]:
-            if time.time() - began[0] < e.duration_s:
+            if time.time() - began[0] < self._span(e):
                 return False, "telemetry lost"
             self.twin.nodes[e.node].telemetry_lost = False
             self.log(f"scenario: {e.node}'s power telemetry is back")
-            return True, f"lost for {e.duration_s:g} s, back"
+            return True, f"lost for {self._span(e):g} s, back"
         return start, poll
+
+    def _set_load(self, e: M.SetLoad) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
+        began: list[float] = []
+        targets = [e.deployment] if e.deployment else list(self.scenario.deployments)
+
+        def start() -> str | None:
+            self.twin.load_scale.update({d: float(e.x) for d in targets})
+            began.append(time.time())
+            self.log(f"scenario: demand surge: the workers' load of {', '.join(targets)} x{e.x:g} for "
+                     f"{self._span(e):g} s")
+            return None
+
+        def poll() -> tuple[bool, str]:
+            if time.time() - began[0] < self._span(e):
+                return False, f"load x{e.x:g}"
+            for d in targets:
+                self.twin.load_scale.pop(d, None)
+            self.log("scenario: the surge ends")
+            return True, f"load x{e.x:g} for {self._span(e):g} s, then back"
+        return start, poll
+
+    def _span(self, e: M.TelemetryFault | M.SetLoad) -> float:
+        return M.at_s(e.duration_s, self.scenario.duration_s)
 
     # -- patch_router: a router changed by hand --
 

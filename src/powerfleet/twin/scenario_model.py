@@ -228,7 +228,17 @@ class KillBroker(_Event):
 class TelemetryFault(_Event):
     kind: Literal["telemetry_fault"]
     node: Annotated[str, Field(pattern=r"^twin-gpu-\d{2}$")]
-    duration_s: Annotated[Union[StrictFloat, StrictInt], Field(gt=0, le=MAX_DURATION_S)]
+    duration_s: Union[Annotated[Union[StrictFloat, StrictInt], Field(gt=0, le=MAX_DURATION_S)], str] = Field(
+        description="seconds, or a share of the run ('20%')")
+
+
+class SetLoad(_Event):
+    kind: Literal["set_load"]
+    deployment: Name | None = Field(None, description="null: every deployment")
+    x: Annotated[Union[StrictFloat, StrictInt], Field(ge=0, le=100)] = Field(
+        description="each worker's load times x (heavier requests at the same rate: a demand surge)")
+    duration_s: Union[Annotated[Union[StrictFloat, StrictInt], Field(gt=0, le=MAX_DURATION_S)], str] = Field(
+        description="seconds, or a share of the run ('20%')")
 
 
 class RecreateDgd(_Event):
@@ -246,10 +256,11 @@ class PatchRouter(_Event):
 
 
 Event = Annotated[Union[SetLimit, Propose, ProposeLoad, SetAnnotation, AddTenant, DeletePod, NodeEvent, FlushRedis,
-                        KillBroker, TelemetryFault, RecreateDgd, PatchRouter], Field(discriminator="kind")]
+                        KillBroker, TelemetryFault, SetLoad, RecreateDgd, PatchRouter], Field(discriminator="kind")]
 
 EVENT_KINDS = ("set_limit", "propose", "propose_load", "set_annotation", "add_tenant", "delete_pod", "kill_agent",
-               "restart_agent", "flush_redis", "kill_broker", "telemetry_fault", "recreate_dgd", "patch_router")
+               "restart_agent", "flush_redis", "kill_broker", "telemetry_fault", "set_load", "recreate_dgd",
+               "patch_router")
 CHECKS = ("power_within_budget", "no_rack_over_limit", "caps_match_annotations", "retune_windows_decided",
           "retune_applied", "no_unexpected_task_failures", "slo", "events")
 
@@ -266,7 +277,7 @@ class Scenario(_Strict):
     events: list[Event] = Field(default_factory=list, max_length=MAX_EVENTS)
     checks: list[Literal["power_within_budget", "no_rack_over_limit", "caps_match_annotations",
                          "retune_windows_decided", "retune_applied", "no_unexpected_task_failures", "slo",
-                         "events"]] = Field(default_factory=lambda: list(CHECKS), min_length=1)
+                         "events", "power_guard"]] = Field(default_factory=lambda: list(CHECKS), min_length=1)
 
     @model_validator(mode="after")
     def _references(self) -> "Scenario":
@@ -290,6 +301,8 @@ class Scenario(_Strict):
                 raise ValueError(f"tenants.{i}.node: {t.node} is not a node of the topology")
             if t.rack is not None and t.rack not in self.topology.racks:
                 raise ValueError(f"tenants.{i}.rack: {t.rack} is not a rack of the topology")
+        if "power_guard" in self.checks:
+            self._guard_contract()
         names = [e.name for e in self.events if e.name]
         if len(set(names)) != len(names):
             raise ValueError("events: an event name is used twice")
@@ -298,8 +311,10 @@ class Scenario(_Strict):
             if isinstance(e, AddTenant) and e.tenant.rack is not None and e.tenant.rack not in self.topology.racks:
                 raise ValueError(f"{where}.tenant.rack: {e.tenant.rack} is not a rack of the topology")
             at_s(e.at, self.duration_s, f"{where}.at")
+            if isinstance(e, (TelemetryFault, SetLoad)):
+                at_s(e.duration_s, self.duration_s, f"{where}.duration_s")
             for key in ("deployment",):
-                if hasattr(e, key) and getattr(e, key) not in self.deployments:
+                if getattr(e, key, None) is not None and getattr(e, key) not in self.deployments:
                     raise ValueError(f"{where}.{key}: {getattr(e, key)} is not a deployment of the scenario")
             if hasattr(e, "rack") and e.rack not in self.topology.racks:
                 raise ValueError(f"{where}.rack: {e.rack} is not a rack of the topology")
@@ -313,6 +328,19 @@ class Scenario(_Strict):
             for j, m in enumerate(tr.multipliers):
                 at_s(m.at, self.duration_s, f"traffic.{name}.multipliers.{j}.at")
         return self
+
+
+    def _guard_contract(self) -> None:
+        """``power_guard`` (twin/oversubscribe.py, docs/power.md) judges the live power guard on one
+        oversubscribed rack through one demand surge and one node's telemetry loss: its own checks."""
+        over = [g for g, r in self.topology.racks.items() if r.oversubscription > 1]
+        kinds = sorted(e.kind for e in self.events)
+        if len(over) != 1 or kinds != ["set_load", "telemetry_fault"] or len(self.checks) > 2 or (
+                len(self.checks) == 2 and "no_unexpected_task_failures" not in self.checks):
+            raise ValueError("checks: power_guard judges one rack with oversubscription > 1 through one set_load "
+                             "and one telemetry_fault event, beside no_unexpected_task_failures only")
+        if self.tenants or any(d.retune for d in self.deployments.values()):
+            raise ValueError("checks: power_guard runs without tenants and with retune off")
 
 
 def at_s(at: float | int | str, duration_s: float, where: str = "at") -> float:
