@@ -163,6 +163,8 @@ class DemoRun:
         if samples:
             last = samples[-1]
             s.fleet_w, s.rack_w = last.fleet_w, dict(last.rack_w)
+            if last.rack_budget_w:  # the limits in force (a set_limit moves them)
+                s.rack_budget_w, s.fleet_budget_w = dict(last.rack_budget_w), sum(last.rack_budget_w.values())
             caps: dict[str, list[float]] = {}
             for g in last.gpus:
                 caps.setdefault(g.node, []).append(g.cap_w)

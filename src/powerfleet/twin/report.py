@@ -177,7 +177,9 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
         ax.plot(ts, [_rack_caps(s, rack, racks) for s in samples], color=color, linestyle="-.", linewidth=1,
                 label=f"{rack} caps of its pods' GPUs")
         # Racks often share one budget figure: offset dash patterns keep both lines visible.
-        ax.axhline(rack_budget_w[rack], color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
+        # The limit in force at each sample (a set_limit moves it), the figure the ledger plot shows.
+        ax.step(ts, [(s.rack_budget_w or rack_budget_w).get(rack, rack_budget_w[rack]) for s in samples],
+                where="post", color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("GPU power (W)")
     ax.set_title("Power per rack against its budget")
