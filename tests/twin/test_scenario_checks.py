@@ -112,3 +112,28 @@ def test_a_deployment_on_two_racks_is_not_said_to_have_a_share_of_each() -> None
            "under its own 22400 W" in line and "share" not in line, line
     one = budget_event("default/llm-agg", {**status, "powerLimitWatts": 5000, "group": "rack-a"}, {"rack-a": 9960.0})
     assert "limit 5000 W = its share of rack-a (9960 W), under its own 22400 W" in one, one
+
+
+def test_a_traffic_multiplier_plays_the_trace_that_many_times_as_fast_from_then_on() -> None:
+    import yaml
+
+    from powerfleet.sim.trace import TraceRequest
+    from powerfleet.twin.scenario_load import parse
+    from powerfleet.twin.scenario_twin import multiplier_at
+    from powerfleet.twin.traffic import TrafficSource
+
+    reqs = [TraceRequest(float(ms), 100, 10, (1,)) for ms in range(0, 1_000_000, 100)]  # 10 a trace second
+    source = TrafficSource.from_requests("d", reqs, speedup=1)
+    counts = [len(source.due(10.0))]
+    source.rate = 2.0
+    counts.append(len(source.due(20.0)))  # the next 10 s at twice the rate
+    source.rate = 0.5
+    counts.append(len(source.due(30.0)))
+    assert all(abs(n - want) <= 1 for n, want in zip(counts, (100, 200, 50))), counts
+    scenario = parse(yaml.safe_dump({
+        "version": 1, "name": "m", "duration_s": 100,
+        "topology": {"racks": {"rack-a": {"nodes": [{"count": 1}]}}},
+        "deployments": {"llm-agg": {"builtin": "llm-agg"}},
+        "traffic": {"llm-agg": {"multipliers": [{"at": "50%", "x": 2}, {"at": 75, "x": 1}]}}}), "m")
+    assert [multiplier_at(scenario, "llm-agg", t) for t in (0, 49.9, 50, 74, 75, 99)] == [1, 1, 2, 2, 1, 1]
+    assert multiplier_at(scenario, "llm-disagg", 60) == 1.0

@@ -54,6 +54,7 @@ class ScenarioRun(StepRunner, Probe):
     def __init__(self, scenario: M.Scenario, twin: Twin, fleet: FleetPort, log: Callable[[str], None]) -> None:
         Probe.__init__(self, twin)
         self.scenario, self.fleet, self.log = scenario, fleet, log
+        self._last_load: dict[str, tuple[float, dict[str, int]]] = {}  # dgd -> (sent at, replicas) of propose_load
         self.steps = [self._step(i, e) for i, e in enumerate(scenario.events)]
         self.at_s = {s.name: M.at_s(e.at, scenario.duration_s) for s, e in zip(self.steps, scenario.events)}
         self._rates: dict[str, float] = {}
@@ -178,8 +179,6 @@ class ScenarioRun(StepRunner, Probe):
         return replicas
 
     def _propose_load(self, e: M.ProposeLoad) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
-        self._last_load: dict[str, tuple[float, dict[str, int]]] = getattr(self, "_last_load", {})
-
         def start() -> str | None:
             if (missing := self._task("powerfleet.budget.propose_load")):
                 return missing
