@@ -109,6 +109,8 @@ def budget_event(dgd: str, status: Mapping[str, Any], group_budget_w: Mapping[st
         where = f"what it holds now plus the least headroom of {racks.replace(', ', ' and ')}, under its own {own} W"
     elif racks and own is not None and limit < own:
         where = f"its share of {racks}, under its own {own} W"
+    elif racks and "," in str(group):
+        where = f"its own limit (the least headroom of {racks.replace(', ', ' and ')} allows as much)"
     elif racks:
         where = f"its own limit (its share of {racks} is no lower)"
     else:
