@@ -93,9 +93,18 @@ def test_demo_writes_a_report_with_valid_images(short_demo) -> None:
             assert img.size[0] >= 600
         assert f'src="{name}"' in (report / "index.html").read_text()
     assert summary["power"]["samples"] >= 60
-    assert set(summary["checks"]) >= {"power_within_budget", "caps_match_annotations", "retune_windows_decided",
-                                      "no_unexpected_task_failures", "cap_change", "scale_up_clamped",
-                                      "retune_applied", "manual_change_reverted"}
+    assert set(summary["checks"]) >= {"power_within_budget", "no_rack_over_limit", "caps_match_annotations",
+                                      "retune_windows_decided", "no_unexpected_task_failures", "slo", "cap_change",
+                                      "follow_load_disagg", "follow_load_agg", "retune_applied",
+                                      "manual_change_reverted"}
+    # The scenario's part: every check's figures, each rack's limit against its peaks, each SLA.
+    result = summary["scenario_result"]
+    assert result["name"] == "default" and set(result["racks"]) == {"rack-a", "rack-b"}, result
+    for rack in result["racks"].values():
+        assert rack["limit_w"] > 0 and 0 < rack["physical_w_max"] <= rack["limit_w"], rack
+    for dgd in ("llm-disagg", "llm-agg"):
+        sla = result["deployments"][dgd]
+        assert sla["sla_ttft_ms"] == 3000 and sla["windows"] >= 1, sla
 
 
 def test_demo_twin_and_agents_hold_power_and_caps(short_demo) -> None:

@@ -124,4 +124,5 @@ def test_an_unknown_scenario_fails_in_one_line(tmp_path: Path) -> None:
 
     out = run_cli("demo", "--scenario", "nope", "--report", str(tmp_path / "r"))
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        "powerfleet: error: --scenario: 'nope' is not a scenario (default, oversubscribe)"], out.stderr
+        "powerfleet: error: --scenario: 'nope' is neither a shipped scenario (agent-dies-mid-rebalance, default, "
+        "limit-below-minimums, oversubscribe, tenant-pending) nor a file path"], out.stderr

@@ -10,15 +10,23 @@ BASE = {"reason": "Planned", "ownLimitWatts": 11200, "group": "rack-a,rack-b", "
 
 
 def test_a_clamp_names_the_share_of_the_racks_that_caused_it() -> None:
+    # On two racks it may grow by the least headroom either leaves (budget/groups.py allocate_racks):
+    # not "a share of" each, which read as a limit above each share it named (issue 35).
     line = budget_event("default/llm-disagg", {**BASE, "powerLimitWatts": 3060, "reasons": ["power_budget_clamped"]},
                         RACKS)
-    assert line == ("budget default/llm-disagg: Planned [power_budget_clamped]: limit 3060 W = its share of "
-                    "rack-a (5060 W), rack-b (5060 W), under its own 11200 W; settled 3300 W, peak 3900 W on 6 GPUs")
+    assert line == ("budget default/llm-disagg: Planned [power_budget_clamped]: limit 3060 W = what it holds now "
+                    "plus the least headroom of rack-a (5060 W) and rack-b (5060 W), under its own 11200 W; "
+                    "settled 3300 W, peak 3900 W on 6 GPUs")
+    one = budget_event("default/llm-disagg", {**BASE, "group": "rack-a", "powerLimitWatts": 3060}, RACKS)
+    assert "limit 3060 W = its share of rack-a (5060 W), under its own 11200 W" in one, one
 
 
 def test_a_limit_set_by_the_deployment_itself_says_so() -> None:
     within = budget_event("default/llm-agg", {**BASE, "powerLimitWatts": 11200, "reasons": []}, RACKS)
-    assert "limit 11200 W = its own limit (its share of rack-a (5060 W), rack-b (5060 W) is no lower)" in within
+    assert "limit 11200 W = its own limit (the least headroom of rack-a (5060 W) and rack-b (5060 W) allows as " \
+           "much)" in within, within
+    one = budget_event("default/llm-agg", {**BASE, "group": "rack-a", "powerLimitWatts": 11200}, RACKS)
+    assert "limit 11200 W = its own limit (its share of rack-a (5060 W) is no lower)" in one, one
     alone = budget_event("default/x", {"reason": "Planned", "powerLimitWatts": 800, "ownLimitWatts": 800}, {})
     assert alone == "budget default/x: Planned: limit 800 W = its own limit"
 

@@ -13,8 +13,9 @@ import os
 import signal
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -50,28 +51,32 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
     """
     # A tenant's GPU (twin/tenants.py) is not idle: the ledger charges its pod (at its cap, or at
     # the card's maximum settable limit), so no idle reserve is kept for it as well.
-    from powerfleet.twin.tenants import tenant_pods
+    from powerfleet.twin.operator import pod_gpus
 
-    rack_of = {n: rack for rack, nodes in twin.spec.racks.items() for n in nodes}
     tenant_gpus: dict[str, int] = {}
-    for pod in tenant_pods(twin.spec):
-        if (node := pod["spec"].get("nodeName")) is not None:  # the Pending tenant holds no GPU yet
-            tenant_gpus[rack_of[node]] = tenant_gpus.get(rack_of[node], 0) + 1
-    return {rack: int(w - (len(twin.spec.racks[rack]) * twin.spec.gpus_per_node - tenant_gpus.get(rack, 0)) * IDLE_W)
+    for pod in twin.tenant_pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            rack = twin.spec.rack_of(node)
+            tenant_gpus[rack] = tenant_gpus.get(rack, 0) + len(pod_gpus(pod))
+    # At least 1 W (a limit the config accepts): a limit below the idle reserve leaves nothing to plan.
+    return {rack: max(1, int(w - (twin.spec.rack_gpus(rack) - tenant_gpus.get(rack, 0)) * IDLE_W))
             for rack, w in twin.budgets.items()}
 
 
-def fleet_env(twin: Any, window_s: int, flower_port: int) -> dict[str, str]:
-    env = twin_fleet_env(twin, window_s)
+def fleet_env(twin: Any, window_s: int, flower_port: int, scenario: Any = None) -> dict[str, str]:
+    env = twin_fleet_env(twin, window_s, scenario)
     env.update(config_env({"flower.port": str(flower_port)}))
     return env
 
 
-def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
+def twin_fleet_env(twin: Any, window_s: int, scenario: Any = None) -> dict[str, str]:
     """Everything that points a fleet at the twin (the demo's and `powerfleet twin`'s settings).
 
     Short beat intervals and the twin's own retune window, so that something visible happens
     within seconds, and the budgets its deployments need (without them the planner never runs).
+    With a scenario (twin/scenario_model.py), its deployments, their budget and retune settings
+    and its racks' limits.
     """
     nodes = twin.spec.node_names
     fleet_max = twin.spec.total_gpus * GPU_MAX_W
@@ -113,6 +118,10 @@ def twin_fleet_env(twin: Any, window_s: int) -> dict[str, str]:
         "budget.deployments": "{" + ", ".join(f"{twin.spec.namespace}/{d}: {{power_limit_w: {fleet_max}, "
                                               "sole_writer: true}" for d in (DISAGG, AGG)) + "}",
     }
+    if scenario is not None:
+        from powerfleet.twin.scenario_twin import fleet_values
+
+        values.update(fleet_values(scenario, twin.spec, planner_group_budgets(twin)))
     env = config_env(values)
     env["KUBECONFIG"] = str(twin.kubeconfig)
     return env
@@ -125,10 +134,12 @@ def agent_env(twin: Any, node: str, work: Path) -> dict[str, str]:
 
 def demo(
     ctx: typer.Context,
-    duration: float = typer.Option(180.0, "--duration", min=30.0, max=86400.0,
-                                   help="Seconds the scenario runs once the fleet is up."),
-    nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES,
-                              help="Twin GPU nodes (8 GPUs each); the oversubscribe scenario uses 2."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=30.0, max=86400.0,
+                                             help="Seconds the scenario runs once the fleet is up "
+                                                  "(default: the scenario's duration_s, 180 s for the default)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=MIN_NODES, max=MAX_NODES,
+                                        help="Twin GPU nodes (8 GPUs each) for the default scenario's two racks "
+                                             "(default 4); other scenarios' files give their topology."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed for traffic thinning, telemetry noise and GPU ids."),
     report: Path = typer.Option(Path("demo-report"), "--report", help="Directory for summary.json, plots, index.html."),
     window: int = typer.Option(0, "--window", min=0, max=600,
@@ -137,8 +148,9 @@ def demo(
     plain: bool = typer.Option(False, "--plain", help="Plain log lines even on a terminal."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout at the end."),
     scenario: str = typer.Option("default", "--scenario",
-                                 help="default, or oversubscribe: one rack at 1.3x under the power guard, a "
-                                      "demand surge and a node's telemetry loss (docs/power.md)."),
+                                 help="A shipped scenario (default, limit-below-minimums, tenant-pending, "
+                                      "agent-dies-mid-rebalance; oversubscribe: one rack at 1.3x under the power "
+                                      "guard, docs/power.md) or a scenario file (YAML, docs/twin.md)."),
 ) -> None:
     """The main job on embedded defaults: the fleet keeps a twin GPU cluster in budget and its routers tuned.
 
@@ -148,29 +160,26 @@ def demo(
     from powerfleet.broker.embedded import BrokerUnavailable, free_loopback_port
     from powerfleet.twin.fidelity import demo_operator_settings
     from powerfleet.twin.runtime import Twin, TwinOptions
-    from powerfleet.twin.topology import TwinSpec
     from powerfleet.workers.launcher import Launcher
 
-    if scenario not in ("default", "oversubscribe"):
-        fail(f"--scenario: {scenario!r} is not a scenario (default, oversubscribe)")
+    plan = load_scenario(scenario, duration, nodes)  # validated before anything starts
+    duration = float(plan[0].duration_s)
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
         fail("--window: the retune window must be at least 10 s")
     from powerfleet.cli.up import prepare_log_dir
 
     prepare_log_dir(report, "--report")  # before the demo runs, not after it
-    spec, tenants = TwinSpec(nodes=nodes, seed=seed), True
-    if scenario == "oversubscribe":  # its own twin: two nodes in one rack, no other tenants
-        from powerfleet.twin.oversubscribe import twin_spec
-
-        spec, tenants, nodes = twin_spec(seed), False, 2
-    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, spec.node_names)
     work = Path(tempfile.mkdtemp(prefix="powerfleet-demo-"))
+    options = scenario_options(TwinOptions(root=work / "twin", window_s=window_s,
+                                           operator=demo_operator_settings(duration)), plan[0], plan[1], seed)
+    spec = options.spec
+    nodes = spec.nodes
+    metrics, ports = metrics_ports(fleet_config(ctx).metrics.port, spec.node_names)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(TwinOptions(spec=spec, root=work / "twin", window_s=window_s, tenants=tenants,
-                            operator=demo_operator_settings(duration)))
+    twin = Twin(options)
     try:
         twin.start()
     except OSError as exc:
@@ -179,11 +188,11 @@ def demo(
     launcher = Launcher(log_dir=work / "logs")
     try:
         port = flower_port or free_loopback_port()
-        env = fleet_env(twin, window_s, port)
-        if scenario == "oversubscribe":
-            from powerfleet.twin.oversubscribe import fleet_values
+        env = fleet_env(twin, window_s, port, plan[0])
+        if "power_guard" in plan[0].checks:  # the live guard on its oversubscribed rack (docs/power.md)
+            from powerfleet.twin.oversubscribe import fleet_values, plan_of
 
-            env.update(config_env(fleet_values(twin)))
+            env.update(config_env(fleet_values(twin, 1.0, plan_of(plan[0]))))
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
         os.environ.update(env)
         config = fleet_config(ctx)
@@ -193,7 +202,7 @@ def demo(
         except BrokerUnavailable as exc:
             fail(str(exc), EXIT_FAILURE)
         flower_url = f"http://127.0.0.1:{port}"
-        typer.echo(f"demo: twin of {nodes} nodes x 8 GPUs in {twin.root}; kubeconfig {twin.kubeconfig}; "
+        typer.echo(f"demo: twin of {nodes} nodes, {spec.total_gpus} GPUs in {twin.root}; kubeconfig {twin.kubeconfig}; "
                    f"logs {work / 'logs'}; Flower {flower_url}", err=True)
         _spawn_fleet(launcher, twin, work, ports)
         if metrics.assigned:
@@ -204,7 +213,8 @@ def demo(
         run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
                       duration_s=duration, window_s=window_s, plain=plain, stop=stop, work=work,
                       meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s,
-                            "scenario": scenario})
+                            "scenario": plan[0].name, "scenario_file": str(plan[1])},
+                      plan=plan[0], ports=ports)
         outcome = run.run()
     finally:
         launcher.stop()
@@ -219,6 +229,35 @@ def demo(
     if failed:
         fail(f"demo: checks failed: {', '.join(failed)} (details in {report / 'summary.json'})", EXIT_FAILURE)
     typer.echo("demo finished: every check held", err=True)
+
+
+def load_scenario(source: str, duration: float | None, nodes: int | None) -> tuple[Any, Path]:
+    """The validated scenario (exit 2 with one line naming the key path when it is not), resized
+    to ``--nodes`` for the default scenario."""
+    from powerfleet.twin.scenario_load import ScenarioError, load
+    from powerfleet.twin.scenario_twin import resized
+
+    try:
+        plan, path = load(source, duration_s=duration)
+        if nodes is not None:
+            if plan.name != "default":
+                fail(f"--nodes: the scenario {plan.name} gives its own topology (edit its file instead)")
+            plan = resized(plan, nodes)
+    except (ScenarioError, ValueError) as exc:
+        fail(f"--scenario: {str(exc).splitlines()[0]}")
+    return plan, path
+
+
+def scenario_options(options: Any, plan: Any, path: Path, seed: int) -> Any:
+    """The twin's options for a scenario file: its topology, DGDs, tenants, limits and traffic."""
+    from powerfleet.twin.scenario_twin import twin_parts
+
+    try:
+        parts = twin_parts(plan, path, seed=seed)
+    except (ValueError, OSError) as exc:
+        fail(f"--scenario: {str(exc).splitlines()[0]}")
+    return replace(options, spec=parts.spec, manifests=parts.manifests, tenant_pods=parts.tenant_pods,
+                   tenant_load=parts.tenant_load, rack_limit_w=parts.rack_limit_w, traffic=parts.traffic)
 
 
 def metrics_ports(base: int, nodes: list[str]) -> tuple[Any, dict[str, dict[str, str]]]:

@@ -15,12 +15,12 @@ from powerfleet.beat.ticklog import TickLog
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
 from powerfleet.twin import checks as C
+from powerfleet.twin import scenario_checks as SC
 from powerfleet.twin.report import summary as build_summary
 from powerfleet.twin.report import write_report
 from powerfleet.twin.runtime import Twin
-from powerfleet.twin.scenario import DECIDED, Scenario
-from powerfleet.twin.view import ViewState, clock, make_view, tick_news, window_span
-from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
+from powerfleet.twin.scenario import DECIDED
+from powerfleet.twin.view import ViewState, clock, decision_text, make_view, tick_news, window_span
 
 FLEET_UP_TIMEOUT_S = 120.0
 
@@ -50,6 +50,9 @@ class DemoRun:
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
     ledger: list[dict[str, Any]] | None = None  # the budget ticks' group figures, read at the end of the run
+    plan: Any = None  # the scenario file (twin/scenario_model.py)
+    ports: dict[str, dict[str, str]] = field(default_factory=dict)  # each process's metrics port settings
+    reasons_seen: dict[str, set[str]] = field(default_factory=dict)  # deployment -> the budget's reasons seen
 
     def __post_init__(self) -> None:
         from powerfleet.workers.app import create_app
@@ -57,20 +60,20 @@ class DemoRun:
         self.app = create_app(self.config, self.broker_url)
         self.redis = redis.Redis.from_url(self.broker_url, socket_timeout=5)
         self.ticklog = TickLog(self.redis)
-        self.scenario: Any = Scenario(self.twin, self._send, lambda name: name in self.app.tasks, self._decision)
-        if self.meta.get("scenario") == "oversubscribe":  # issue 22 item 6 (twin/oversubscribe.py)
-            from powerfleet.twin.oversubscribe import OversubscribeScenario
+        if "power_guard" not in self.plan.checks:
+            from powerfleet.cli.demo_fleet import DemoFleet
+            from powerfleet.twin.scenario_events import ScenarioRun
+
+            fleet = DemoFleet(self.app, self.redis, self.launcher, self.twin, self.work, self.plan, self.ports)
+            self.scenario: Any = ScenarioRun(self.plan, self.twin, fleet, self._decision)
+        else:  # issue 22 item 6 (twin/oversubscribe.py): the guard's own steps and checks
+            from powerfleet.twin.oversubscribe import OversubscribeScenario, plan_of
 
             self.scenario = OversubscribeScenario(self.twin, self.redis, self._decision,
-                                                  self.config.power.guard_period_s)
+                                                  self.config.power.guard_period_s, plan_of(self.plan))
         budgets = self.twin.budgets
         self.state = ViewState(duration_s=self.duration_s, flower_url=self.flower_url, rack_budget_w=budgets,
                                fleet_budget_w=sum(budgets.values()))
-
-    # -- ports the scenario uses --
-
-    def _send(self, name: str, kwargs: dict[str, Any]) -> None:
-        self.app.send_task(name, kwargs=kwargs)
 
     def _decision(self, line: str) -> None:
         now = time.time()
@@ -160,6 +163,8 @@ class DemoRun:
         if samples:
             last = samples[-1]
             s.fleet_w, s.rack_w = last.fleet_w, dict(last.rack_w)
+            if last.rack_budget_w:  # the limits in force (a set_limit moves them)
+                s.rack_budget_w, s.fleet_budget_w = dict(last.rack_budget_w), sum(last.rack_budget_w.values())
             caps: dict[str, list[float]] = {}
             for g in last.gpus:
                 caps.setdefault(g.node, []).append(g.cap_w)
@@ -210,6 +215,8 @@ class DemoRun:
             if self._budget_seen.get(dgd) == seen:
                 continue
             self._budget_seen[dgd] = seen
+            self.reasons_seen.setdefault(dgd.partition("/")[2] or dgd, set()).update(
+                r for r in status.get("reasons") or () if isinstance(r, str))
             if status.get("powerLimitWatts") is not None:  # the persisted evaluation: limit and share
                 self._decision(budget_event(dgd, status, self.twin.budgets))
                 continue
@@ -253,15 +260,32 @@ class DemoRun:
         # A window launched within its time budget of the end may still be sweeping: not judged.
         budget_s = self.window_s * 0.8 + self.window_s
         running = [(d, k) for d, k in self._launched if (k + 1) * self.window_s > self.ended_at - budget_s]
-        checks = [
-            C.power_within_budget(samples, budgets, sum(budgets.values())),
+        abandoned = {(d, int(h["window"])): f"{d} window {window_span(int(h['window']), self.window_s)}: "
+                     + _reason_text("abandoned", str(h.get("reason") or ""), self.window_s).removeprefix(" - ")
+                     for d, hs in history.items() for h in hs
+                     if isinstance(h.get("window"), int) and h.get("outcome") == "abandoned"}
+        rack_of = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
+        racks_of = {d: set(rack_of.values()) for d in self.plan.deployments}
+        slas = {d: float(x.sla.ttft_ms) for d, x in self.plan.deployments.items() if x.sla is not None}
+        from powerfleet.twin.scenario_model import at_s
+
+        since = {d: (self.fleet_up_at or 0.0) + at_s(x.sla.judged_from, self.plan.duration_s)
+                 for d, x in self.plan.deployments.items() if x.sla is not None}
+        made = {
+            "power_within_budget": lambda: C.power_within_budget(samples, budgets, sum(budgets.values())),
+            "no_rack_over_limit": lambda: SC.no_rack_over_limit(samples, rack_of, budgets),
             # Judged from the first reconcile tick: before it no agent has been asked to act.
-            C.caps_match_annotations(samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
-            C.windows_decided(self._launched, outcomes, running, DECIDED),
-            C.no_task_failures(self._log_lines()),
-        ]
-        for step in self.scenario.steps:
-            checks.append(C.Check(step.name, step.outcome.state == "ok", step.outcome.detail))
+            "caps_match_annotations": lambda: C.caps_match_annotations(
+                samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
+            "retune_windows_decided": lambda: C.windows_decided(self._launched, outcomes, running, DECIDED, abandoned),
+            "retune_applied": lambda: SC.retune_applied(history),
+            "no_unexpected_task_failures": lambda: C.no_task_failures(self._log_lines()),
+            "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since),
+        }
+        checks = [made[name]() for name in self.plan.checks if name in made]
+        if "events" in self.plan.checks:
+            checks += [C.Check(step.name, step.outcome.state == "ok", step.outcome.detail)
+                       for step in self.scenario.steps]
         return checks
 
     def write_report(self, out: Path) -> Path:
@@ -283,10 +307,16 @@ class DemoRun:
         self.summary = build_summary(samples=samples, windows=windows, checks=checks,
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra, events=self.timeline)
+        if hasattr(self.scenario, "at_s"):  # a ScenarioRun (the guard's scenario has its own section)
+            from powerfleet.twin.scenario_report import scenario_result
+
+            self.summary["scenario_result"] = scenario_result(
+                self.plan, self.meta.get("scenario_file"), self.scenario.steps, self.scenario.at_s, checks,
+                self.ledger, self.fleet_up_at or (samples[0].t if samples else 0.0))
         racks = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks,
                              ledger=self.ledger)
-        if self.meta.get("scenario") == "oversubscribe":
+        if "power_guard" in self.plan.checks:
             from powerfleet.twin.oversubscribe_report import extend
 
             extend(out, self.summary, samples, self.scenario)
@@ -298,7 +328,7 @@ def _reason_text(outcome: str, reason: str, window_s: int) -> str:
     reason names ("moved at window 179612441") as its clock times, like every other window."""
     while reason.startswith(f"{outcome}:"):
         reason = reason[len(outcome) + 1:].strip()
-    reason = _WINDOW_INDEX.sub(lambda m: f"window {window_span(int(m.group(1)), window_s)}", reason)
+    reason = decision_text(_WINDOW_INDEX.sub(lambda m: f"window {window_span(int(m.group(1)), window_s)}", reason))
     return f" - {reason}" if reason else ""
 
 

@@ -8,6 +8,8 @@ import shlex
 import signal
 import tempfile
 import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,7 +19,7 @@ from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.twin.topology import MAX_NODES, MIN_NODES
 
 
-def fleet_settings(tw: Any, window_s: int) -> dict[str, str]:
+def fleet_settings(tw: Any, window_s: int, scenario: Any = None) -> dict[str, str]:
     """The variables that point a fleet (`powerfleet up` on this machine) at the twin.
 
     The same settings the demo gives its fleet (budgets, the twin's retune window, short beat
@@ -25,7 +27,7 @@ def fleet_settings(tw: Any, window_s: int) -> dict[str, str]:
     """
     from powerfleet.cli.demo_cmd import config_env, twin_fleet_env
 
-    env = twin_fleet_env(tw, window_s)
+    env = twin_fleet_env(tw, window_s, scenario)
     env.update(config_env({"agent.proc_root": str(tw.root / "proc" / "all"),
                      "agent.state_dir": str(tw.root / "agent-state")}))
     return env
@@ -68,6 +70,21 @@ class TwinDirBusy(Exception):
     pass
 
 
+def _run(tw: Any, plan: Any, stop: threading.Event, duration: float) -> None:
+    """Until Ctrl-C or ``duration``; with a scenario, its traffic multipliers over its duration."""
+    if plan is None:
+        stop.wait(duration if duration > 0 else None)
+        return
+    from powerfleet.twin.scenario_twin import multiplier_at
+
+    started = time.monotonic()
+    while not stop.is_set() and (duration <= 0 or time.monotonic() - started < duration):
+        t = time.monotonic() - started
+        for dgd, source in tw.sources.items():
+            source.rate = multiplier_at(plan, dgd, t)
+        stop.wait(1.0)
+
+
 def twin(
     nodes: int = typer.Option(4, "--nodes", min=MIN_NODES, max=MAX_NODES, help="GPU nodes (8 GPUs each)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed for traffic thinning, telemetry noise and GPU ids."),
@@ -76,6 +93,10 @@ def twin(
     traces: Optional[Path] = typer.Option(None, "--traces", help="Directory with the Mooncake traces."),
     duration: float = typer.Option(0.0, "--duration", min=0.0, help="Stop after this many seconds (0: until Ctrl-C)."),
     as_json: bool = typer.Option(False, "--json", help="Print the twin's paths and URLs as JSON (twin.json)."),
+    scenario: Optional[str] = typer.Option(None, "--scenario",
+                                           help="A shipped scenario or a scenario file (docs/twin.md): its "
+                                                "topology, deployments, tenants and traffic; its events need a "
+                                                "fleet and are run by `powerfleet demo --scenario`."),
 ) -> None:
     """Run the twin: a loopback Kubernetes API with GPU nodes, two DGDs, their pods, GPUs, frontends and traffic.
 
@@ -87,6 +108,13 @@ def twin(
 
     if traces is not None and not traces.is_dir():
         fail(f"--traces: {traces} is not a directory")
+    options = TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), window_s=window, traces=traces)
+    plan = None
+    if scenario is not None:
+        from powerfleet.cli.demo_cmd import load_scenario, scenario_options
+
+        plan, path = load_scenario(scenario, None, None)
+        options = scenario_options(options, plan, path, seed)
     root = directory or Path(tempfile.mkdtemp(prefix="powerfleet-twin-"))
     lock = DirLock(root)
     try:
@@ -98,7 +126,7 @@ def twin(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    tw = Twin(TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), root=root, window_s=window, traces=traces))
+    tw = Twin(replace(options, root=root))
     try:
         tw.start()
     except OSError as exc:
@@ -107,7 +135,7 @@ def twin(
     try:
         # Frontends start once their pods run: wait for them before printing their URLs.
         waited = 0.0
-        while len(tw.frontends) < 2 and waited < 30 and not stop.is_set():
+        while len(tw.frontends) < len(tw.sources) and waited < 30 and not stop.is_set():
             stop.wait(0.5)
             waited += 0.5
         manifest = tw.manifest()
@@ -115,17 +143,20 @@ def twin(
         if as_json:
             print_json(manifest)
         else:
-            typer.echo(f"twin: {nodes} nodes x {tw.spec.gpus_per_node} GPUs in {tw.root}")
+            typer.echo(f"twin: {tw.spec.nodes} nodes, {tw.spec.total_gpus} GPUs in {tw.root}")
             typer.echo(f"kubeconfig: {tw.kubeconfig}")
             typer.echo(f"API server: {tw.api.url}")
             for name, fe in manifest["frontends"].items():
                 typer.echo(f"frontend {name}: router {fe['router_url']}/router_policy, metrics {fe['metrics_url']}")
             typer.echo("point a fleet at it: paste these lines into a shell, then run `powerfleet up` there:")
-            for line in export_lines(fleet_settings(tw, window)):
+            for line in export_lines(fleet_settings(tw, window, plan)):
                 typer.echo(line)
             typer.echo(f"paths and URLs: {tw.root / 'twin.json'}")
             typer.echo("Ctrl-C stops the twin", err=True)
-        stop.wait(duration if duration > 0 else None)
+        if plan is not None and plan.events:
+            typer.echo(f"twin: the scenario's {len(plan.events)} events are not run here (they act on a fleet: "
+                       "`powerfleet demo --scenario` runs them); its traffic multipliers are", err=True)
+        _run(tw, plan, stop, duration)
     finally:
         tw.stop()
         lock.release()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from powerfleet.twin.runtime import Sample
 
@@ -19,6 +19,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    figures: Mapping[str, object] = field(default_factory=dict)  # what it measured, for summary.json
 
 
 def power_within_budget(samples: Sequence[Sample], rack_budget_w: Mapping[str, float],
@@ -29,8 +30,9 @@ def power_within_budget(samples: Sequence[Sample], rack_budget_w: Mapping[str, f
         return Check(name, False, "no power samples were taken")
     worst: tuple[float, str, float] | None = None  # (excess W, where, t)
     for s in samples:
-        pairs = [(f"rack {r}", w, rack_budget_w.get(r, 0.0)) for r, w in s.rack_w.items()]
-        pairs.append(("fleet", s.fleet_w, fleet_budget_w))
+        budgets = s.rack_budget_w or rack_budget_w  # the limits in force at the sample (a set_limit moves them)
+        pairs = [(f"rack {r}", w, budgets.get(r, 0.0)) for r, w in s.rack_w.items()]
+        pairs.append(("fleet", s.fleet_w, sum(s.rack_budget_w.values()) if s.rack_budget_w else fleet_budget_w))
         for where, w, budget in pairs:
             if w > budget and (worst is None or w - budget > worst[0]):
                 worst = (w - budget, where, s.t)
@@ -75,7 +77,8 @@ def caps_match_annotations(samples: Sequence[Sample], allowed_lag_s: float, sinc
 
 
 def windows_decided(launched: Iterable[tuple[str, int]], outcomes: Mapping[tuple[str, int], str],
-                    still_running: Iterable[tuple[str, int]] = (), decided: Iterable[str] = ()) -> Check:
+                    still_running: Iterable[tuple[str, int]] = (), decided: Iterable[str] = (),
+                    abandoned: Mapping[tuple[str, int], str] | None = None) -> Check:
     """Every launched retune window ended in a recorded outcome, and at least one in a decision.
 
     ``outcomes``: (deployment, window) -> the outcome its history records. A window the harvest
@@ -96,6 +99,9 @@ def windows_decided(launched: Iterable[tuple[str, int]], outcomes: Mapping[tuple
     for o in ended.values():
         counts[o] = counts.get(o, 0) + 1
     summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+    whys = [why for w, why in sorted((abandoned or {}).items()) if w in ended]
+    if whys:  # each abandoned window with its reason, here as in the timeline
+        summary += " (abandoned: " + "; ".join(whys[:5]) + (f"; {len(whys) - 5} more" if len(whys) > 5 else "") + ")"
     if not any(o in set(decided) for o in ended.values()):
         return Check(name, False, f"{len(launched_set)} windows launched, none decided ({summary or 'no outcome yet'})")
     return Check(name, True, f"{len(ended)} launched windows ended: {summary}"

@@ -32,8 +32,10 @@ def ledger_series(history: Sequence[Mapping[str, Any]], t0: float) -> dict[str, 
     return out
 
 
-def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> str:
-    """Write ``ledger.png`` (and its series as ``ledger.json``) under ``out``; return the image's name."""
+def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float, limit_at: Any = None) -> str:
+    """Write ``ledger.png`` (and its series as ``ledger.json``) under ``out``; return the image's name.
+    ``limit_at(rack, t)``: the rack's limit in force (the figure the power plot and the lines show);
+    without it, the planning limit the tick recorded."""
     import json
 
     import matplotlib
@@ -52,12 +54,17 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float) -> s
         measured = [float("nan") if m is None else m for m in s["measured_w"]]
         ax.plot(s["t"], measured, color=color, linestyle=":", marker=".", markersize=3,
                 label=f"{group} measured (agents)")
-        ax.step(s["t"], s["limit_w"], where="post", color=color, linestyle=(i * 4, (4, 4)), label=f"{group} limit")
+        limit = [limit_at(group, t0 + t) for t in s["t"]] if limit_at is not None else s["limit_w"]
+        ax.step(s["t"], limit, where="post", color=color, linestyle=(i * 4, (4, 4)), label=f"{group} limit")
     if not series:
         ax.text(0.5, 0.5, "no budget tick recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(f"seconds since {clock(t0)} (the live view's clock)")
     ax.set_ylabel("GPU power (W)")
-    ax.set_title("Budget per rack: projected (the ledger) and measured against the limit")
+    from powerfleet.twin.power import IDLE_W
+
+    ax.set_title("Budget per rack: projected (the ledger) and measured against the limit\n(the planner keeps its "
+                 f"projection under the limit less {IDLE_W:.0f} W for each GPU no pod holds: their idle draw)",
+                 fontsize=10)
     ax.set_ylim(bottom=0)
     if series:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)

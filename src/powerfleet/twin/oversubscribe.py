@@ -53,6 +53,37 @@ GPUS_PER_REPLICA = {"prefill": 2, "decode": 2, "worker": 1}
 POLL_S = 0.1
 
 
+@dataclass(frozen=True)
+class GuardPlan:
+    """What the scenario does and to which rack: the shipped file ``scenarios/oversubscribe.yaml``
+    (``plan_of``), or these defaults (the same figures)."""
+
+    group: str = GROUP
+    ratio: float = RATIO
+    limit_w: float | None = None  # None: group_limit(spec)
+    surge: tuple[float, float] = SURGE
+    scale: float = SURGE_SCALE
+    loss: tuple[float, float] = LOSS
+    lost_node: str | None = None  # None: the rack's last node
+    priority: tuple[tuple[str, str], ...] = tuple(PRIORITY.items())
+
+
+def plan_of(scenario: Any) -> GuardPlan:
+    """The guard's plan from a scenario file whose checks include ``power_guard`` (its one
+    oversubscribed rack, its one ``set_load`` and one ``telemetry_fault``: scenario_model.py)."""
+    from powerfleet.twin.scenario_model import at_s
+
+    group, rack = next((g, r) for g, r in scenario.topology.racks.items() if r.oversubscription > 1)
+    d = float(scenario.duration_s)
+    load = next(e for e in scenario.events if e.kind == "set_load")
+    fault = next(e for e in scenario.events if e.kind == "telemetry_fault")
+    surge0, loss0 = at_s(load.at, d) / d, at_s(fault.at, d) / d
+    return GuardPlan(group, float(rack.oversubscription), None if rack.limit_w is None else float(rack.limit_w),
+                     (surge0, surge0 + at_s(load.duration_s, d) / d), float(load.x),
+                     (loss0, loss0 + at_s(fault.duration_s, d) / d), fault.node,
+                     tuple((n, dep.budget.priority or "normal") for n, dep in scenario.deployments.items()))
+
+
 def twin_spec(seed: int) -> TwinSpec:
     return TwinSpec(nodes=2, seed=seed, rack_a_nodes=2)
 
@@ -68,12 +99,14 @@ def group_limit(spec: TwinSpec) -> int:
     return int(round(requested_w(spec) / RATIO))
 
 
-def fleet_values(twin: Twin, period_s: float = 1.0) -> dict[str, str]:
+def fleet_values(twin: Twin, period_s: float = 1.0, plan: GuardPlan | None = None) -> dict[str, str]:
     """The settings this scenario puts over the demo's (``demo_cmd.config_env`` form)."""
+    plan = plan or GuardPlan()
     ns, top = twin.spec.namespace, twin.spec.total_gpus * GPU_MAX_W
-    deployments = ", ".join(f"{ns}/{d}: {{power_limit_w: {top}, sole_writer: true, priority: {PRIORITY[d]}}}"
-                            for d in (DISAGG, AGG))
-    return {"budget.groups": f"{{{GROUP}: {{limit_w: {group_limit(twin.spec)}, oversubscription: {RATIO}}}}}",
+    limit = int(plan.limit_w) if plan.limit_w is not None else group_limit(twin.spec)
+    deployments = ", ".join(f"{ns}/{d}: {{power_limit_w: {top}, sole_writer: true, priority: {p}}}"
+                            for d, p in plan.priority)
+    return {"budget.groups": f"{{{plan.group}: {{limit_w: {limit}, oversubscription: {plan.ratio:g}}}}}",
             "budget.deployments": "{" + deployments + "}", "power.guard_period_s": str(period_s),
             "retune.deployments": "[]"}
 
@@ -95,21 +128,23 @@ class Record:
 class OversubscribeScenario:
     """The same driving interface as ``twin.scenario.Scenario`` (tick, finish, states, steps)."""
 
-    def __init__(self, twin: Twin, redis_client: Any, log: Callable[[str], None], period_s: float = 1.0) -> None:
-        self.twin, self.r, self.log, self.period_s = twin, redis_client, log, period_s
-        self.limit_w = float(group_limit(twin.spec))
-        self.nodes = list(twin.spec.racks[GROUP])
-        self.lost_node = self.nodes[-1]
+    def __init__(self, twin: Twin, redis_client: Any, log: Callable[[str], None], period_s: float = 1.0,
+                 plan: GuardPlan = GuardPlan()) -> None:
+        self.twin, self.r, self.log, self.period_s, self.plan = twin, redis_client, log, period_s, plan
+        self.limit_w = float(plan.limit_w if plan.limit_w is not None else group_limit(twin.spec))
+        self.nodes = list(twin.spec.racks[plan.group])
+        self.lost_node = plan.lost_node or self.nodes[-1]
+        self.priority = dict(plan.priority)
         self.rec = Record()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._reported: dict[str, tuple[float, ...]] = {}
         self.steps = [
-            Step("surge_throttled", SURGE[0], self._start_surge, self._poll_surge),
-            Step("released", SURGE[1], self._end_surge, self._poll_annotations),
-            Step("telemetry_loss_safe_caps", LOSS[0], self._start_loss, self._poll_loss),
-            Step("recovered", LOSS[1], self._end_loss, self._poll_annotations),
+            Step("surge_throttled", plan.surge[0], self._start_surge, self._poll_surge),
+            Step("released", plan.surge[1], self._end_surge, self._poll_annotations),
+            Step("telemetry_loss_safe_caps", plan.loss[0], self._start_loss, self._poll_loss),
+            Step("recovered", plan.loss[1], self._end_loss, self._poll_annotations),
         ]
 
     # -- driving (DemoRun calls these) --
@@ -150,7 +185,8 @@ class OversubscribeScenario:
     # -- what the view shows: the guarded draw against the limit --
 
     def view_power(self, s: Sample) -> tuple[dict[str, float], dict[str, float]]:
-        return {f"{GROUP} guarded": round(guarded_draw(s, self.nodes), 1)}, {f"{GROUP} guarded": self.limit_w}
+        g = self.plan.group
+        return {f"{g} guarded": round(guarded_draw(s, self.nodes), 1)}, {f"{g} guarded": self.limit_w}
 
     def _news(self) -> None:
         """One decision line per change of a deployment's caps in force (who, by how much)."""
@@ -168,19 +204,19 @@ class OversubscribeScenario:
             self._reported[dgd] = now
             if before is None or _span(before) == _span(now):
                 continue
-            self.log(f"guard {GROUP}: {dgd} ({PRIORITY.get(dgd, 'high')} priority) caps {_span(before)} -> "
+            self.log(f"guard {self.plan.group}: {dgd} ({self.priority.get(dgd, 'high')} priority) caps {_span(before)} -> "
                      f"{_span(now)} on {len(now)} GPUs (guarded draw {guarded_draw(s, self.nodes):.0f} W, "
                      f"limit {self.limit_w:.0f} W)")
 
     def _dgd(self, pod: str) -> str:
-        return next((d for d in sorted(PRIORITY, key=len, reverse=True) if pod.startswith(d + "-")), pod)
+        return next((d for d in sorted(self.priority, key=len, reverse=True) if pod.startswith(d + "-")), pod)
 
     # -- the steps --
 
     def _start_surge(self) -> str | None:
-        self.twin.load_scale.update({DISAGG: SURGE_SCALE, AGG: SURGE_SCALE})
+        self.twin.load_scale.update({d: self.plan.scale for d in self.priority})
         self.rec.surge_at = time.time()
-        self.log(f"scenario: demand surge: every worker's load x{SURGE_SCALE:g}")
+        self.log(f"scenario: demand surge: every worker's load x{self.plan.scale:g}")
         return None
 
     def _poll_surge(self) -> tuple[bool, str]:

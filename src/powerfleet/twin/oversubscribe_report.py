@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powerfleet.twin.oversubscribe import GROUP, PRIORITY, RATIO, T2, OversubscribeScenario
+from powerfleet.twin.oversubscribe import T2, OversubscribeScenario
 from powerfleet.twin.oversubscribe_checks import excursion_runs, guarded_draw, reaction_times, throttled
 from powerfleet.twin.runtime import Sample
 from powerfleet.twin.view import clock
@@ -30,15 +30,15 @@ def section(sc: OversubscribeScenario, samples: Sequence[Sample]) -> dict[str, A
     reactions = reaction_times(samples, sc.nodes, T2 * sc.limit_w, sc.rec.changes)
     rel = (lambda t: None if t is None else round(t - t0, 2))  # noqa: E731 - seconds since the first sample
     return {
-        "group": GROUP, "nodes": sc.nodes, "limit_w": sc.limit_w, "ratio": RATIO,
-        "requested_w": round(sc.limit_w * RATIO), "period_s": sc.period_s,
+        "group": sc.plan.group, "nodes": sc.nodes, "limit_w": sc.limit_w, "ratio": sc.plan.ratio,
+        "requested_w": round(sc.limit_w * sc.plan.ratio), "period_s": sc.period_s,
         "guarded_draw_w": {"mean": round(statistics.fmean(draw), 1) if draw else 0.0,
                            "max": round(max(draw), 1) if draw else 0.0},
-        "series": [{"t": round(s.t - t0, 2), "guarded_w": round(w, 1), "rack_w": s.rack_w.get(GROUP, 0.0)}
+        "series": [{"t": round(s.t - t0, 2), "guarded_w": round(w, 1), "rack_w": s.rack_w.get(sc.plan.group, 0.0)}
                    for s, w in zip(samples, draw)],
         "excursions": [{"t": round(t - t0, 1), "seconds": n, "max_over_w": round(w, 1)}
                        for t, n, w in excursion_runs(samples, sc.nodes, sc.limit_w)],
-        "throttled": throttled(list(samples), sc.nodes, sc.dgd_of(list(samples)), PRIORITY),
+        "throttled": throttled(list(samples), sc.nodes, sc.dgd_of(list(samples)), sc.priority),
         "reaction_s": [round(r, 2) for r in reactions],
         "cap_changes": [{"t": round(c.t - t0, 2), "gpu": f"{c.node}/{c.index}", "from_w": c.from_w, "to_w": c.to_w}
                         for c in sc.rec.changes],
@@ -58,7 +58,7 @@ def _plot(out: Path, sec: dict[str, Any], t0: float) -> None:
     fig, ax = plt.subplots(figsize=(11, 4))
     ax.plot(ts, [p["guarded_w"] for p in sec["series"]], color="C0", label="measured draw of the guarded GPUs")
     ax.plot(ts, [p["rack_w"] for p in sec["series"]], color="C7", linewidth=0.8,
-            label=f"{GROUP} total (idle GPUs included)")
+            label=f"{sec['group']} total (idle GPUs included)")
     ax.axhline(sec["limit_w"], color="C3", linestyle="--", label=f"limit {sec['limit_w']:.0f} W")
     ax.axhline(sec["requested_w"], color="C2", linestyle=":", label=f"requested caps {sec['requested_w']:.0f} W")
     for key, color, label in (("surge", "C1", "demand surge"), ("telemetry_loss", "C4", "telemetry loss")):
@@ -67,7 +67,7 @@ def _plot(out: Path, sec: dict[str, Any], t0: float) -> None:
             ax.axvspan(a, b if b is not None else (ts[-1] if ts else a), color=color, alpha=0.12, label=label)
     ax.set_xlabel(f"seconds since {clock(t0)} (the live view's clock)")
     ax.set_ylabel("GPU power (W)")
-    ax.set_title(f"{GROUP} oversubscribed {sec['ratio']:g}x: measured draw against the limit")
+    ax.set_title(f"{sec['group']} oversubscribed {sec['ratio']:g}x: measured draw against the limit")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()

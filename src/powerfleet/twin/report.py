@@ -103,8 +103,14 @@ def budget_event(dgd: str, status: Mapping[str, Any], group_budget_w: Mapping[st
     below = _FOOTPRINT.search(str(status.get("message") or ""))
     if below and racks:
         where = f"its minimum footprint; its share of {racks} is only {below.group(1)} W"
+    elif racks and own is not None and limit < own and "," in str(group):
+        # Spread over racks, it may grow by the least any of them allows (budget/groups.py
+        # allocate_racks): its limit is what it holds now plus that headroom, not a share of each.
+        where = f"what it holds now plus the least headroom of {racks.replace(', ', ' and ')}, under its own {own} W"
     elif racks and own is not None and limit < own:
         where = f"its share of {racks}, under its own {own} W"
+    elif racks and "," in str(group):
+        where = f"its own limit (the least headroom of {racks.replace(', ', ' and ')} allows as much)"
     elif racks:
         where = f"its own limit (its share of {racks} is no lower)"
     else:
@@ -173,7 +179,9 @@ def _plots(out: Path, samples: Sequence[Sample], windows: Sequence[WindowTtft],
         ax.plot(ts, [_rack_caps(s, rack, racks) for s in samples], color=color, linestyle="-.", linewidth=1,
                 label=f"{rack} caps of its pods' GPUs")
         # Racks often share one budget figure: offset dash patterns keep both lines visible.
-        ax.axhline(rack_budget_w[rack], color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
+        # The limit in force at each sample (a set_limit moves it), the figure the ledger plot shows.
+        ax.step(ts, [(s.rack_budget_w or rack_budget_w).get(rack, rack_budget_w[rack]) for s in samples],
+                where="post", color=color, linestyle=(i * 4, (4, 4)), label=f"{rack} budget")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("GPU power (W)")
     ax.set_title("Power per rack against its budget")
@@ -267,6 +275,20 @@ Fleet power mean {p['fleet_w']['mean']:.0f} W, peak {p['fleet_w']['max']:.0f} W 
 """
 
 
+def limits_of(samples: Sequence[Sample], fallback: Mapping[str, float]) -> Any:
+    """(rack, t) -> the rack's limit in force at ``t``: the one budget figure every plot and line
+    shows (a set_limit moves it; the samples record it)."""
+    import bisect
+
+    times = [s.t for s in samples]
+
+    def at(rack: str, t: float) -> float | None:
+        i = bisect.bisect_right(times, t) - 1
+        budgets = samples[max(i, 0)].rack_budget_w if samples else {}
+        return (budgets or fallback).get(rack, fallback.get(rack))
+    return at
+
+
 def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], windows: Sequence[WindowTtft],
                  rack_budget_w: Mapping[str, float], racks: Mapping[str, str] | None = None,
                  ledger: Sequence[Mapping[str, Any]] | None = None) -> Path:
@@ -278,7 +300,7 @@ def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], win
     if ledger is not None:
         from powerfleet.twin.ledger_plot import plot_ledger
 
-        images.append(plot_ledger(out, ledger, samples[0].t if samples else 0.0))
+        images.append(plot_ledger(out, ledger, samples[0].t if samples else 0.0, limits_of(samples, rack_budget_w)))
         data["images"] = list(images)
     (out / "summary.json").write_text(json.dumps(data, indent=1, sort_keys=False))
     (out / "index.html").write_text(_html(data, images))

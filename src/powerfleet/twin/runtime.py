@@ -37,7 +37,7 @@ from powerfleet.twin.operator import pod_gpus
 from powerfleet.twin.planner import StandInPlanner
 from powerfleet.twin.podresources import PodResourcesServers
 from powerfleet.twin.power import gpu_power, load_of
-from powerfleet.twin.tenants import TENANT_LABEL, TENANTS, tenant_loads, tenant_pods
+from powerfleet.twin.tenants import tenant_loads, tenant_pods
 from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
 from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
 from powerfleet.twin.writer import OperatorLoop
@@ -69,6 +69,15 @@ class TwinOptions:
     # A stand-in planner rewriting worker replicas every this many seconds (planner.py); off by
     # default: it reverts the budget's scale-ups, which is the conflict it exists to show.
     planner_period_s: float | None = None
+    # A scenario's cluster (twin/scenario_twin.py): the DGDs to seed (None: manifests.dgd_manifests),
+    # the tenant pods (None: tenants.tenant_pods when ``tenants``), each tenant pod's load, the
+    # racks' limits (a rack absent: the budget rule above) and each deployment's traffic
+    # (None: traffic.load_sources).
+    manifests: tuple[dict[str, Any], ...] | None = None
+    tenant_pods: tuple[dict[str, Any], ...] | None = None
+    tenant_load: Mapping[str, float] | None = None
+    rack_limit_w: Mapping[str, float] | None = None
+    traffic: Any = None  # (spec, seed, speedup) -> (source description, {deployment: TrafficSource})
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class Sample:
     gpus: list[GpuSample]
     annotated_w: dict[str, float | None]  # "<node>/<index>" -> the cap its pod asks for (None: no pod / no annotation)
     requests: dict[str, int]  # requests served this tick, per deployment
+    rack_budget_w: dict[str, float] = field(default_factory=dict)  # each rack's limit at this tick
 
 
 @dataclass
@@ -113,22 +123,29 @@ class Twin:
         self.load_scale: dict[str, float] = {}
         self.kubeconfig = self.root / "kubeconfig"
         self.trace_dir = self.root / "traces"
+        self.limit_w: dict[str, float] = dict(self.options.rack_limit_w or {})  # set_limit's lever
+        self._tenants = list(self.options.tenant_pods if self.options.tenant_pods is not None
+                             else tenant_pods(self.spec) if self.options.tenants else [])
+        self.tenant_load: dict[str, float] = dict(self.options.tenant_load or {})
 
     # -- lifecycle --
 
     def start(self) -> Twin:
         self.root.mkdir(parents=True, exist_ok=True)
         self.api.start()
-        for obj in node_objects(self.spec) + dgd_manifests(self.spec) + (
-                tenant_pods(self.spec) if self.options.tenants else []):
+        manifests = list(self.options.manifests) if self.options.manifests is not None else dgd_manifests(self.spec)
+        for obj in node_objects(self.spec) + manifests + self.tenant_pods:
             self.api.apply(obj)
         self.api.write_kubeconfig(self.kubeconfig, namespace=self.spec.namespace)
-        self.nodes = {n: NodeSim(n, self.spec.gpus_per_node, self.root, self.spec.seed, first_pid=pid_base(i))
+        self.nodes = {n: NodeSim(n, self.spec.gpus_of(n), self.root, self.spec.seed, first_pid=pid_base(i))
                       for i, n in enumerate(self.spec.node_names)}
         self.podresources = PodResourcesServers(list(self.nodes), lambda: self.api.list("v1", "Pod", self.spec.namespace),
                                                 pod_gpus, lambda n, g: gpu_uuid(n, g, self.spec.seed)).start()
-        self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
-                                                         speedup=self.options.speedup, seed=self.spec.seed)
+        if self.options.traffic is not None:
+            self.traffic_source, self.sources = self.options.traffic(self.spec.seed, self.options.speedup)
+        else:
+            self.traffic_source, self.sources = load_sources(find_traces(self.options.traces),
+                                                             speedup=self.options.speedup, seed=self.spec.seed)
         planner = StandInPlanner(self.options.planner_period_s) if self.options.planner_period_s else None
         self.operator = OperatorLoop(str(self.kubeconfig), self.spec.namespace, clock=self.clock,
                                      settings=self.options.operator, planner=planner)
@@ -175,18 +192,30 @@ class Twin:
     # -- what other processes need --
 
     @property
+    def tenant_pods(self) -> list[dict[str, Any]]:
+        """The tenant pods seeded at start (a scenario's add_tenant events come later)."""
+        return [dict(p) for p in self._tenants]
+
+    @property
     def budgets(self) -> dict[str, float]:
-        """Rack budgets (W): a fixed fraction of each rack's maximum GPU power, plus what the budget
-        ledger charges the rack's other tenants (their cap, else the card's maximum), so that the
-        fleet's own deployments meet the same squeeze with or without tenants beside them."""
+        """Rack budgets (W): a rack's limit where one is set (a scenario's ``limit_w``, set_limit),
+        else a fixed fraction of the rack's maximum GPU power plus what the budget ledger charges
+        the rack's other tenants bound there at start (their cap, else the card's maximum), so that
+        the fleet's own deployments meet the same squeeze with or without tenants beside them."""
         per_gpu = GPU_DEFAULT_W * self.options.rack_budget_fraction
-        out = {rack: per_gpu * len(nodes) * self.spec.gpus_per_node for rack, nodes in self.spec.racks.items()}
-        caps = {t.name: t.cap_w for t in TENANTS}
-        for pod in tenant_pods(self.spec):
-            tenant, node = pod["metadata"]["labels"][TENANT_LABEL], pod["spec"].get("nodeName")
-            if node is not None and tenant in caps:  # the Pending tenant is on no rack
-                out[self.spec.rack_of(node)] += caps[tenant] or GPU_DEFAULT_W
+        out = {rack: per_gpu * self.spec.rack_gpus(rack) for rack in self.spec.racks}
+        for pod in self._tenants:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                raw = (pod["metadata"].get("annotations") or {}).get(POWER_ANNOTATION)
+                out[self.spec.rack_of(node)] += (int(raw) if raw else GPU_DEFAULT_W) * max(1, len(pod_gpus(pod)))
+        with self._lock:
+            out.update(self.limit_w)
         return out
+
+    def set_limit(self, rack: str, watts: float) -> None:
+        with self._lock:
+            self.limit_w[rack] = float(watts)
 
     def manifest(self) -> dict[str, Any]:
         return {
@@ -233,7 +262,8 @@ class Twin:
             old = self._ema.get(dgd, (isl, osl))
             a = min(1.0, dt / 3.0)
             self._ema[dgd] = (old[0] + a * (isl - old[0]), old[1] + a * (osl - old[1]))
-        loads = self._worker_loads(pods) | tenant_loads(pods)
+        loads = self._worker_loads(pods) | tenant_loads(pods) | {
+            n: w for n, w in self.tenant_load.items() if any(p["metadata"]["name"] == n for p in pods)}
         samples: list[GpuSample] = []
         annotated: dict[str, float | None] = {}
         by_node: dict[str, list[Mapping[str, Any]]] = {}
@@ -258,7 +288,7 @@ class Twin:
         for s in samples:
             rack_w[self.spec.rack_of(s.node)] += s.draw_w
         sample = Sample(now, round(sum(rack_w.values()), 1), {k: round(v, 1) for k, v in rack_w.items()},
-                        samples, annotated, served)
+                        samples, annotated, served, self.budgets)
         self._close_windows(now, pods, samples)
         with self._lock:
             self.samples.append(sample)
@@ -343,6 +373,10 @@ class Twin:
             svc = obj["spec"]["services"][component]
             svc.setdefault("extraPodMetadata", {}).setdefault("annotations", {})[POWER_ANNOTATION] = str(watts)
             return self.api.apply(obj)
+
+    def token_rates(self, dgd: str) -> tuple[float, float]:
+        """The deployment's served (input, output) tokens per second, smoothed over about 3 s."""
+        return self._ema.get(dgd, (0.0, 0.0))
 
     def snapshot_samples(self) -> list[Sample]:
         with self._lock:

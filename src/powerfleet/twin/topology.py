@@ -17,16 +17,35 @@ GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
 @dataclass(frozen=True)
+class NodeLayout:
+    """One node of a scenario's topology (twin/scenario_model.py): its rack, GPUs, card and labels."""
+
+    rack: str
+    gpus: int = 8
+    model: str = GPU_PRODUCT
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class TwinSpec:
-    """How big the twin is. ``nodes`` 1..64; the first half of the nodes is rack-a, the rest rack-b."""
+    """How big the twin is. ``nodes`` 1..64; the first half of the nodes is rack-a, the rest rack-b,
+    unless ``layout`` gives each node's rack, GPUs, card and labels (then ``nodes`` is its length)."""
 
     nodes: int = 4
     gpus_per_node: int = 8
     seed: int = 0
     namespace: str = "default"
     rack_a_nodes: int | None = None  # nodes in rack-a (None: the first half, rounded up)
+    layout: tuple[NodeLayout, ...] = ()
+
+    @classmethod
+    def of_layout(cls, layout: tuple[NodeLayout, ...], *, seed: int = 0, namespace: str = "default") -> TwinSpec:
+        return cls(nodes=len(layout), gpus_per_node=max(n.gpus for n in layout), seed=seed, namespace=namespace,
+                   layout=layout)
 
     def __post_init__(self) -> None:
+        if self.layout and len(self.layout) != self.nodes:
+            raise ValueError(f"nodes ({self.nodes}) must be the layout's length ({len(self.layout)})")
         if not MIN_NODES <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be between {MIN_NODES} and {MAX_NODES}, got {self.nodes}")
         if self.rack_a_nodes is not None and not 1 <= self.rack_a_nodes <= self.nodes:
@@ -40,6 +59,8 @@ class TwinSpec:
 
     def rack_of(self, node: str) -> str:
         index = self.node_names.index(node)
+        if self.layout:
+            return self.layout[index].rack
         # ceil(n/2) nodes in rack-a, so one node is a one-rack cluster.
         split = self.rack_a_nodes if self.rack_a_nodes is not None else (self.nodes + 1) // 2
         return "rack-a" if index < split else "rack-b"
@@ -51,9 +72,15 @@ class TwinSpec:
             out.setdefault(self.rack_of(n), []).append(n)
         return out
 
+    def gpus_of(self, node: str) -> int:
+        return self.layout[self.node_names.index(node)].gpus if self.layout else self.gpus_per_node
+
+    def rack_gpus(self, rack: str) -> int:
+        return sum(self.gpus_of(n) for n in self.racks.get(rack, []))
+
     @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return sum(self.gpus_of(n) for n in self.node_names)
 
 
 def node_name(index: int) -> str:
@@ -69,16 +96,18 @@ def gpu_uuid(node: str, index: int, seed: int = 0) -> str:
 
 
 def node_object(spec: TwinSpec, name: str) -> dict[str, Any]:
-    gpus = str(spec.gpus_per_node)
+    gpus = str(spec.gpus_of(name))
+    layout = spec.layout[spec.node_names.index(name)] if spec.layout else NodeLayout(spec.rack_of(name))
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
             "labels": {
+                **dict(layout.labels),
                 "kubernetes.io/hostname": name,
                 RACK_LABEL: spec.rack_of(name),
-                GPU_PRODUCT_LABEL: GPU_PRODUCT,
+                GPU_PRODUCT_LABEL: layout.model,
                 GPU_COUNT_LABEL: gpus,
                 TWIN_LABEL: "true",
             },

@@ -62,6 +62,10 @@ class TrafficSource:
     span_ms: float
     name: str
     _sent_until_ms: float = 0.0
+    # The rate multiplier in force (a scenario's ``traffic.multipliers``): the trace plays this
+    # many times as fast from the last call on, so its arrival rate is this many times the recorded.
+    rate: float = 1.0
+    _elapsed_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._times = [r.timestamp_ms for r in self.requests]
@@ -87,7 +91,8 @@ class TrafficSource:
 
     def due(self, elapsed_s: float) -> list[TraceRequest]:
         """Requests whose compressed arrival is in (last call, elapsed_s]; trace time is elapsed * speedup."""
-        until = elapsed_s * 1000.0 * self.speedup
+        until = self._sent_until_ms + max(0.0, elapsed_s - self._elapsed_s) * 1000.0 * self.speedup * self.rate
+        self._elapsed_s = max(self._elapsed_s, elapsed_s)
         out: list[TraceRequest] = []
         start = self._sent_until_ms
         while start < until:

@@ -161,3 +161,26 @@ def render(s: ViewState) -> Any:
 def make_view(force_plain: bool = False, is_tty: Callable[[], bool] | None = None) -> PlainView | RichView:
     tty = (is_tty or sys.stderr.isatty)()
     return PlainView() if force_plain or not tty else RichView()
+
+
+# retune's decision reason (retune/decision.py): "best B vs probe P <units> (<direction>), <+x.xxx> % <why>".
+_DECISION = re.compile(r"best (?P<best>\S+) vs probe (?P<probe>\S+) (?P<units>.+?) \((?P<dir>minimize|maximize)\)"
+                       r"(?:, (?P<pct>[+-]\d+(?:\.\d+)?) %)?"
+                       r" (?P<why>ties the probe; keeping the current settings|is worse than the probe|"
+                       r"does not beat the probe by more than (?P<min>\S+) %|beats the probe by more than (?P<min2>\S+) %)")
+
+
+def decision_text(reason: str) -> str:
+    """A retune reason in the report's words: the probe is the current settings, and a candidate
+    that did not beat them is never called "best" ("no candidate beat the current settings by
+    more than 1 %"); a change of under 0.001 % is "the same", never "-0.000 %"."""
+    def say(m: re.Match[str]) -> str:
+        pct = float(m.group("pct")) if m.group("pct") else None
+        how = ("the same" if pct is None or abs(pct) < 0.0005 else
+               f"{abs(pct):.3f} % {'better' if pct > 0 else 'worse'}")
+        figures = f"top candidate {m.group('best')} vs current {m.group('probe')} {m.group('units')}, {how}"
+        if m.group("min2"):
+            return f"a candidate beat the current settings by more than {m.group('min2')} % ({figures})"
+        least = f" by more than {m.group('min')} %" if m.group("min") else ""
+        return f"no candidate beat the current settings{least} ({figures})"
+    return _DECISION.sub(say, reason)
