@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from powerfleet.agent.state import StateStore, parse_state
+from powerfleet.agent.state import Owner, Record, StateStore, parse_state
 
 
 def test_missing_file_is_a_conclusive_empty_state(tmp_path: Path) -> None:
@@ -50,9 +50,14 @@ def test_unreadable_and_non_utf8_files_are_inconclusive(tmp_path: Path) -> None:
 
 def test_save_is_atomic_and_round_trips(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state")
-    store.save({"GPU-b", "GPU-a"})
-    assert json.loads(store.path.read_text()) == {"version": 1, "managed_uuids": ["GPU-a", "GPU-b"]}
-    assert store.load().uuids == {"GPU-a", "GPU-b"}
+    record = Record(managed=frozenset({"GPU-b", "GPU-a"}), intent=frozenset({"GPU-c"}), revision=7,
+                    targets={"GPU-a": 300_000}, owners={"GPU-a": (Owner("uid-1", "ns", "p"),)})
+    store.save(record)
+    assert json.loads(store.path.read_text()) == {
+        "version": 2, "managed_uuids": ["GPU-a", "GPU-b"], "intent_uuids": ["GPU-c"], "revision": 7,
+        "targets": {"GPU-a": 300_000}, "owners": {"GPU-a": [{"uid": "uid-1", "namespace": "ns", "name": "p"}]}}
+    loaded = store.load()
+    assert loaded.uuids == {"GPU-a", "GPU-b", "GPU-c"} and loaded.record == record  # intent counts as managed
     assert [p.name for p in store.dir.iterdir()] == ["managed_gpus.json"]  # no temp file left
 
 

@@ -63,6 +63,14 @@ class AgentMetrics:
         self.podresources_mismatch = Counter(p + "podresources_mismatch_total", "GPUs whose processes belong to "
                                              "no pod the kubelet allocated them to (PodResources cross-check)",
                                              registry=r)
+        self.excluded = Gauge(p + "gpu_excluded", "1 for a GPU left out of readiness after failing passes "
+                              "(retried every pass), by kind of failure", ["gpu", "UUID", "Hostname", "kind"],
+                              registry=r)
+        self.podresources_refused = Counter(p + "podresources_refused_ids_total", "Device IDs in the kubelet's "
+                                            "allocations the agent cannot map to a GPU (neither UUID nor index)",
+                                            registry=r)
+        self.state_write_failures = Counter(p + "state_write_failures_total", "Saves of the state record that "
+                                            "failed (a write-ahead failure refuses that GPU's new cap)", registry=r)
         self._series: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # uuid -> (gpu labels, device labels)
 
     def gpu_labels(self, uuid: str, gl: tuple[str, ...], dl: tuple[str, ...]) -> None:

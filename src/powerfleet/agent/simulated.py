@@ -231,14 +231,14 @@ class SimulatedGpus:
         with self._pinned():
             return self._port().read(index)  # type: ignore[no-any-return]
 
-    def set_limit(self, index: int, milliwatts: int) -> None:
-        self._port().set_limit(index, milliwatts)
+    def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None:
+        self._port().set_limit(index, milliwatts, uuid=uuid)
 
-    def read_limit(self, index: int) -> int:
-        return int(self._port().read_limit(index))
+    def read_limit(self, index: int, *, uuid: str | None = None) -> int:
+        return int(self._port().read_limit(index, uuid=uuid))
 
-    def read_enforced(self, index: int) -> int | None:
-        return self._port().read_enforced(index)  # type: ignore[no-any-return]
+    def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
+        return self._port().read_enforced(index, uuid=uuid)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         return None
