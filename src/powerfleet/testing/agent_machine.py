@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +101,21 @@ class CapsMachine(RuleBasedStateMachine):
     # -- the node around the agent --
 
     def _new_agent(self) -> NodeAgent:
-        agent = NodeAgent("node-a", open_gpus=lambda: self.gpus, list_pods=self._list_pods, proc_root=self.tmp / "proc",
-                          state=StateStore(self.tmp / "state"), clock=self.clock, safe_default_watts=500,
-                          metrics=AgentMetrics(CollectorRegistry()), allocations=self._allocations)
-        agent.start()
+        """A fresh agent from the state on disk; its startup pass may be killed too (then another)."""
         self.seen = None
-        return agent
+        while True:
+            agent = NodeAgent("node-a", open_gpus=lambda: self.gpus, list_pods=self._list_pods,
+                              proc_root=self.tmp / "proc", state=StateStore(self.tmp / "state"), clock=self.clock,
+                              safe_default_watts=500, metrics=AgentMetrics(CollectorRegistry()),
+                              allocations=self._allocations)
+            try:
+                agent.start()
+                return agent
+            except Killed:
+                self._disarm()
+
+    def _disarm(self) -> None:
+        vars(self.gpus).pop("set_limit", None)
 
     def _list_pods(self) -> list[PodInfo]:
         if self.api_down:
@@ -175,12 +184,12 @@ class CapsMachine(RuleBasedStateMachine):
         try:
             report = self.agent.run_pass()
         except Killed:  # the armed kill fired right after a set: the next agent starts from disk
-            del self.gpus.set_limit
+            self._disarm()
             self.agent = self._new_agent()
             return
         if report.skipped is None:
-            self.seen = Seen({f"GPU-{i:04d}": [p for p in self.pods if p.running and p.gpu == f"GPU-{i:04d}"]
-                              for i in range(GPUS)}, report)
+            self.seen = Seen({f"GPU-{i:04d}": [replace(p) for p in self.pods if p.running and p.gpu == f"GPU-{i:04d}"]
+                              for i in range(GPUS)}, report)  # copies: later steps change the pods
 
     @rule(kill=st.booleans())
     def restart(self, kill: bool) -> None:
