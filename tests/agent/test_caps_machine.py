@@ -10,5 +10,5 @@ from hypothesis import HealthCheck, settings
 from powerfleet.testing.agent_machine import CapsMachine
 
 TestCapsMachine = CapsMachine.TestCase
-TestCapsMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None, derandomize=True,
+TestCapsMachine.settings = settings(max_examples=200, stateful_step_count=30, deadline=None, derandomize=True,
                                     database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -48,6 +48,7 @@ def test_a_corrupt_record_is_rebuilt_from_the_limits_so_no_cap_outlives_its_owne
     with caplog.at_level(logging.ERROR, logger="powerfleet.agent"):
         agent = bench.agent()
         agent.start()
+        agent.run_pass()
     assert "state record lost" in caplog.text
     assert bench.limits() == [700, 700] and agent.managed == set()
     assert bench.state.load().conclusive and bench.state.load().uuids == frozenset()
@@ -59,6 +60,7 @@ def test_a_missing_record_in_an_existing_state_directory_is_rebuilt_too(bench: B
     capped(bench, 1, 300)
     agent = bench.agent()
     agent.start()
+    agent.run_pass()
     assert bench.limits() == [700, 700], agent.last_report
 
 

@@ -163,7 +163,7 @@ class NodeLifecycle:
         recorded owners and allocations are all gone from the pod view; without a pod view it
         changes nothing (the caps stay until one says their pods are gone)."""
         self._blind_spot([])
-        if not (self.managed or self._rebuild) or self.may_actuate() is not None:
+        if not self.managed or self.may_actuate() is not None:  # a lost record is rebuilt by the first pass
             return
         report = self.run_pass("start")
         if report.skipped:
