@@ -92,3 +92,41 @@ def test_an_unattributed_process_beside_an_opted_in_pod_keeps_the_current_cap(be
     assert (g0.decision, g0.cap_w, g0.unattributed) == ("conflict", 600, 1) and bench.limits()[0] == 600, g0
     bench.pods[0].annotations[POWER_ANNOTATION] = "400"  # a valid value still lowers it
     assert agent.run_pass().gpus[0].cap_w == 400 and bench.limits()[0] == 400
+
+
+def test_an_unsupported_gpus_series_goes_when_it_reads_again_or_vanishes(bench: Bench) -> None:
+    """Finding 8: a vanished GPU's metric series stayed."""
+    both_busy(bench)
+    bench.gpus.fail(1, "not_supported")
+    agent = bench.agent()
+    agent.run_pass()
+    labels = {"gpu": "1", "UUID": "GPU-0001", "Hostname": "node-a"}
+    assert bench.metrics.value("powerfleet_agent_gpu_power_limit_unsupported", labels) == 1
+    bench.gpus.fail(1)
+    agent.run_pass()
+    assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_unsupported", labels) is None
+    bench.gpus.fail(1, "not_supported")
+    agent.run_pass()
+    bench.gpus.update(lambda devs: devs.pop())  # GPU 1 is gone from the node
+    agent.run_pass()
+    assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_unsupported", labels) is None
+
+
+def test_persistence_mode_is_reported_per_gpu_and_in_the_readiness_detail(bench: Bench, caplog) -> None:
+    """Issue 32 item 7: with persistence mode off a limit may not outlive the agent's NVML handle."""
+    both_busy(bench)
+
+    def off(devs) -> None:
+        devs[1].persistence = False
+    bench.gpus.update(off)
+    agent = bench.agent()
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock)
+    with caplog.at_level(logging.WARNING, logger="powerfleet.agent"):
+        agent.run_pass()
+        agent.run_pass()
+    assert sum("persistence mode is off" in m for m in caplog.messages) == 1, caplog.messages
+    for gpu, value in (("0", 1), ("1", 0)):
+        labels = {"gpu": gpu, "UUID": f"GPU-000{gpu}", "Hostname": "node-a"}
+        assert bench.metrics.value("powerfleet_agent_gpu_persistence_mode", labels) == value
+    ready, detail = rt.readiness()
+    assert ready and "persistence_off=GPU-0001" in detail, detail

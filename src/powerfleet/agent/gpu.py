@@ -50,6 +50,9 @@ class GpuReading:
     # The MIG devices on this GPU (their MIG-… UUIDs) when MIG mode is on: the kubelet allocates
     # slices by these, and their power limit is this GPU's.
     mig_uuids: tuple[str, ...] = field(default_factory=tuple)
+    # nvmlDeviceGetPersistenceMode: False when off (a limit "is not persistent across reboots or
+    # driver unloads"; with no client holding NVML the driver may unload). None: not readable.
+    persistence: bool | None = None
 
     @property
     def idle(self) -> bool:

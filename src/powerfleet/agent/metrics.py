@@ -53,6 +53,9 @@ class AgentMetrics:
         dl = ["gpu", "UUID", "Hostname"]
         self.unsupported = Gauge(p + "gpu_power_limit_unsupported", "1 for a GPU without power-limit support "
                                  "(left out of readiness)", dl, registry=r)
+        self.persistence = Gauge(p + "gpu_persistence_mode", "1 when the GPU's persistence mode is on, 0 when off "
+                                 "(off: a limit may not survive the driver unloading once no client holds it)",
+                                 dl, registry=r)
         self.unattributed = Gauge(p + "gpu_unattributed_processes", "Processes on the GPU the agent cannot map to a "
                                   "pod it sees (its cap is kept)", dl, registry=r)
         self.gpu_errors = Counter(p + "gpu_errors_total", "GPU calls that failed, by kind", ["kind"], registry=r)
@@ -80,6 +83,13 @@ class AgentMetrics:
             self._remove(old)
         self._series[uuid] = (gl, dl)
 
+    def supported(self, dl: tuple[str, ...]) -> None:
+        """A GPU that reads again: its `unsupported` series goes."""
+        try:
+            self.unsupported.remove(*dl)
+        except KeyError:
+            pass
+
     def series_labels(self, uuid: str) -> tuple[str, ...] | None:
         got = self._series.get(uuid)
         return None if got is None else got[0]
@@ -100,7 +110,7 @@ class AgentMetrics:
                 g.remove(*gl)
             except KeyError:
                 pass
-        for g in (self.unsupported, self.unattributed):
+        for g in (self.unsupported, self.unattributed, self.persistence):
             try:
                 g.remove(*dl)
             except KeyError:

@@ -160,11 +160,13 @@ class NvmlBackend:
         enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
         name = self._optional("nvmlDeviceGetName", h)
         mig = self._mig_devices(h)
+        persistence = self._optional("nvmlDeviceGetPersistenceMode", h)
         return GpuReading(index=index, uuid=uuid, min_mw=int(min_mw), max_mw=int(max_mw),
                           default_mw=int(default_mw), current_mw=int(current_mw), pids=tuple(sorted(pids)),
                           draw_mw=None if draw is None else int(draw),
                           enforced_mw=None if enforced is None else int(enforced),
-                          name=None if name is None else _text(name), mig_uuids=mig)
+                          name=None if name is None else _text(name), mig_uuids=mig,
+                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED)
 
     def _mig_devices(self, h: Any) -> tuple[str, ...]:
         """The UUIDs of the MIG devices on this GPU; () when it has no MIG or MIG is off. Telemetry

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.podmap import proc_root_problem, visible
@@ -95,6 +93,13 @@ class PassObserver:
         dl = (gpu, r.uuid, self.node)
         gl = dl + ((one.namespace, one.name, "") if one is not None else ("", "", ""))
         self.metrics.gpu_labels(r.uuid, gl, dl)
+        self.metrics.supported(dl)
+        if r.persistence is not None:
+            self.metrics.persistence.labels(*dl).set(1 if r.persistence else 0)
+            if not r.persistence:
+                self._note(r.uuid, "persistence_off", logging.WARNING,
+                           f"GPU {r.index} ({r.uuid}): persistence mode is off: its limit holds while this agent "
+                           "keeps NVML open, and may be lost when the driver unloads after the agent exits")
         self.metrics.unattributed.labels(*dl).set(d.unattributed)
         if d.kind in (Kind.AGREE, Kind.CONFLICT):
             self.metrics.multi_pod.labels(disposition=d.kind.value).inc()

@@ -256,7 +256,10 @@ class NodeAgent(PassObserver, NodeLifecycle):
             key = err.uuid or f"index {i}"
             if err.kind == "not_supported":
                 out.action = "unsupported"  # reported, and left out of readiness: it cannot be capped
-                self.metrics.unsupported.labels(str(i), err.uuid or "", self.node).set(1)
+                dl = (str(i), err.uuid or "", self.node)
+                self.metrics.unsupported.labels(*dl).set(1)
+                if err.uuid:  # its series go with the GPU (retire_gpus)
+                    self.metrics.gpu_labels(err.uuid, dl + ("", "", ""), dl)
                 self._note(key, err.kind, logging.WARNING,
                            f"GPU {i} ({err.uuid or '?'}) has no power-limit support; it is left out of readiness")
             else:
@@ -280,7 +283,8 @@ class NodeAgent(PassObserver, NodeLifecycle):
         r, d, min_mw, max_mw = p.r, p.d, p.min_mw, p.max_mw
         out = GpuOutcome(index=r.index, uuid=r.uuid, pods=list(d.pods), decision=d.kind.value, requested_w=None,
                          cap_w=None, current_w=watts(r.current_mw), draw_w=watts(r.draw_mw), action="none",
-                         reason=d.reason, min_w=watts(min_mw), max_w=watts(max_mw), unattributed=d.unattributed)
+                         reason=d.reason, min_w=watts(min_mw), max_w=watts(max_mw), unattributed=d.unattributed,
+                         persistence=r.persistence)
         if not dry_run:
             self._observe(r, d, pods)
         if d.kind in (Kind.IDLE, Kind.HOLD):

@@ -34,6 +34,7 @@ class GpuOutcome(BaseModel):
     readback: str = "skipped"  # match | mismatch | failed | skipped
     revision: int | None = None  # cap-intent revision of the target in force
     unattributed: int = 0  # processes mapped to no pod the agent can see
+    persistence: bool | None = None  # the GPU's persistence mode (None: not readable)
     excluded: bool = False  # failing for several passes: left out of readiness, retried (agent/failing.py)
     overlay: str | None = None  # the power guard's part in cap_w: throttle | fallback | annotation; None: no overlay
 
@@ -56,6 +57,11 @@ class PassReport(BaseModel):
         and left out of readiness)."""
         return (self.skipped is None and self.blind is None
                 and not any(g.error and g.action != "unsupported" and not g.excluded for g in self.gpus))
+
+    @property
+    def persistence_off(self) -> list[str]:
+        """UUIDs of the GPUs whose persistence mode is off, for the readiness detail."""
+        return [g.uuid for g in self.gpus if g.uuid and g.persistence is False]
 
     @property
     def excluded(self) -> list[str]:

@@ -203,7 +203,9 @@ class AgentRuntime:
             return False, f"not-ready: last good pass {age:.1f}s ago (limit {STALE_INTERVALS * self.interval_s:g}s)"
         report = self.agent.last_report
         excluded = report.excluded if report is not None else []
+        off = report.persistence_off if report is not None else []
         detail = f" excluded={','.join(excluded)}" if excluded else ""  # failing GPUs left out, retried
+        detail += f" persistence_off={','.join(off)}" if off else ""
         return True, f"ok last_good_pass_age_s={age:.1f}{detail}"
 
     # -- lifecycle --

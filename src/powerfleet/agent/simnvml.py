@@ -26,6 +26,8 @@ the twin's GPU file switches them too):
 ``enforced_w`` on a device is an out-of-band limit (a BMC cap): the enforced limit the
 driver reports is the lower of it and the management limit.
 
+``persistence`` (default true) is the GPU's persistence mode (``nvmlDeviceGetPersistenceMode``).
+
 ``mig`` on a device lists the UUIDs (``MIG-…``) of its MIG devices, MIG mode on; empty: a GPU
 without MIG, whose ``nvmlDeviceGetMigMode`` raises ``NVML_ERROR_NOT_SUPPORTED``. A MIG device
 handle answers its UUID and its parent; its power-limit calls raise ``NOT_SUPPORTED`` (the
@@ -59,6 +61,7 @@ class _Device(Protocol):
     enforced_w: float | None
     fail: list[str]
     mig: list[str]
+    persistence: bool
 
 
 class DeviceStore(Protocol):
@@ -188,6 +191,10 @@ class SimulatedNvml:
     def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Handle) -> list[int] | None:
         d = self._dev(h, "limit")
         return None if "malformed" in d.fail else [_mw(d.min_w), _mw(d.max_w)]
+
+    def nvmlDeviceGetPersistenceMode(self, h: Handle) -> int:
+        on = self._dev(h, "persistence").persistence
+        return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetIndex(self, h: Handle) -> int:
         return self._dev(h, "index").index

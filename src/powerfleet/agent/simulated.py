@@ -56,6 +56,7 @@ class SimDevice(BaseModel):
     name: str | None = Field(None, max_length=96)
     fail: list[str] = Field(default_factory=list)  # driver failure modes, simnvml.FAULTS
     mig: list[str] = Field(default_factory=list, max_length=7)  # MIG devices' UUIDs (MIG mode on)
+    persistence: bool = True  # persistence mode (nvmlDeviceGetPersistenceMode)
 
     @model_validator(mode="after")
     def _limits(self) -> "SimDevice":
