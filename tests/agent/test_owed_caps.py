@@ -46,6 +46,9 @@ def test_a_node_rebooted_while_redis_is_down_gets_the_caps_its_state_owes(bench:
     rebooted(bench)
     bench.set_pids(1, [202])  # a new pod: a new decision, which needs the lock
     rt = booted_without_redis(bench)
+    rt.agent.start()  # at start, not three intervals later on the local timer (Redis down: no ticks)
+    assert bench.limits() == [300, 700], rt.agent.last_report
+    rebooted(bench)
     report = rt.tick_pass()
     assert report is not None and "caps the state owes" in (report.skipped or ""), report
     assert bench.limits() == [300, 700], report

@@ -40,6 +40,7 @@ class NodeLifecycle:
     _gpus: GpuBackend | None
     _list_pods: Callable[[], list[PodInfo]]
     may_actuate: Callable[[], str | None]
+    owed_only: Callable[[], bool]
 
     if TYPE_CHECKING:  # defined by NodeAgent
         def gpus(self) -> GpuBackend: ...
@@ -163,7 +164,9 @@ class NodeLifecycle:
         recorded owners and allocations are all gone from the pod view; without a pod view it
         changes nothing (the caps stay until one says their pods are gone)."""
         self._blind_spot([])
-        if not self.managed or self.may_actuate() is not None:  # a lost record is rebuilt by the first pass
+        if not self.managed:  # nothing recorded (a lost record is rebuilt by the first pass)
+            return
+        if self.may_actuate() is not None and not self.owed_only():  # owed caps: at once, not at the timer
             return
         report = self.run_pass("start")
         if report.skipped:
