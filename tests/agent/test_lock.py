@@ -82,3 +82,25 @@ def test_a_second_agent_on_this_machine_refuses_whatever_its_broker(tmp_path) ->
     assert other.returncode != 0 and "refusing to start" in other.stderr, other
     first.release()
     LocalLock(tmp_path / "n1.lock", "n1").acquire().release()  # released: the next agent starts
+
+
+def test_build_runtime_refuses_a_second_agent_for_the_node_without_any_broker(tmp_path) -> None:
+    from powerfleet.agent.build import build_runtime
+    from powerfleet.config import FleetConfig
+
+    config = FleetConfig.model_validate({"agent": {"gpu_backend": "simulated", "simulated_dir": str(tmp_path / "sim"),
+                                                   "state_dir": str(tmp_path / "state"),
+                                                   "kubeconfig": str(tmp_path / "no-kubeconfig")}})
+    from prometheus_client import CollectorRegistry
+
+    from powerfleet.agent.metrics import AgentMetrics
+
+    def build():
+        return build_runtime(config, "n1", probe=("127.0.0.1", 0), metrics=AgentMetrics(CollectorRegistry()))
+    first = build()
+    try:
+        with pytest.raises(LockHeld, match="another agent for node n1 is running on this machine"):
+            build()
+    finally:
+        first.stop()
+    build().stop()  # the first one's stop released it
