@@ -55,7 +55,8 @@ def allocations_from_json(data: Any) -> dict[str, list[Any]]:
     from powerfleet.agent.podresources import api_pb2, gpu_allocations
 
     if not isinstance(data, Mapping):
-        raise ValueError(f"expected a PodResources List answer (an object with 'podResources'), got {type(data).__name__}")
+        raise ValueError("expected a PodResources List answer (an object with 'podResources'), "
+                         f"got {type(data).__name__}")
     try:
         resp = json_format.ParseDict(data, api_pb2.ListPodResourcesResponse())
     except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:

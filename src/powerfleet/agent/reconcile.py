@@ -163,8 +163,8 @@ class NodeAgent(PassObserver, NodeLifecycle):
                 plans.append(self._plan(r, pid_to_pod, allocated.get(r.uuid, set()), annotations, live, dry_run))
             except Exception as exc:  # a bug in this GPU's work is this GPU's, never the pass's
                 outcomes[r.index] = self._internal(r, exc, dry_run)
-        refused_intent = {} if dry_run else self._write_ahead([p for p in plans if self._caps(p)],
-                                                                changes=sum(p.d.kind not in (Kind.IDLE, Kind.HOLD) for p in plans))
+        changes = sum(p.d.kind not in (Kind.IDLE, Kind.HOLD) for p in plans)
+        refused_intent = {} if dry_run else self._write_ahead([p for p in plans if self._caps(p)], changes=changes)
         for p in plans:
             if self.stopping.is_set() and not dry_run:
                 outcomes[p.r.index] = GpuOutcome(index=p.r.index, uuid=p.r.uuid, pods=[], decision=None,
