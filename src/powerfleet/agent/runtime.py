@@ -235,10 +235,13 @@ class AgentRuntime:
         finally:
             if got:
                 self._lock.release()
-            if self.lock is not None:
-                self.lock.release()  # after the last write: the next agent may take over
-            if self.local_lock is not None:
-                self.local_lock.release()
+                if self.lock is not None:
+                    self.lock.release()  # after the last write: the next agent may take over
+                if self.local_lock is not None:
+                    self.local_lock.release()
+            else:  # a pass is still inside a call (a hung NVML call?): it may yet write a limit
+                log.error("node %s: a pass is still running after %gs; the node locks are kept until it returns or "
+                          "the process exits", self.node, timeout_s)
 
 
 # -- the one runtime of an agent worker process --
