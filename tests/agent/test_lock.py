@@ -104,3 +104,11 @@ def test_build_runtime_refuses_a_second_agent_for_the_node_without_any_broker(tm
     finally:
         first.stop()
     build().stop()  # the first one's stop released it
+
+
+def test_a_node_local_lock_that_cannot_be_made_refuses_in_one_line(tmp_path) -> None:
+    from powerfleet.agent.lock import LocalLock
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(LockHeld, match=r"cannot open the node-local lock .* refusing to start"):
+        LocalLock(tmp_path / "file" / "n1.lock", "n1").acquire()  # its directory is a file

@@ -176,9 +176,14 @@ class LocalLock:
         self._fd: int | None = None
 
     def acquire(self) -> "LocalLock":
-        """Take it or raise ``LockHeld`` naming the holder's pid; OSError when the file cannot be made."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take it or raise ``LockHeld`` (one line) naming the holder's pid, or why the file cannot be
+        opened: without it no agent may start (it could not tell a second one)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockHeld(f"cannot open the node-local lock {self.path} ({exc.strerror or exc}); refusing to "
+                           "start") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
