@@ -68,32 +68,62 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- fail-safe --
     Mutant(
         "failsafe.pod_list_failure_carries_on", "src/powerfleet/agent/reconcile.py",
-        '            return self._skip(trigger, dry_run, f"pod list failed: {_one_line(exc)}")',
-        "            pods = []",
+        "        if pods is None:\n            return self._skip(trigger, dry_run, why)\n",
+        "        if pods is None:\n            pods = []\n",
         AGENT, "a failed pod LIST runs the pass with no pods: every capped GPU is released"),
     Mutant(
         "failsafe.release_unmanaged_gpu", "src/powerfleet/agent/reconcile.py",
         "            if r.uuid not in self.managed:\n"
+        "                if not dry_run:\n                    self.failing.worked(r.uuid)\n"
         "                return out  # not ours: leave whatever limit it has\n",
         "",
         AGENT, "a GPU this agent never capped is reset to its default (another tool's limit is lost)"),
     Mutant(
-        "recovery.drops_on_incomplete_scan", "src/powerfleet/agent/recovery.py",
-        "            if found.complete:\n                keep.discard(uuid)\n                dropped.append(uuid)\n",
-        "            keep.discard(uuid)\n            dropped.append(uuid)\n",
+        "recovery.drops_on_incomplete_scan", "src/powerfleet/agent/lifecycle.py",
+        "        if complete and not self._recovered:",
+        "        if not self._recovered:",
         AGENT, "a GPU that could not be read at startup is forgotten: its cap is never restored"),
     # -- the state file --
     Mutant(
         "state.corrupt_file_is_empty", "src/powerfleet/agent/state.py",
-        'return LoadedState(conclusive=False, problem=f"not JSON ({exc})")',
+        'return _bad(f"not JSON ({exc})")',
         'return LoadedState(problem=f"not JSON ({exc})")',
         AGENT, "a corrupt state file reads as 'nothing managed': orphaned caps are never restored"),
+    # -- issue 32: the write-ahead record, owners, failing GPUs, UUIDs; issue 37 survivor 1 --
     Mutant(
-        "state.overwritten_after_bad_pass", "src/powerfleet/agent/lifecycle.py",
-        "            if not good_pass:\n"
-        "                return  # keep the unreadable file for a human until a pass has succeeded\n",
-        "",
-        AGENT, "an unreadable state file is overwritten after a failed pass, erasing the record"),
+        "state.no_write_ahead", "src/powerfleet/agent/lifecycle.py",
+        "        new = {p.r.uuid for p in caps} - self._durable\n",
+        "        new = set()\n",
+        ("tests/agent/test_write_ahead.py",), "a GPU is capped before any record owns it: a kill before the save "
+                                              "leaves the cap on the next tenant"),
+    Mutant(
+        "ownership.finished_pods_live", "src/powerfleet/agent/ownership.py",
+        "    return [p for p in pods if p.phase not in TERMINAL_PHASES]",
+        "    return list(pods)",
+        ("tests/agent/test_ownership.py",), "a Succeeded pod's allocation (still listed by the kubelet) caps the "
+                                            "GPU's next tenant"),
+    Mutant(
+        "ownership.idle_cap_outlives_its_pods", "src/powerfleet/agent/reconcile.py",
+        "        if d.kind is Kind.IDLE and r.uuid in self.managed and not owners_alive(",
+        "        if False and d.kind is Kind.IDLE and r.uuid in self.managed and not owners_alive(",
+        ("tests/agent/test_ownership.py", "tests/agent/test_recovery_shutdown.py"),
+        "an idle GPU keeps the cap of a deleted pod until the agent restarts"),
+    Mutant(
+        "failing.never_excluded", "src/powerfleet/agent/failing.py",
+        "excluded = kind in EXCLUDABLE and prev.passes >= EXCLUDE_AFTER",
+        "excluded = False",
+        ("tests/agent/test_failing_gpus.py",), "one lost GPU keeps the node NotReady forever (a rollout stalls)"),
+    Mutant(
+        "nvml.set_by_index", "src/powerfleet/agent/nvml.py",
+        "                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))",
+        "                                       self._handle(index), int(milliwatts), uuid=uuid))",
+        ("tests/agent/test_write_ahead.py",), "after a re-enumeration the set caps whatever GPU has the index"),
+    Mutant(
+        "lock.boot_id_not_compared", "src/powerfleet/agent/lock.py",
+        '    if not me.get("boot") or holder.get("boot") != me.get("boot"):',
+        '    if not me.get("boot"):',
+        ("tests/agent/test_lock.py",), "#37 survivor 1: a live agent on another boot is taken over when its pid "
+                                       "is absent here: two agents cap one node"),
     Mutant(
         "s8.no_fsync_before_rename", "src/powerfleet/agent/files.py",
         "            out.flush()\n            os.fsync(out.fileno())\n        os.replace(tmp, path)",
@@ -117,7 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/agent/test_build.py", "tests/agent/test_presence_watch.py"),
         "#24 survivor 1, the agent worker's pod view: a pass carries on when some namespaces' LISTs fail"),
     Mutant(
-        "s7.draw_metric_in_milliwatts", "src/powerfleet/agent/reconcile.py",
+        "s7.draw_metric_in_milliwatts", "src/powerfleet/agent/observe.py",
         "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw / 1000)",
         "self.metrics.draw.labels(gpu=gpu).set(r.draw_mw)",
         ("tests/agent/test_driver_faults.py", *AGENT), "#24 survivor 7: powerfleet_agent_power_draw_watts reports milliwatts"),

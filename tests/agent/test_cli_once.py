@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from powerfleet.agent.simulated import write_proc_entry
 from powerfleet.cluster.dgd import POWER_ANNOTATION
@@ -19,7 +22,8 @@ A, B, C = ("aaaaaaaa-0000-4000-8000-00000000000a", "bbbbbbbb-0000-4000-8000-0000
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "POWERFLEET_AGENT__STATE_DIR": "/nonexistent-state"}
+    env = {"PATH": "/usr/bin:/bin", "POWERFLEET_AGENT__STATE_DIR": "/nonexistent-state",
+           **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}  # the tree under test
     return subprocess.run([POWERFLEET, "agent", "once", *args], capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -153,3 +157,39 @@ def test_a_fifo_as_a_cgroup_file_is_skipped_not_waited_on(node: Path) -> None:
     (node / "proc" / "77").mkdir()
     os.mkfifo(node / "proc" / "77" / "cgroup")
     assert pod_uid_for_pid(node / "proc", 77) is None
+
+
+def grpcurl_list(*entries: tuple[str, str, list[str]]) -> dict:
+    """What `grpcurl ... v1.PodResourcesLister/List` prints (protobuf JSON, camelCase)."""
+    return {"podResources": [{"name": pod, "namespace": ns, "containers": [
+        {"name": "main", "devices": [{"resourceName": "nvidia.com/gpu", "deviceIds": ids}]}]} for pod, ns, ids in entries]}
+
+
+def test_allocations_from_a_file_decide_an_idle_gpu_and_bad_files_fail_in_one_line(node: Path) -> None:
+    """Issue 32 item 8: `agent once --allocations FILE` replays what the kubelet says."""
+    (node / "alloc.json").write_text(json.dumps(grpcurl_list(("a", "llm", ["GPU-0002"]), ("b", "llm", ["4"]))))
+    res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
+              "--gpus", str(node / "gpus.json"), "--allocations", str(node / "alloc.json"), "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {g["index"]: (g["decision"], g["pods"], g["cap_w"]) for g in json.loads(res.stdout)["gpus"]}
+    assert rows[2] == ("single", [A], 300) and rows[4][0] == "conflict", rows  # an index ID maps to GPU 4
+    (node / "bad.json").write_text(json.dumps({"podResources": [{"name": "a", "containerz": []}]}))
+    res = run("--node", "gpu-a", "--pods", str(node / "pods.json"), "--gpus", str(node / "gpus.json"),
+              "--allocations", str(node / "bad.json"), "--dry-run")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "containerz" in res.stderr, res
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                        st.sampled_from(["podResources", "name", "namespace", "containers", "devices", "resourceName",
+                                         "deviceIds", "x"]), inner, max_size=3), max_leaves=12))
+def test_the_allocations_parser_accepts_or_refuses_in_one_line(data) -> None:
+    from powerfleet.agent.offline import allocations_from_json
+
+    try:
+        got = allocations_from_json(data)
+    except ValueError as exc:
+        assert str(exc) and "\n" not in str(exc)
+    else:
+        assert all(isinstance(k, str) and k for k in got)

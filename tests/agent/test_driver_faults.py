@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from powerfleet.agent.simulated import SimulatedGpus
+from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from tests.agent.conftest import Bench, device
 
 
@@ -143,3 +143,11 @@ def test_per_gpu_series_carry_dcgm_labels_and_go_with_their_gpu(bench: Bench) ->
     assert bench.metrics.registry.get_sample_value("powerfleet_agent_gpu_power_limit_enforced_watts", idle) is None
     assert bench.metrics.registry.get_sample_value("powerfleet_agent_applied_limit_watts", {"gpu": "1"}) is None
     assert bench.metrics.value("powerfleet_agent_gpu_power_limit_enforced_watts", labels) == 300
+
+
+def test_a_containers_own_proc_root_is_a_blind_spot(bench: Bench) -> None:
+    """Issue 32 item 7: a container-only /proc (its PID 1 in a pod's cgroup) was taken for the host's."""
+    uid = busy(bench, "300", 0)
+    write_proc_entry(bench.proc, 1, uid)  # PID 1 is the container's entrypoint, not the host's init
+    report = bench.agent().run_pass()
+    assert report.blind and "is a container's" in report.blind and not report.good, report

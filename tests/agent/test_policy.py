@@ -82,6 +82,7 @@ def test_the_safe_default_is_safe_on_the_card(name, device, override, expected_w
 def test_catalog_products_and_ranges() -> None:
     assert product_range_w("NVIDIA GB200") == (200, 1200) and product_range_w("NVIDIA B200") == (200, 1000)
     assert product_range_w("NVIDIA L40") == (100, 300) and product_range_w("Tesla T4") is None
+    assert product_range_w("NVIDIA GH200 480GB") == (100, 900)  # never H200's 200-700 (whole words)
     assert not card_range(200_000, 400_000, "NVIDIA H100 PCIe").qualified
 
 

@@ -39,21 +39,29 @@ def test_absent_uuids_are_kept_when_the_scan_is_incomplete(bench: Bench) -> None
     assert bench.limits()[0] == 700
 
 
-def test_inconclusive_state_skips_recovery_and_is_kept_until_a_good_pass(bench: Bench, caplog) -> None:
+def test_a_corrupt_record_is_rebuilt_from_the_limits_so_no_cap_outlives_its_owner(bench: Bench, caplog) -> None:
+    """Issue 32 finding 5: a GPU below its default with no usable record is taken as managed; an
+    idle one whose pods are gone (none here) goes back to its default at start."""
     bench.state.dir.mkdir(parents=True)
     bench.state.path.write_text('{"managed_uuids": ["GPU-0000"')
     capped(bench, 0, 300)
     with caplog.at_level(logging.ERROR, logger="powerfleet.agent"):
         agent = bench.agent()
         agent.start()
-    assert "state file unusable" in caplog.text
-    assert bench.limits()[0] == 300  # no recovery from a state it cannot read
-    bench.list_error = RuntimeError("apiserver down")
+        agent.run_pass()
+    assert "state record lost" in caplog.text
+    assert bench.limits() == [700, 700] and agent.managed == set()
+    assert bench.state.load().conclusive and bench.state.load().uuids == frozenset()
+
+
+def test_a_missing_record_in_an_existing_state_directory_is_rebuilt_too(bench: Bench) -> None:
+    bench.state.dir.mkdir(parents=True)  # an agent ran here; its file is gone
+    bench.pod("p", "300")  # no process: the 300 W GPU has no owner the agent can find
+    capped(bench, 1, 300)
+    agent = bench.agent()
+    agent.start()
     agent.run_pass()
-    assert bench.state.path.read_text() == '{"managed_uuids": ["GPU-0000"'  # not overwritten by a failed pass
-    bench.list_error = None
-    assert agent.run_pass().good
-    assert bench.state.load().conclusive
+    assert bench.limits() == [700, 700], agent.last_report
 
 
 def test_shutdown_leaves_the_caps_for_the_next_agent(bench: Bench) -> None:

@@ -146,3 +146,31 @@ def test_a_blind_proc_root_fails_readiness_at_once_with_its_reason(bench: Bench,
     agent.start()  # the proc-root check runs at start
     ok, text = rt.readiness()
     assert not ok and text.startswith("not-ready: proc root") and "hostPID" in text
+
+
+def test_a_stop_while_a_pass_hangs_keeps_the_node_lock_until_it_returns(bench: Bench) -> None:
+    """Issue 32 item 7: after a hung call the lock went, and a successor could cap beside the pass."""
+    import pytest
+
+    from powerfleet.agent.lock import LocalLock, LockHeld
+
+    release, entered = threading.Event(), threading.Event()
+    real = bench.list_pods
+
+    def hung():
+        entered.set()
+        release.wait(30)
+        return real()
+    agent = bench.agent()
+    agent._list_pods = hung
+    rt = AgentRuntime(agent, interval_s=60, clock=bench.clock)
+    rt.local_lock = LocalLock(bench.tmp / "node-a.lock", "node-a").acquire()
+    pass_thread = threading.Thread(target=rt.tick_pass)
+    pass_thread.start()
+    assert entered.wait(10)
+    rt.stop(timeout_s=0.2)
+    with pytest.raises(LockHeld):
+        LocalLock(bench.tmp / "node-a.lock", "node-a").acquire()
+    release.set()
+    pass_thread.join(10)
+    rt.local_lock.release()  # the process exiting would drop it

@@ -34,11 +34,11 @@ def apply_limit(gpus: GpuBackend, reading: GpuReading, cap_mw: int, decision: st
     if reading.current_mw == cap_mw:
         return Applied(cap_mw, "hold")
     try:
-        gpus.set_limit(reading.index, cap_mw)
+        gpus.set_limit(reading.index, cap_mw, uuid=reading.uuid)
     except GpuError as exc:
         raise ApplyFailed(str(exc), stage="write", kind=exc.kind) from None
     try:
-        now = gpus.read_limit(reading.index)
+        now = gpus.read_limit(reading.index, uuid=reading.uuid)
     except GpuError as exc:
         raise ApplyFailed(str(exc), stage="readback", kind=exc.kind) from None
     if now != cap_mw:

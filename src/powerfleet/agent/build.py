@@ -22,7 +22,7 @@ from powerfleet.agent.nvml import NvmlBackend
 from powerfleet.agent.drain import DrainWatcher
 from powerfleet.agent.annotate import ReportAnnotator
 from powerfleet.agent.evidence import EvidencePublisher, Handoff, Sink
-from powerfleet.agent.lock import NodeLock
+from powerfleet.agent.lock import LocalLock, NodeLock
 from powerfleet.agent.presence import Heartbeat, heartbeat_ttl_s
 from powerfleet.agent.probe import ProbeServer
 from powerfleet.agent.reconcile import NodeAgent, PodLister
@@ -118,14 +118,33 @@ def take_lock(client: redis.Redis, node: str, interval_s: float) -> NodeLock:
         lock.acquire()
     except (redis.RedisError, OSError) as exc:
         lock.why = f"Redis unreachable at start ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        log.warning("agent %s: cannot take the node lock: %s; no limit is set until it is taken", node, lock.why)
+        lock.unreachable = True
+        log.warning("agent %s: cannot take the node lock: %s; until it is taken only the caps the state owes are "
+                    "applied", node, lock.why)
     return lock
+
+
+def local_lock_path(state_dir: str, node: str) -> Path:
+    """``<state_dir>/<node>.lock``: beside the node's state directory, not in it (a state directory
+    that exists without its record means a lost record, agent/state.py)."""
+    return Path(state_dir) / f"{node}.lock"
 
 
 def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = None,
                   metrics: AgentMetrics | None = None, clock: Clock | None = None,
                   probe: tuple[str, int] | None = None) -> AgentRuntime:
     """Everything an agent worker needs, from the config. Starts its helper threads, no pass."""
+    ac = config.agent
+    local = LocalLock(local_lock_path(ac.state_dir, node), node).acquire()  # LockHeld: refuse to start
+    try:
+        return _build(config, node, local, broker_url=broker_url, metrics=metrics, clock=clock, probe=probe)
+    except BaseException:
+        local.release()
+        raise
+
+
+def _build(config: FleetConfig, node: str, local: LocalLock, *, broker_url: str | None, metrics: AgentMetrics | None,
+           clock: Clock | None, probe: tuple[str, int] | None) -> AgentRuntime:
     ac = config.agent
     clock = clock or SystemClock()
     metrics = metrics or AgentMetrics()
@@ -140,6 +159,7 @@ def build_runtime(config: FleetConfig, node: str, *, broker_url: str | None = No
                       complete_view=not ac.namespaces, metrics=metrics,
                       allocations=PodResourcesClient(ac.podresources_socket.replace("{node}", node)).list)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
+    rt.local_lock = local
     agent.overlays = OverlayStore(clock, metrics.registry)  # the power guard's overlays (agent/throttle.py)
     rt.stoppers.append(FallbackWatch(agent.overlays, rt.request_pass).start().stop)
     if broker_url is not None:  # first: a second agent for the node refuses before it starts anything

@@ -2,7 +2,7 @@
 
 The catalog is Dynamo's table of verified settable TGP bounds
 (``deploy/operator/internal/webhook/validation/gpu_power_limits.csv`` and the operator design
-doc's GB200 example; ../shared/research/power_control.md section 1.5). The range used for a
+doc's GB200 example; ../shared/research/power_control.md section 1.5), GH200 (100-900 W) included. The range used for a
 GPU is the device's own ``[min, max]`` intersected with its product's entry, so neither a
 device that reports a wider range than its product is qualified for nor a wrong catalog
 entry can put a cap outside what the hardware accepts.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 # words ("L40" never matches "L40S"); the first match wins, so specific entries come first.
 CATALOG: tuple[tuple[tuple[str, ...], tuple[int, int]], ...] = (
     (("GB200",), (200, 1200)),
+    (("GH200",), (100, 900)),  # NVIDIA-GH200-120GB/480GB in the same table
     (("B200",), (200, 1000)),
     (("H200", "NVL"), (200, 600)),
     (("H200",), (200, 700)),

@@ -19,7 +19,10 @@ class GpuError(Exception):
     power-limit support: the GPU is reported and left out of readiness), ``uninitialized``
     (NVML lost its state, e.g. a driver reload: the backend re-initialises), ``no_permission``,
     ``gpu_lost``, ``library_mismatch`` (binding newer than the driver), ``invalid_argument``,
-    ``nvml`` (any other NVML code), ``binding`` (any other exception from the binding).
+    ``nvml`` (any other NVML code), ``binding`` (any other exception from the binding),
+    ``malformed`` (a value of the wrong type from the driver), ``moved`` (the GPU's UUID is no
+    longer at the index it was read at: a re-enumeration), ``internal`` (a bug in the agent's
+    own work on that GPU, confined to it), ``state`` (the write-ahead record could not be saved).
     """
 
     def __init__(self, message: str, *, kind: str = "nvml", uuid: str | None = None) -> None:
@@ -47,6 +50,9 @@ class GpuReading:
     # The MIG devices on this GPU (their MIG-… UUIDs) when MIG mode is on: the kubelet allocates
     # slices by these, and their power limit is this GPU's.
     mig_uuids: tuple[str, ...] = field(default_factory=tuple)
+    # nvmlDeviceGetPersistenceMode: False when off (a limit "is not persistent across reboots or
+    # driver unloads"; with no client holding NVML the driver may unload). None: not readable.
+    persistence: bool | None = None
 
     @property
     def idle(self) -> bool:
@@ -61,13 +67,16 @@ class GpuBackend(Protocol):
 
     def read(self, index: int) -> GpuReading: ...
 
-    def set_limit(self, index: int, milliwatts: int) -> None: ...
+    # ``uuid``: the GPU the caller read at ``index``; a backend that can address by UUID does so
+    # (a re-enumeration never redirects a set) and raises GpuError kind ``moved`` when the UUID
+    # is no longer at ``index``.
+    def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None: ...
 
-    def read_limit(self, index: int) -> int:
+    def read_limit(self, index: int, *, uuid: str | None = None) -> int:
         """The limit now in force as the driver reports it (for read-back after a set)."""
         ...
 
-    def read_enforced(self, index: int) -> int | None:
+    def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
         """The enforced limit after all limiters; None when the driver cannot tell."""
         ...
 

@@ -11,11 +11,19 @@ with that pid) is dead: its lock is taken over at once, so a crashed agent's suc
 not wait for the TTL. Anything else waits for the TTL.
 
 While Redis is unreachable the holder keeps the lock (its caps must go on being enforced);
-it loses it only when it sees another holder's identity in the key.
+it loses it only when it sees another holder's identity in the key. An agent that could not
+take it because Redis was unreachable (``unreachable``) applies only the caps its state owes
+(agent/lifecycle.py), which the node-local lock makes safe.
+
+**The node-local lock** (``LocalLock``): beside the Redis lock, whatever the broker, an agent
+holds an exclusive ``flock`` on ``<agent.state_dir>/<node>.lock`` for its lifetime, so a
+second agent on the same machine (a second ``powerfleet up`` with its own embedded Redis)
+refuses to start in one line. The kernel drops the lock when the process dies, however.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -109,6 +117,7 @@ class NodeLock:
         self.key = lock_key(node)
         self.held = False
         self.why = "not taken yet"
+        self.unreachable = False  # not held because Redis could not be asked (never another holder)
 
     def acquire(self) -> None:
         """Take the lock or raise ``LockHeld``; RedisError when Redis cannot be asked."""
@@ -132,7 +141,7 @@ class NodeLock:
                        f"{max(ttl, 0)} s unless renewed); refusing to start")
 
     def _got(self, how: str) -> None:
-        self.held, self.why = True, how
+        self.held, self.why, self.unreachable = True, how, False
 
     def renew(self) -> bool:
         """With each heartbeat. False (and ``held`` off) when another agent holds the key now;
@@ -145,7 +154,7 @@ class NodeLock:
         _, who = describe_holder(self.r.get(self.key))
         if self.held:
             log.error("node %s: the node lock is now held by %s; this agent stops setting limits", self.node, who)
-        self.held, self.why = False, f"held by {who}"
+        self.held, self.why, self.unreachable = False, f"held by {who}", False
         return False
 
     def release(self) -> None:
@@ -157,3 +166,37 @@ class NodeLock:
             self.r.eval(_RELEASE, 1, self.key, self.value)
         except (redis.RedisError, OSError):
             pass
+
+
+class LocalLock:
+    """An exclusive ``flock`` on a file in the state directory, held for the agent's lifetime."""
+
+    def __init__(self, path: str | os.PathLike[str], node: str) -> None:
+        self.path, self.node = Path(path), node
+        self._fd: int | None = None
+
+    def acquire(self) -> "LocalLock":
+        """Take it or raise ``LockHeld`` (one line) naming the holder's pid, or why the file cannot be
+        opened: without it no agent may start (it could not tell a second one)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockHeld(f"cannot open the node-local lock {self.path} ({exc.strerror or exc}); refusing to "
+                           "start") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise LockHeld(f"another agent for node {self.node} is running on this machine (pid {holder} holds "
+                           f"{self.path}); refusing to start") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the flock

@@ -53,6 +53,9 @@ class AgentMetrics:
         dl = ["gpu", "UUID", "Hostname"]
         self.unsupported = Gauge(p + "gpu_power_limit_unsupported", "1 for a GPU without power-limit support "
                                  "(left out of readiness)", dl, registry=r)
+        self.persistence = Gauge(p + "gpu_persistence_mode", "1 when the GPU's persistence mode is on, 0 when off "
+                                 "(off: a limit may not survive the driver unloading once no client holds it)",
+                                 dl, registry=r)
         self.unattributed = Gauge(p + "gpu_unattributed_processes", "Processes on the GPU the agent cannot map to a "
                                   "pod it sees (its cap is kept)", dl, registry=r)
         self.gpu_errors = Counter(p + "gpu_errors_total", "GPU calls that failed, by kind", ["kind"], registry=r)
@@ -63,6 +66,14 @@ class AgentMetrics:
         self.podresources_mismatch = Counter(p + "podresources_mismatch_total", "GPUs whose processes belong to "
                                              "no pod the kubelet allocated them to (PodResources cross-check)",
                                              registry=r)
+        self.excluded = Gauge(p + "gpu_excluded", "1 for a GPU left out of readiness after failing passes "
+                              "(retried every pass), by kind of failure", ["gpu", "UUID", "Hostname", "kind"],
+                              registry=r)
+        self.podresources_refused = Counter(p + "podresources_refused_ids_total", "Device IDs in the kubelet's "
+                                            "allocations the agent cannot map to a GPU (neither UUID nor index)",
+                                            registry=r)
+        self.state_write_failures = Counter(p + "state_write_failures_total", "Saves of the state record that "
+                                            "failed (a write-ahead failure refuses that GPU's new cap)", registry=r)
         self._series: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # uuid -> (gpu labels, device labels)
 
     def gpu_labels(self, uuid: str, gl: tuple[str, ...], dl: tuple[str, ...]) -> None:
@@ -71,6 +82,13 @@ class AgentMetrics:
         if old is not None and old != (gl, dl):
             self._remove(old)
         self._series[uuid] = (gl, dl)
+
+    def supported(self, dl: tuple[str, ...]) -> None:
+        """A GPU that reads again: its `unsupported` series goes."""
+        try:
+            self.unsupported.remove(*dl)
+        except KeyError:
+            pass
 
     def series_labels(self, uuid: str) -> tuple[str, ...] | None:
         got = self._series.get(uuid)
@@ -92,7 +110,7 @@ class AgentMetrics:
                 g.remove(*gl)
             except KeyError:
                 pass
-        for g in (self.unsupported, self.unattributed):
+        for g in (self.unsupported, self.unattributed, self.persistence):
             try:
                 g.remove(*dl)
             except KeyError:

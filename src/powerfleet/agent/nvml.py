@@ -143,6 +143,13 @@ class NvmlBackend:
         h = self._handle(index)
         what = f"GPU {index}"
         uuid = normalise_uuid(self._call(what, "nvmlDeviceGetUUID", h))
+        try:
+            return self._read_values(index, h, what, uuid)
+        except (TypeError, ValueError, AttributeError) as exc:  # a malformed value, not an NVML error
+            raise GpuError(f"{what}: malformed value from the driver: {describe(exc)}", kind="malformed",
+                           uuid=uuid) from None
+
+    def _read_values(self, index: int, h: Any, what: str, uuid: str) -> GpuReading:
         min_mw, max_mw = self._call(what, "nvmlDeviceGetPowerManagementLimitConstraints", h, uuid=uuid)
         default_mw = self._call(what, "nvmlDeviceGetPowerManagementDefaultLimit", h, uuid=uuid)
         current_mw = self._call(what, "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
@@ -153,11 +160,13 @@ class NvmlBackend:
         enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
         name = self._optional("nvmlDeviceGetName", h)
         mig = self._mig_devices(h)
+        persistence = self._optional("nvmlDeviceGetPersistenceMode", h)
         return GpuReading(index=index, uuid=uuid, min_mw=int(min_mw), max_mw=int(max_mw),
                           default_mw=int(default_mw), current_mw=int(current_mw), pids=tuple(sorted(pids)),
                           draw_mw=None if draw is None else int(draw),
                           enforced_mw=None if enforced is None else int(enforced),
-                          name=None if name is None else _text(name), mig_uuids=mig)
+                          name=None if name is None else _text(name), mig_uuids=mig,
+                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED)
 
     def _mig_devices(self, h: Any) -> tuple[str, ...]:
         """The UUIDs of the MIG devices on this GPU; () when it has no MIG or MIG is off. Telemetry
@@ -176,18 +185,35 @@ class NvmlBackend:
     def read(self, index: int) -> GpuReading:
         return self._again(lambda: self._read(index))
 
-    def set_limit(self, index: int, milliwatts: int) -> None:
-        self._again(lambda: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit", self._handle(index),
-                                       int(milliwatts)))
+    def _handle_of(self, index: int, uuid: str | None) -> Any:
+        """The handle a set or readback addresses: by UUID when given (re-resolved on every call,
+        so after a re-init too), checked against the index the pass read it at."""
+        if uuid is None:
+            return self._handle(index)
+        h = self._call(f"GPU {index}", "nvmlDeviceGetHandleByUUID", uuid, uuid=uuid)
+        now = self._optional("nvmlDeviceGetIndex", h)
+        if now is not None and int(now) != index:
+            raise GpuError(f"GPU {uuid} moved from index {index} to {now} (re-enumerated); its work stops this pass",
+                           kind="moved", uuid=uuid)
+        return h
 
-    def read_limit(self, index: int) -> int:
-        return self._again(lambda: int(self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit",
-                                                  self._handle(index))))
+    def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None:
+        self._again(lambda: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit",
+                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))
 
-    def read_enforced(self, index: int) -> int | None:
+    def read_limit(self, index: int, *, uuid: str | None = None) -> int:
+        def op() -> int:
+            got = self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", self._handle_of(index, uuid),
+                             uuid=uuid)
+            if type(got) is not int:
+                raise GpuError(f"GPU {index}: malformed limit {got!r} from the driver", kind="malformed", uuid=uuid)
+            return got
+        return self._again(op)
+
+    def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
         def op() -> int | None:
-            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", self._handle(index))
-            return None if got is None else int(got)
+            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", self._handle_of(index, uuid))
+            return got if type(got) is int else None
         return self._again(op)
 
     def close(self) -> None:

@@ -1,10 +1,14 @@
-"""Inputs for ``agent once`` read from files: a PodList as ``kubectl get pods -o json`` prints it."""
+"""Inputs for ``agent once`` read from files: a PodList as ``kubectl get pods -o json`` prints it,
+and the kubelet's PodResources ``List`` answer as ``grpcurl`` prints it (protobuf JSON:
+``{"podResources": [{"name", "namespace", "containers": [{"name", "devices": [{"resourceName",
+"deviceIds"}]}]}]}``; the proto's own snake_case names are accepted too)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from google.protobuf import json_format
 from pydantic import ValidationError
 
 from powerfleet.cluster.objects import PodInfo
@@ -43,3 +47,18 @@ def pods_from_podlist(data: Any, node: str, namespaces: Sequence[str] = ()) -> l
         raise ValueError("expected a PodList (an object with an 'items' list), as `kubectl get pods -o json` prints")
     pods = [pod_from_object(item, f"items[{i}]") for i, item in enumerate(items)]
     return [p for p in pods if p.node_name == node and (not namespaces or p.namespace in namespaces)]
+
+
+def allocations_from_json(data: Any) -> dict[str, list[Any]]:
+    """Device ID -> allocations from a PodResources ``List`` answer in protobuf JSON; ValueError
+    in one line for anything else (unknown fields, wrong types)."""
+    from powerfleet.agent.podresources import api_pb2, gpu_allocations
+
+    if not isinstance(data, Mapping):
+        raise ValueError("expected a PodResources List answer (an object with 'podResources'), "
+                         f"got {type(data).__name__}")
+    try:
+        resp = json_format.ParseDict(data, api_pb2.ListPodResourcesResponse())
+    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__) from None
+    return gpu_allocations(resp)

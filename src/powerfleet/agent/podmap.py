@@ -36,8 +36,9 @@ def pods_of(pids: Iterable[int], pid_to_pod: Mapping[int, str]) -> list[str]:
 
 
 def proc_root_problem(proc_root: str | os.PathLike[str]) -> str | None:
-    """Why ``proc_root`` cannot show the host's processes, or None. Checked at start: a missing
-    or empty root (a wrong mount) would make every GPU process look unattributable."""
+    """Why ``proc_root`` cannot show the host's processes, or None. Checked at start and every
+    pass: a missing or empty root (a wrong mount) would make every GPU process look
+    unattributable, and a container's own /proc (PID 1 in a pod's cgroup) shows only that pod."""
     root = os.fspath(proc_root)
     try:
         entries = os.listdir(root)
@@ -45,6 +46,10 @@ def proc_root_problem(proc_root: str | os.PathLike[str]) -> str | None:
         return f"proc root {root} cannot be listed ({exc.strerror or exc}); mount the host's /proc or use hostPID"
     if not any(e.isdigit() for e in entries):
         return f"proc root {root} shows no processes; mount the host's /proc or use hostPID"
+    init_pod = pod_uid_for_pid(proc_root, 1) if "1" in entries else None
+    if init_pod is not None:  # a container's own /proc: its PID 1 is the container's entrypoint
+        return (f"proc root {root} is a container's (its PID 1 is in pod {init_pod}), not the host's; "
+                "mount the host's /proc or use hostPID")
     return None
 
 

@@ -20,7 +20,16 @@ decision           when                                                         
 ``conflict``       an opted-in pod shares the GPU with a different, missing or  the lowest valid cap,
                    invalid value, or with unattributed processes                and the safe default
                                                                                 when a value is missing
+                                                                                or invalid; with
+                                                                                unattributed processes
+                                                                                (and ``current_mw``
+                                                                                known) at most the
+                                                                                GPU's current cap
 =================  ===========================================================  =====================
+
+Unattributed processes beside an opted-in pod (a PID that just exited, a blind proc root
+beside an allocation) keep the GPU's current cap, lowered only by a valid annotation: they are
+uncertainty, not a pod without a value, so they never bring the safe default in.
 
 (*) ``release`` restores the GPU's default limit only when this agent manages it (it set a
 cap there before); an unmanaged GPU is left alone. Requested values are milliwatts and are
@@ -71,14 +80,16 @@ def _parse_mw(raw: str | None) -> int | None:
 
 
 def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, safe_default_mw: int,
-           unmapped: int = 0, listed: Collection[str] | None = None, complete: bool = True) -> Decision:
+           unmapped: int = 0, listed: Collection[str] | None = None, complete: bool = True,
+           current_mw: int | None = None) -> Decision:
     """One GPU's decision.
 
     ``pods``: distinct pod UIDs of its mapped processes; ``unmapped``: how many of its processes
     map to no pod; ``annotations``: raw values of the listed pods that carry the key; ``listed``:
     UIDs of every listed pod (None: take ``annotations`` as the whole view, for callers that
     only know annotated pods); ``complete``: the view covers every namespace, so a pod absent
-    from it is gone rather than unseen.
+    from it is gone rather than unseen; ``current_mw``: the GPU's limit now (what unattributed
+    processes keep; None: they bring the safe default in, as a pod without a value does).
     """
     uids = tuple(sorted(set(pods)))
     if not busy:
@@ -117,8 +128,12 @@ def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, s
         why.append(f"values differ: {[w / 1000 for w in distinct]} W")
     # The lowest valid cap involved; a pod without a valid value brings the safe default in.
     candidates = list(distinct)
-    if missing or invalid or unknown:
+    unsure = bool(missing or invalid or (unknown and current_mw is None))
+    if unsure:
         candidates.append(safe_default_mw)
+    if unknown and current_mw is not None:
+        candidates.append(current_mw)  # uncertainty keeps the cap in force; only a valid value lowers it
+        why.append("current cap kept")
     chosen = min(candidates)
     return Decision(Kind.CONFLICT, uids, chosen, "; ".join(why), unattributed=unknown,
-                    safe_default=chosen == safe_default_mw and bool(missing or invalid or unknown))
+                    safe_default=chosen == safe_default_mw and unsure)

@@ -1,7 +1,9 @@
-"""Startup orphan recovery and shutdown restore: giving GPUs back their default limit.
+"""The drain and shutdown restore: giving GPUs back their default limit.
 
-Both work from the managed set (UUIDs this agent capped, from the state file) and a scan
-of the node's GPUs, and neither stops at one GPU's error.
+It works from the managed set (UUIDs this agent capped, from the state record) and a scan of
+the node's GPUs, and never stops at one GPU's error. Startup recovery is a pass of its own
+(``NodeLifecycle.start``): an idle managed GPU keeps its cap while its recorded owners or the
+kubelet's allocations say a pod may still hold it.
 """
 
 from __future__ import annotations
@@ -48,41 +50,6 @@ def restore_default(gpus: GpuBackend, reading: GpuReading, why: str) -> bool:
     except GpuError:
         log.exception("GPU %d (%s): restoring the default limit failed (%s)", reading.index, reading.uuid, why)
         return False
-
-
-@dataclass(frozen=True)
-class Recovery:
-    managed: frozenset[str]
-    restored: tuple[str, ...]
-    dropped: tuple[str, ...]
-    waiting: tuple[str, ...]  # busy: the next pass decides
-
-
-def recover_orphans(gpus: GpuBackend, managed: frozenset[str]) -> Recovery:
-    """Idle previously-managed GPUs go back to their default; busy ones wait for the next pass;
-    UUIDs absent from a complete scan are dropped (the GPU is gone; nothing is written)."""
-    if not managed:
-        return Recovery(managed, (), (), ())
-    found = scan(gpus)
-    seen = found.by_uuid()
-    keep = set(managed)
-    restored, dropped, waiting = [], [], []
-    for uuid in sorted(managed):
-        reading = seen.get(uuid)
-        if reading is None:
-            if found.complete:
-                keep.discard(uuid)
-                dropped.append(uuid)
-            continue
-        if not reading.idle:
-            waiting.append(uuid)
-        elif restore_default(gpus, reading, "orphan recovery"):
-            keep.discard(uuid)
-            restored.append(uuid)
-    if restored or dropped:
-        log.info("orphan recovery: restored %s, dropped %s (absent), left %s (busy) to the next pass",
-                 restored or "none", dropped or "none", waiting or "none")
-    return Recovery(frozenset(keep), tuple(restored), tuple(dropped), tuple(waiting))
 
 
 def restore_all(gpus: GpuBackend, managed: frozenset[str]) -> frozenset[str]:

@@ -34,6 +34,8 @@ class GpuOutcome(BaseModel):
     readback: str = "skipped"  # match | mismatch | failed | skipped
     revision: int | None = None  # cap-intent revision of the target in force
     unattributed: int = 0  # processes mapped to no pod the agent can see
+    persistence: bool | None = None  # the GPU's persistence mode (None: not readable)
+    excluded: bool = False  # failing for several passes: left out of readiness, retried (agent/failing.py)
     overlay: str | None = None  # the power guard's part in cap_w: throttle | fallback | annotation; None: no overlay
 
 
@@ -51,6 +53,17 @@ class PassReport(BaseModel):
     @property
     def good(self) -> bool:
         """Every GPU that can be capped is enforced: no skip, no blind spot, no error other than
-        a GPU without power-limit support (reported, and left out of readiness)."""
+        a GPU without power-limit support or one excluded after failing passes (both reported,
+        and left out of readiness)."""
         return (self.skipped is None and self.blind is None
-                and not any(g.error and g.action != "unsupported" for g in self.gpus))
+                and not any(g.error and g.action != "unsupported" and not g.excluded for g in self.gpus))
+
+    @property
+    def persistence_off(self) -> list[str]:
+        """UUIDs of the GPUs whose persistence mode is off, for the readiness detail."""
+        return [g.uuid for g in self.gpus if g.uuid and g.persistence is False]
+
+    @property
+    def excluded(self) -> list[str]:
+        """``<uuid or index>(<kind>)`` of the GPUs left out of readiness, for the readiness detail."""
+        return [f"{g.uuid or f'index {g.index}'}({g.error_kind})" for g in self.gpus if g.excluded]

@@ -59,9 +59,11 @@ class AgentRuntime:
         self.last_watch_reason = ""  # what the last watch pass was for (its log line)
         self.drained = False  # `agent drain`: defaults restored, no cap until the drain is undone
         self.lock: Any = None  # the node lock (lock.NodeLock) when the agent runs beside Redis
+        self.local_lock: Any = None  # the node-local lock (lock.LocalLock), whatever the broker
         self.stoppers: list[Callable[[], None]] = []  # heartbeat, watcher, probe: stopped before the restore
         self.reporters: list[Callable[[PassReport, dict[str, Any]], None]] = []  # evidence publishers
         agent.may_actuate = self.actuation_refusal
+        agent.owed_only = self.owed_only
 
     def serves(self, node: str) -> bool:
         return node == self.node
@@ -73,6 +75,12 @@ class AgentRuntime:
         if self.drained:
             return "drained: caps are at their defaults until the drain is undone"
         return None
+
+    def owed_only(self) -> bool:
+        """Fail-closed at boot: the node lock was not taken only because Redis is unreachable, and
+        the node-local lock proves no other agent runs here: the caps the state owes are applied."""
+        return (self.lock is not None and not self.lock.held and self.lock.unreachable
+                and self.local_lock is not None and not self.drained)
 
     def drain(self) -> frozenset[str]:
         """Restore every managed GPU's default and stop capping (``powerfleet agent drain``).
@@ -193,7 +201,12 @@ class AgentRuntime:
         self.metrics.last_good_pass_age.set(age)
         if age > STALE_INTERVALS * self.interval_s:
             return False, f"not-ready: last good pass {age:.1f}s ago (limit {STALE_INTERVALS * self.interval_s:g}s)"
-        return True, f"ok last_good_pass_age_s={age:.1f}"
+        report = self.agent.last_report
+        excluded = report.excluded if report is not None else []
+        off = report.persistence_off if report is not None else []
+        detail = f" excluded={','.join(excluded)}" if excluded else ""  # failing GPUs left out, retried
+        detail += f" persistence_off={','.join(off)}" if off else ""
+        return True, f"ok last_good_pass_age_s={age:.1f}{detail}"
 
     # -- lifecycle --
 
@@ -222,8 +235,13 @@ class AgentRuntime:
         finally:
             if got:
                 self._lock.release()
-            if self.lock is not None:
-                self.lock.release()  # after the last write: the next agent may take over
+                if self.lock is not None:
+                    self.lock.release()  # after the last write: the next agent may take over
+                if self.local_lock is not None:
+                    self.local_lock.release()
+            else:  # a pass is still inside a call (a hung NVML call?): it may yet write a limit
+                log.error("node %s: a pass is still running after %gs; the node locks are kept until it returns or "
+                          "the process exits", self.node, timeout_s)
 
 
 # -- the one runtime of an agent worker process --

@@ -18,10 +18,15 @@ the twin's GPU file switches them too):
 ``uninitialized``  every call fails with ``NVML_ERROR_UNINITIALIZED`` until the next
                    ``nvmlInit`` (a driver reload), which clears the entry
 ``gpu_lost``       every call on the GPU fails with ``NVML_ERROR_GPU_IS_LOST``
+``set_not_supported``  the limits read, but the set fails with ``NVML_ERROR_NOT_SUPPORTED``
+``malformed``      the limit constraints come back as ``None`` (a binding returning a wrong
+                   type: a ``TypeError`` in the port, not an NVML error)
 =================  =========================================================================
 
 ``enforced_w`` on a device is an out-of-band limit (a BMC cap): the enforced limit the
 driver reports is the lower of it and the management limit.
+
+``persistence`` (default true) is the GPU's persistence mode (``nvmlDeviceGetPersistenceMode``).
 
 ``mig`` on a device lists the UUIDs (``MIG-…``) of its MIG devices, MIG mode on; empty: a GPU
 without MIG, whose ``nvmlDeviceGetMigMode`` raises ``NVML_ERROR_NOT_SUPPORTED``. A MIG device
@@ -39,7 +44,7 @@ import pynvml
 from pynvml import NVMLError, NVMLLibraryMismatchError
 
 FAULTS = ("read", "set", "readback", "no_permission", "not_supported", "library_mismatch", "uninitialized",
-          "gpu_lost")
+          "gpu_lost", "set_not_supported", "malformed")
 
 
 class _Device(Protocol):
@@ -56,6 +61,7 @@ class _Device(Protocol):
     enforced_w: float | None
     fail: list[str]
     mig: list[str]
+    persistence: bool
 
 
 class DeviceStore(Protocol):
@@ -132,7 +138,7 @@ class SimulatedNvml:
         if op == "limit" and "not_supported" in fail:
             raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if op == "set":
-            if "not_supported" in fail:
+            if "not_supported" in fail or "set_not_supported" in fail:
                 raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
             if "no_permission" in fail:
                 raise NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
@@ -182,9 +188,16 @@ class SimulatedNvml:
     def nvmlDeviceGetName(self, h: Handle) -> str:
         return self._dev(h, "name").name or "NVIDIA H200"
 
-    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Handle) -> list[int]:
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: Handle) -> list[int] | None:
         d = self._dev(h, "limit")
-        return [_mw(d.min_w), _mw(d.max_w)]
+        return None if "malformed" in d.fail else [_mw(d.min_w), _mw(d.max_w)]
+
+    def nvmlDeviceGetPersistenceMode(self, h: Handle) -> int:
+        on = self._dev(h, "persistence").persistence
+        return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetIndex(self, h: Handle) -> int:
+        return self._dev(h, "index").index
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, h: Handle) -> int:
         return _mw(self._dev(h, "limit").default_w)

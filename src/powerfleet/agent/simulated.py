@@ -56,6 +56,7 @@ class SimDevice(BaseModel):
     name: str | None = Field(None, max_length=96)
     fail: list[str] = Field(default_factory=list)  # driver failure modes, simnvml.FAULTS
     mig: list[str] = Field(default_factory=list, max_length=7)  # MIG devices' UUIDs (MIG mode on)
+    persistence: bool = True  # persistence mode (nvmlDeviceGetPersistenceMode)
 
     @model_validator(mode="after")
     def _limits(self) -> "SimDevice":
@@ -231,14 +232,14 @@ class SimulatedGpus:
         with self._pinned():
             return self._port().read(index)  # type: ignore[no-any-return]
 
-    def set_limit(self, index: int, milliwatts: int) -> None:
-        self._port().set_limit(index, milliwatts)
+    def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None:
+        self._port().set_limit(index, milliwatts, uuid=uuid)
 
-    def read_limit(self, index: int) -> int:
-        return int(self._port().read_limit(index))
+    def read_limit(self, index: int, *, uuid: str | None = None) -> int:
+        return int(self._port().read_limit(index, uuid=uuid))
 
-    def read_enforced(self, index: int) -> int | None:
-        return self._port().read_enforced(index)  # type: ignore[no-any-return]
+    def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
+        return self._port().read_enforced(index, uuid=uuid)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         return None

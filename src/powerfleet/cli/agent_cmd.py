@@ -104,6 +104,7 @@ def once(
     proc_root: Optional[Path] = typer.Option(None, "--proc-root", help="Where /proc is (default agent.proc_root)."),
     pods: Optional[Path] = typer.Option(None, "--pods", help="A PodList JSON (`kubectl get pods -o json`) instead of the cluster."),
     gpus: Optional[Path] = typer.Option(None, "--gpus", help='JSON list of {"index","uuid","min_w","max_w","default_w","current_w","pids"} instead of NVML.'),
+    allocations: Optional[Path] = typer.Option(None, "--allocations", help="The kubelet's PodResources List answer as JSON (as grpcurl prints it): decide with its GPU allocations."),
     safe_default_watts: Optional[int] = typer.Option(None, "--safe-default-watts", min=1, max=100_000,
                                                      help="Cap for invalid/conflicting annotations (default agent.safe_default_watts)."),
     namespace: Optional[list[str]] = typer.Option(None, "--namespace", "-n", help="Only pods of this namespace (repeatable)."),
@@ -138,6 +139,14 @@ def once(
             devices = parse_devices(_read_json(gpus, "--gpus"))
         except ValueError as exc:
             fail(f"--gpus: {gpus}: {exc}")
+    allocated = None
+    if allocations is not None:
+        from powerfleet.agent.offline import allocations_from_json
+
+        try:
+            allocated = allocations_from_json(_read_json(allocations, "--allocations"))
+        except ValueError as exc:
+            fail(f"--allocations: {allocations}: {exc}")
     if listed is not None:
         list_pods = lambda: listed  # noqa: E731 - the file is read once, up front
     else:
@@ -156,7 +165,8 @@ def once(
                       state=StateStore(record_dir), clock=SystemClock(),
                       safe_default_watts=safe_default_watts or config.agent.safe_default_watts,
                       safe_default_fraction=config.agent.safe_default_fraction, complete_view=not namespaces,
-                      metrics=AgentMetrics(CollectorRegistry()))
+                      metrics=AgentMetrics(CollectorRegistry()),
+                      allocations=None if allocated is None else (lambda: allocated))
     lock = None if dry_run else _take_once_lock(config, node)
     try:
         if not dry_run:

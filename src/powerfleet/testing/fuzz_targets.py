@@ -71,6 +71,8 @@ def agent_state(data: bytes) -> None:
 
     loaded = parse_state(_text(data))
     assert loaded.conclusive or (not loaded.uuids and loaded.problem)
+    if loaded.conclusive:  # what was accepted writes back and reads the same
+        assert parse_state(loaded.record.dump()).record == loaded.record
 
 
 def retune_state(data: bytes) -> None:
@@ -137,7 +139,9 @@ SEEDS: dict[str, list[bytes]] = {
                b"12:memory:/kubepods/besteffort/pod1b2c3d4e-0000-4111-8222-333344445555/abc\n", b"0::/user.slice\n"],
     "trace": [b'{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n',
               b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", b"{}\n"],
-    "agent_state": [b'{"managed_uuids": ["GPU-1"]}', b"", b"[]", b'{"managed_uuids": [1]}'],
+    "agent_state": [b'{"managed_uuids": ["GPU-1"]}', b"", b"[]", b'{"managed_uuids": [1]}',
+                    b'{"version": 2, "managed_uuids": ["GPU-1"], "intent_uuids": ["GPU-2"], "revision": 9, '
+                    b'"targets": {"GPU-1": 300000}, "owners": {"GPU-1": [{"uid": "u", "namespace": "n", "name": "p"}]}}'],
     "retune_state": [b'{"schema": "x"}', b"NaN", b"{}", b"[1e999]"],
     "dgd": [b"apiVersion: nvidia.com/v1alpha1\nkind: DynamoGraphDeployment\nmetadata: {name: d}\nspec: {services: {}}\n",
             b"a: 1\na: 2\n", b"- [\n"],

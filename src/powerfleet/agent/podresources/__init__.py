@@ -45,8 +45,9 @@ def is_gpu_resource(name: str) -> bool:
 
 
 def gpu_allocations(response: api_pb2.ListPodResourcesResponse) -> dict[str, list[Allocation]]:
-    """GPU or MIG UUID -> the containers it is allocated to (several under time-slicing), in the
-    kubelet's order, each once."""
+    """Device ID (GPU or MIG UUID, or an NVML index with ``deviceIDStrategy=index``, time-slicing's
+    ``::N`` replica suffix dropped) -> the containers it is allocated to (several under
+    time-slicing), in the kubelet's order, each once."""
     out: dict[str, list[Allocation]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -55,7 +56,7 @@ def gpu_allocations(response: api_pb2.ListPodResourcesResponse) -> dict[str, lis
                     continue
                 for device_id in dev.device_ids:
                     uuid = device_id.split("::", 1)[0]
-                    if uuid.startswith(("GPU-", "MIG-")):
+                    if uuid:  # a UUID, or an index (deviceIDStrategy=index): agent/ownership.py maps it
                         owners = out.setdefault(uuid, [])
                         alloc = Allocation(pod.namespace, pod.name, container.name)
                         if alloc not in owners:
