@@ -278,6 +278,17 @@ class AgentConfig(_Strict):
     process_poll_s: float = Field(1.0, ge=0, le=60)
     probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)
     probe_address: str = "127.0.0.1"
+    # Drains (agent/drain.py): a node is drained only if it has, or had this recently, an agent
+    # (else `drain --force`); every drain order expires, after drain_ttl_s unless --ttl says (at most drain_max_ttl_s).
+    drain_retention_s: float = Field(7 * 86400.0, ge=0, le=366 * 86400.0, allow_inf_nan=False)
+    drain_ttl_s: float = Field(7 * 86400.0, ge=1, le=366 * 86400.0, allow_inf_nan=False)
+    drain_max_ttl_s: float = Field(30 * 86400.0, ge=1, le=366 * 86400.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _drain_ttl_within_max(self) -> "AgentConfig":
+        if self.drain_ttl_s > self.drain_max_ttl_s:
+            raise ValueError(f"drain_ttl_s ({self.drain_ttl_s:g}) is above drain_max_ttl_s ({self.drain_max_ttl_s:g})")
+        return self
 
     @field_validator("namespaces")
     @classmethod
