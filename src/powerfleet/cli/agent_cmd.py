@@ -77,15 +77,16 @@ def _reject_constant(name: str) -> Any:
 
 
 def _read_json(path: Path, option: str) -> Any:
-    """A regular file of at most MAX_INPUT_BYTES, strict JSON (no NaN/Infinity), nesting bounded;
-    every problem is one line and exit 2 (a FIFO or device would block or never end)."""
+    """A regular file or a pipe of at most MAX_INPUT_BYTES (a pipe read within textinput's timeout),
+    strict JSON (no NaN/Infinity), nesting bounded; every problem is one line and exit 2 (a device
+    would never end)."""
     if str(path) != "-":
         try:
             st = os.stat(path)
         except OSError as exc:
             fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
-        if not stat.S_ISREG(st.st_mode):
-            fail(f"{option}: {path} is not a regular file")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):  # a FIFO: <(kubectl get pods -o json)
+            fail(f"{option}: {path} is not a regular file or a pipe")
         if st.st_size > MAX_INPUT_BYTES:
             fail(f"{option}: {path} is larger than {MAX_INPUT_BYTES} bytes")
     text = read_text_input(path, option)

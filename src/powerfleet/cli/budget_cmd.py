@@ -37,10 +37,19 @@ def plan_cmd(
     inputs = split_inputs(text)
     if not inputs:
         fail(f"{input_file} holds no input")
-    failed = False
-    for raw in inputs:
+    failed: list[int] = []
+    for i, raw in enumerate(inputs, 1):
         ans = answer(raw)
-        failed = failed or "error" in ans
-        typer.echo(json.dumps(ans, sort_keys=True) if json_out else _text_line(ans))
+        if "error" in ans:
+            failed.append(i)
+        if json_out:  # one answer line per input on stdout (the contract), errors included
+            typer.echo(json.dumps(ans, sort_keys=True))
+        elif "error" in ans:
+            typer.echo(f"powerfleet: error: input {i}: {' '.join(str(ans['error']).split())}", err=True)
+        else:
+            typer.echo(_text_line(ans))
     if failed:
+        if json_out:
+            typer.echo(f"powerfleet: error: {len(failed)} of {len(inputs)} inputs could not be planned "
+                       f"(input {', '.join(map(str, failed[:10]))}{' ...' if len(failed) > 10 else ''})", err=True)
         raise typer.Exit(EXIT_USAGE)

@@ -505,7 +505,7 @@ def _load_yaml(text: str) -> Any:
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG_FILE:
+        if not key.startswith(ENV_PREFIX) or key in (ENV_CONFIG_FILE, "POWERFLEET_INPUT_TIMEOUT_S"):  # textinput's
             continue
         path = [p.lower() for p in key[len(ENV_PREFIX):].split("__")]
         if not all(path):
