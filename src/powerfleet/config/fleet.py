@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from powerfleet.config.broker_urls import check_broker_url, is_sentinel
+from powerfleet.config.overrides import check_file_under_overrides, construct_mapping_once, env_key_of, find_nan
 
 ENV_PREFIX = "POWERFLEET_"
 ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
@@ -498,6 +499,9 @@ _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:t
                                     list("tTfF"))
 
 
+_ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping_once)
+
+
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
@@ -568,6 +572,17 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
         path = environ[ENV_CONFIG_FILE]
     file_data = _read_yaml(Path(path)) if path is not None else {}
     env_data = _env_overrides(environ)
+    for tree, source in ((file_data, str(path)), (env_data, f"{ENV_PREFIX}* environment")):
+        nan = find_nan(tree)
+        if nan is not None:
+            raise ConfigError(f"{source}: {_dotted(nan)}: .nan is not a number")
+    try:
+        bad = check_file_under_overrides(file_data, env_data, _deep_merge, FleetConfig.model_validate)
+    except RecursionError:
+        bad = None  # reported by the merged validation below
+    if bad is not None:
+        var = ENV_PREFIX + "__".join(str(p).upper() for p in env_key_of(env_data, bad[0]))
+        raise ConfigError(f"{path}: {_dotted(bad[0])}: {bad[1]} (overridden by {var}, but the file's value is invalid)")
     try:
         return FleetConfig.model_validate(_deep_merge(file_data, env_data))
     except RecursionError:
