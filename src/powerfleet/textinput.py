@@ -62,7 +62,7 @@ def read_text(path: str | os.PathLike[str], limit: int = MAX_INPUT_BYTES) -> str
             raise InputError("stdin", f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
         return _decode(data, "stdin")
     try:
-        if stat.S_ISFIFO(os.stat(path).st_mode):
+        if is_pipe(path):
             return _decode(_read_pipe(path, limit, input_timeout_s()), str(path))
         with open(path, "rb") as f:
             data = _read_capped(f, str(path), limit)
@@ -79,6 +79,24 @@ def input_timeout_s() -> float:
     except ValueError:
         return INPUT_TIMEOUT_S
     return value if 0 < value <= 3600 else INPUT_TIMEOUT_S
+
+
+def is_pipe(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a FIFO or a pipe (``<(...)``), which only ``read_pipe`` reads safely."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_pipe(path: str | os.PathLike[str], limit: int = MAX_INPUT_BYTES) -> bytes:
+    """A FIFO's or pipe's bytes (not decoded: a gzip trace may come this way), within the input
+    timeout and ``limit``; InputError on any problem."""
+    try:
+        return _read_pipe(path, limit, input_timeout_s())
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise InputError(str(path), f"cannot read it ({why})", f"cannot read {path} ({why})") from None
 
 
 def _read_pipe(path: str | os.PathLike[str], limit: int, timeout_s: float) -> bytes:

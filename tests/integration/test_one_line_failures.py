@@ -76,6 +76,8 @@ def fifo(tmp_path: Path) -> Path:
     ["budget", "plan", "--input", "{f}"],
     ["validate", "dgd-update", "--old", "{f}", "--new", "{f}"],
     ["agent", "once", "--node", "n1", "--dry-run", "--pods", "{f}"],
+    ["power", "whatif", "--trace", "{f}", "--workers", "2", "--gpus-per-worker", "1", "--cap-w", "500",
+     "--limit-w", "900"],
 ])
 def test_a_fifo_with_no_writer_fails_in_one_line_after_the_timeout(fifo: Path, argv: list[str]) -> None:
     proc = _cli(*[a.format(f=fifo) for a in argv], env={**TIMEOUT_ENV, "POWERFLEET_BROKER__URL": "redis://127.0.0.1:1/0"})
@@ -97,6 +99,19 @@ def test_process_substitution_feeds_agent_once(fifo: Path, tmp_path: Path) -> No
     writer.join(5)
     assert "not a regular file" not in err and "--pods" not in err, err
     assert proc.returncode in (0, 1) and json.loads(out)["node"] == "n1", (proc.returncode, out, err)  # 1: no GPUs
+
+
+def test_process_substitution_feeds_power_whatif(fifo: Path) -> None:
+    lines = "".join(json.dumps({"timestamp": 1000 * i, "input_length": 512, "output_length": 64,
+                                "hash_ids": [i]}) + "\n" for i in range(40))
+    writer = threading.Thread(target=lambda: fifo.write_text(lines), daemon=True)
+    writer.start()
+    proc = _cli("power", "whatif", "--trace", str(fifo), "--workers", "2", "--gpus-per-worker", "1",
+                "--cap-w", "500", "--limit-w", "900", "--json")
+    out, err = proc.communicate(timeout=300)
+    writer.join(5)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert json.loads(out)["schema"] == "powerfleet.power.whatif/v1", out[:300]
 
 
 def test_budget_plan_reports_errors_on_stderr(tmp_path: Path) -> None:
