@@ -125,4 +125,11 @@ def test_budget_plan_reports_errors_on_stderr(tmp_path: Path) -> None:
     as_json = _cli("budget", "plan", "--input", str(bad), "--json")
     out, err = as_json.communicate(timeout=60)
     assert as_json.returncode == 2 and json.loads(out)["error"], out  # the JSON answer line stays on stdout
-    assert "1 of 1 inputs could not be planned" in err, err
+    assert err.startswith("powerfleet: error: input 1: roles: Field required"), err
+    _one_line(err)
+    two = tmp_path / "two.jsonl"
+    two.write_text("{}\n[]\n")
+    many = _cli("budget", "plan", "--input", str(two))
+    out, err = many.communicate(timeout=60)
+    assert many.returncode == 2 and "(and 1 more of 2 inputs; --json answers each)" in err, err
+    _one_line(err)

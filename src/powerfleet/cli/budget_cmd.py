@@ -37,19 +37,17 @@ def plan_cmd(
     inputs = split_inputs(text)
     if not inputs:
         fail(f"{input_file} holds no input")
-    failed: list[int] = []
+    failed: list[tuple[int, str]] = []
     for i, raw in enumerate(inputs, 1):
         ans = answer(raw)
         if "error" in ans:
-            failed.append(i)
+            failed.append((i, " ".join(str(ans["error"]).split())))
         if json_out:  # one answer line per input on stdout (the contract), errors included
             typer.echo(json.dumps(ans, sort_keys=True))
-        elif "error" in ans:
-            typer.echo(f"powerfleet: error: input {i}: {' '.join(str(ans['error']).split())}", err=True)
-        else:
+        elif "error" not in ans:
             typer.echo(_text_line(ans))
-    if failed:
-        if json_out:
-            typer.echo(f"powerfleet: error: {len(failed)} of {len(inputs)} inputs could not be planned "
-                       f"(input {', '.join(map(str, failed[:10]))}{' ...' if len(failed) > 10 else ''})", err=True)
+    if failed:  # one line on stderr: the first error, and how many more (--json answers each)
+        first, why = failed[0]
+        more = f" (and {len(failed) - 1} more of {len(inputs)} inputs; --json answers each)" if len(failed) > 1 else ""
+        typer.echo(f"powerfleet: error: input {first}: {why}{more}", err=True)
         raise typer.Exit(EXIT_USAGE)

@@ -20,7 +20,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from powerfleet.config.broker_urls import check_broker_url, is_sentinel
-from powerfleet.config.overrides import check_file_under_overrides, construct_mapping_once, env_key_of, find_nan
 
 ENV_PREFIX = "POWERFLEET_"
 ENV_CONFIG_FILE = "POWERFLEET_CONFIG"
@@ -499,7 +498,13 @@ _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:t
                                     list("tTfF"))
 
 
-_ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping_once)
+def _mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    from powerfleet.config.overrides import construct_mapping_once  # here: queues.py imports this module
+
+    return construct_mapping_once(loader, node)
+
+
+_ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
 
 
 def _load_yaml(text: str) -> Any:
@@ -570,6 +575,8 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = environ[ENV_CONFIG_FILE]
+    from powerfleet.config.overrides import check_file_under_overrides, env_key_of, find_nan
+
     file_data = _read_yaml(Path(path)) if path is not None else {}
     env_data = _env_overrides(environ)
     for tree, source in ((file_data, str(path)), (env_data, f"{ENV_PREFIX}* environment")):
