@@ -144,7 +144,19 @@ def test_hostile_messages_through_trigger_and_flower(control_worker, launcher: L
                 assert _sent_state(r) == before, (name, kwargs, _sent_state(r) - before)
 
         through_flower()
-        # The task list shows each result beside its state (a skipped pass reads "skipped: ..." there).
+        # The task list shows each result beside its state, its summary first (a skipped pass reads
+        # "skipped: ..." there; a tick "fleet-tick ...").
         page = client.get("/tasks", auth=auth)
         assert page.status_code == 200 and '<th data-column="result">Result</th>' in page.text, page.text[:500]
+
+        def listed_row() -> dict | None:
+            # Flower switches task events on every few seconds: a tick sent before that is not listed.
+            client.post("/api/task/send-task/powerfleet.retune.tick", auth=auth, json={})
+            rows = client.get("/tasks/datatable", auth=auth, params={
+                "draw": 1, "start": 0, "length": 100, "order[0][column]": 0, "order[0][dir]": "desc",
+                "columns[0][data]": "received"}).json()["data"]
+            return next((x for x in rows if x.get("name") == "powerfleet.retune.tick" and x.get("result")), None)
+
+        row = wait_for(listed_row, "Flower's task list to show the tick's result", timeout_s=90, every_s=1.0)
+        assert row["state"] == "SUCCESS" and str(row["result"]).startswith("{'summary': 'fleet-tick retune'"), row
     through_trigger()
