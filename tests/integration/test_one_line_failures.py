@@ -63,6 +63,19 @@ def test_ctrl_c_while_trigger_waits_is_one_line(broker_url: str) -> None:
     _one_line(err)
 
 
+def test_ctrl_c_while_a_drain_waits_for_its_answer_is_one_line(broker_url: str) -> None:
+    proc = _cli("agent", "drain", "--node", "gpu-quiet", "--force", "--timeout", "120",
+                env={"POWERFLEET_BROKER__URL": broker_url})
+    r = redis.Redis.from_url(broker_url)
+    wait_for(lambda: r.exists("powerfleet:agent:drain:gpu-quiet") or proc.poll() is not None,
+             "the drain to be requested", 60)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "powerfleet: interrupted" in err, (proc.returncode, err)
+    _one_line(err)
+
+
 @pytest.fixture
 def fifo(tmp_path: Path) -> Path:
     path = tmp_path / "fifo"
