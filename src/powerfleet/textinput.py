@@ -10,11 +10,17 @@ string of surrogates. Parsers of what was read raise RecursionError on deeply ne
 from __future__ import annotations
 
 import os
+import stat
 import sys
+import threading
 from typing import Any, BinaryIO
 
 # Far above any real input (a PodList of a few hundred pods is a few MB); far below a hang.
 MAX_INPUT_BYTES = 32 * 1024 * 1024
+# A FIFO or a pipe (``<(kubectl get pods -o json)``) is read to its end within this long: one whose
+# writer never comes (a FIFO nobody writes) fails in one line instead of blocking forever.
+INPUT_TIMEOUT_S = 30.0
+ENV_INPUT_TIMEOUT = "POWERFLEET_INPUT_TIMEOUT_S"  # seconds, overriding INPUT_TIMEOUT_S (not a config key)
 
 
 class InputError(ValueError):
@@ -56,12 +62,67 @@ def read_text(path: str | os.PathLike[str], limit: int = MAX_INPUT_BYTES) -> str
             raise InputError("stdin", f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
         return _decode(data, "stdin")
     try:
+        if is_pipe(path):
+            return _decode(_read_pipe(path, limit, input_timeout_s()), str(path))
         with open(path, "rb") as f:
             data = _read_capped(f, str(path), limit)
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise InputError(str(path), f"cannot read it ({why})", f"cannot read {path} ({why})") from None
     return _decode(data, str(path))
+
+
+def input_timeout_s() -> float:
+    raw = os.environ.get(ENV_INPUT_TIMEOUT)
+    try:
+        value = float(raw) if raw else INPUT_TIMEOUT_S
+    except ValueError:
+        return INPUT_TIMEOUT_S
+    return value if 0 < value <= 3600 else INPUT_TIMEOUT_S
+
+
+def is_pipe(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a FIFO or a pipe (``<(...)``), which only ``read_pipe`` reads safely."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_pipe(path: str | os.PathLike[str], limit: int = MAX_INPUT_BYTES) -> bytes:
+    """A FIFO's or pipe's bytes (not decoded: a gzip trace may come this way), within the input
+    timeout and ``limit``; InputError on any problem."""
+    try:
+        return _read_pipe(path, limit, input_timeout_s())
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise InputError(str(path), f"cannot read it ({why})", f"cannot read {path} ({why})") from None
+
+
+def _read_pipe(path: str | os.PathLike[str], limit: int, timeout_s: float) -> bytes:
+    """A FIFO's or pipe's bytes to its end, bounded in size and in time.
+
+    Opening a FIFO blocks until a writer opens it, and neither ``open`` nor ``read`` can be
+    interrupted from outside, so both run in a daemon thread the caller waits for: past the
+    deadline the caller fails (the thread is left blocked, and ends with the process), and a
+    Ctrl-C during the wait reaches the caller at once."""
+    got: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            with open(path, "rb") as f:
+                got["data"] = _read_capped(f, str(path), limit)
+        except (OSError, InputError) as exc:
+            got["error"] = exc
+
+    reader = threading.Thread(target=read, name="powerfleet-read-pipe", daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        raise InputError(str(path), f"gave no end of input within {timeout_s:g} s (a FIFO with no writer?)")
+    if "error" in got:
+        raise got["error"]
+    return got["data"]
 
 
 class DuplicateKey(ValueError):

@@ -2,12 +2,14 @@
 
 A stop, a crash or a DaemonSet rollout leaves every cap in force (the next agent adopts them
 from the state file). A drain is explicit: ``drain --node N`` sets
-``powerfleet:agent:drain:<node>`` (value: a request id; no TTL, it stays until undone); the
+``powerfleet:agent:drain:<node>`` (value: a request id; it expires after ``agent.drain_ttl_s``
+or ``--ttl``, at most ``agent.drain_max_ttl_s``, unless undone first); the
 node's agent (the lock holder) sees it within ``POLL_S``, restores every managed GPU, stops
 setting caps, and answers in ``powerfleet:agent:drained:<node>``
 (``{"request", "restored", "left", "at"}``, kept a day). ``drain --undo`` deletes the request;
 the agent enforces caps again at its next pass. An agent that starts while its node is
-drained stays drained.
+drained stays drained. A drain names a node that has, or had within ``agent.drain_retention_s``,
+an agent (``presence.SEEN_KEY``), unless ``--force``.
 
 ``drain --all`` drains every node with a live agent at once and waits for all of their answers
 (the chart's pre-delete hook runs it on ``helm uninstall``, with ``--ttl``: a request with a TTL
@@ -48,6 +50,41 @@ def drained_key(node: str) -> str:
 def request_drain(r: redis.Redis, node: str, request: str, ttl_s: float | None = None) -> None:
     """Ask the node's agent to drain; with ``ttl_s`` the request (and so the drain) ends by itself."""
     r.set(drain_key(node), request, ex=max(1, int(ttl_s)) if ttl_s else None)
+
+
+def unknown_node(node: str, live: bool, seen_at: float | None, now: float, retention_s: float) -> str | None:
+    """Why ``node`` is not one a drain may name (None: it may): it must have, or have had within
+    ``retention_s``, an agent; a drain for a typo would wait for an answer that never comes and
+    then reset the caps of any agent that later starts under that name."""
+    if live or (seen_at is not None and now - seen_at <= retention_s):
+        return None
+    when = "never" if seen_at is None else f"last {now - seen_at:.0f} s ago"
+    return (f"node {node!r} has no agent and had none within agent.drain_retention_s ({retention_s:g} s; "
+            f"{when}); check the name, or drain it anyway with --force")
+
+
+def drain_ttl(requested_s: float | None, default_s: float, max_s: float) -> float:
+    """The TTL a drain order gets: every order expires (ValueError above the configured maximum)."""
+    if requested_s is None:
+        return default_s
+    if requested_s > max_s:
+        raise ValueError(f"--ttl: {requested_s:g} s is above agent.drain_max_ttl_s ({max_s:g} s)")
+    return requested_s
+
+
+def pending_drains(r: redis.Redis) -> dict[str, dict[str, Any]]:
+    """Node -> its drain order in force: the request, seconds until it expires (None: never, an
+    order written before every order expired) and whether its agent has answered it."""
+    out: dict[str, dict[str, Any]] = {}
+    for node in sorted(drained_nodes(r)):
+        raw, ttl = r.get(drain_key(node)), r.ttl(drain_key(node))
+        if raw is None:
+            continue  # expired or undone between the scan and the read
+        request = raw.decode("utf-8", "replace")[:200]
+        ack = read_ack(r, node)
+        out[node] = {"request": request, "expires_in_s": ttl if ttl >= 0 else None,
+                     "answered": ack is not None and ack.get("request") == request}
+    return out
 
 
 def drained_nodes(r: redis.Redis) -> set[str]:

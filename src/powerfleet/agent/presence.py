@@ -24,6 +24,9 @@ log = logging.getLogger("powerfleet.agent")
 
 KEY_PREFIX = "powerfleet:agent:alive:"
 TTL_INTERVALS = 3
+# node -> the epoch time of its agent's last heartbeat; kept after the heartbeat key lapses, so a
+# drain can tell a node that had an agent (recently) from a typo (agent/drain.py).
+SEEN_KEY = "powerfleet:agent:seen"
 
 
 def heartbeat_key(node: str) -> str:
@@ -36,7 +39,20 @@ def heartbeat_ttl_s(reconcile_interval_s: float) -> int:
 
 
 def beat(r: redis.Redis, node: str, reconcile_interval_s: float, clock: Clock) -> None:
-    r.set(heartbeat_key(node), f"{clock.now():.3f}", ex=heartbeat_ttl_s(reconcile_interval_s))
+    now = f"{clock.now():.3f}"
+    pipe = r.pipeline(transaction=False)
+    pipe.set(heartbeat_key(node), now, ex=heartbeat_ttl_s(reconcile_interval_s))
+    pipe.hset(SEEN_KEY, node, now)
+    pipe.execute()
+
+
+def last_seen(r: redis.Redis, node: str) -> float | None:
+    """When the node's agent last beat (None: never, as far as this Redis knows)."""
+    raw = r.hget(SEEN_KEY, node)
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 def key_suffixes(r: redis.Redis, prefix: str) -> set[str]:

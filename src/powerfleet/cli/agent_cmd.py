@@ -77,15 +77,16 @@ def _reject_constant(name: str) -> Any:
 
 
 def _read_json(path: Path, option: str) -> Any:
-    """A regular file of at most MAX_INPUT_BYTES, strict JSON (no NaN/Infinity), nesting bounded;
-    every problem is one line and exit 2 (a FIFO or device would block or never end)."""
+    """A regular file or a pipe of at most MAX_INPUT_BYTES (a pipe read within textinput's timeout),
+    strict JSON (no NaN/Infinity), nesting bounded; every problem is one line and exit 2 (a device
+    would never end)."""
     if str(path) != "-":
         try:
             st = os.stat(path)
         except OSError as exc:
             fail(f"{option}: cannot read {path} ({exc.strerror or exc})")
-        if not stat.S_ISREG(st.st_mode):
-            fail(f"{option}: {path} is not a regular file")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):  # a FIFO: <(kubectl get pods -o json)
+            fail(f"{option}: {path} is not a regular file or a pipe")
         if st.st_size > MAX_INPUT_BYTES:
             fail(f"{option}: {path} is larger than {MAX_INPUT_BYTES} bytes")
     text = read_text_input(path, option)
@@ -223,8 +224,11 @@ def drain(
     node: Optional[str] = typer.Option(None, "--node", help="The node whose caps go back to their defaults."),
     all_nodes: bool = typer.Option(False, "--all", help="Every node with a live agent (with --undo: every drained node)."),
     undo: bool = typer.Option(False, "--undo", help="End the drain: the agent enforces caps again."),
-    ttl_s: Optional[float] = typer.Option(None, "--ttl", min=1.0, max=30 * 86400.0,
-                                          help="End the drain by itself after this many seconds (default: never)."),
+    ttl_s: Optional[float] = typer.Option(None, "--ttl", min=1.0, max=366 * 86400.0,
+                                          help="End the drain by itself after this many seconds (default: "
+                                          "agent.drain_ttl_s, 7 days; at most agent.drain_max_ttl_s)."),
+    force: bool = typer.Option(False, "--force", help="Drain a node that has had no agent within "
+                               "agent.drain_retention_s (a name no agent ever used)."),
     timeout_s: float = typer.Option(60.0, "--timeout", min=0.0, max=3600.0,
                                     help="Seconds to wait for the agents' answers (0: do not wait)."),
     as_json: bool = typer.Option(False, "--json", help="Print the agents' answers as JSON."),
@@ -240,7 +244,7 @@ def drain(
 
     import redis
 
-    from powerfleet.agent.drain import drained_nodes, request_drain, undo_drain, wait_for_answers
+    from powerfleet.agent.drain import drain_ttl, drained_nodes, request_drain, undo_drain, wait_for_answers
     from powerfleet.agent.presence import live_agents
     from powerfleet.cli.context import check_broker_reachable, require_broker
 
@@ -249,9 +253,15 @@ def drain(
     if node is not None:
         _check_node(node)
     config = fleet_config(ctx)
+    try:
+        ttl_s = drain_ttl(ttl_s, config.agent.drain_ttl_s, config.agent.drain_max_ttl_s)
+    except ValueError as exc:
+        fail(str(exc))
     url = require_broker(config)
     check_broker_reachable(url)
     r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    if node is not None and not undo and not force:
+        _refuse_unknown_node(r, node, config.agent.drain_retention_s)
     if undo:
         nodes = [node] if node is not None else sorted(n for n in drained_nodes(r) if is_node_name(n))
         undone = {n: "undone" if undo_drain(r, n) else "was not drained" for n in nodes}
@@ -279,6 +289,17 @@ def drain(
             _print_drain(n, requests[n], answers[n], timeout_s, False)
     if failed:
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _refuse_unknown_node(r: Any, node: str, retention_s: float) -> None:
+    import time
+
+    from powerfleet.agent.drain import unknown_node
+    from powerfleet.agent.presence import heartbeat_key, last_seen
+
+    why = unknown_node(node, bool(r.exists(heartbeat_key(node))), last_seen(r, node), time.time(), retention_s)
+    if why is not None:
+        fail(f"agent drain: {why}; nothing requested")
 
 
 def _print_drain(node: str, request: str, ack: dict[str, Any] | None, timeout_s: float, as_json: bool) -> None:

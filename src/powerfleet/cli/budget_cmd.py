@@ -37,10 +37,17 @@ def plan_cmd(
     inputs = split_inputs(text)
     if not inputs:
         fail(f"{input_file} holds no input")
-    failed = False
-    for raw in inputs:
+    failed: list[tuple[int, str]] = []
+    for i, raw in enumerate(inputs, 1):
         ans = answer(raw)
-        failed = failed or "error" in ans
-        typer.echo(json.dumps(ans, sort_keys=True) if json_out else _text_line(ans))
-    if failed:
+        if "error" in ans:
+            failed.append((i, " ".join(str(ans["error"]).split())))
+        if json_out:  # one answer line per input on stdout (the contract), errors included
+            typer.echo(json.dumps(ans, sort_keys=True))
+        elif "error" not in ans:
+            typer.echo(_text_line(ans))
+    if failed:  # one line on stderr: the first error, and how many more (--json answers each)
+        first, why = failed[0]
+        more = f" (and {len(failed) - 1} more of {len(inputs)} inputs; --json answers each)" if len(failed) > 1 else ""
+        typer.echo(f"powerfleet: error: input {first}: {why}{more}", err=True)
         raise typer.Exit(EXIT_USAGE)

@@ -18,6 +18,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+# The columns of Flower's task list (its ``tasks_columns``; Flower's default has no result). With the
+# result beside the state, a pass that was skipped (a result leading with ``"summary": "skipped: ..."``,
+# workers/outcomes.py) reads as one, although its state is SUCCESS like a pass that acted.
+TASKS_COLUMNS = "name,uuid,state,result,received,runtime,worker"
 # Everything in Flower that stops, reshapes or re-limits a worker or a task.
 CONTROL_HANDLERS = ("WorkerShutDown", "WorkerPoolRestart", "WorkerPoolGrow", "WorkerPoolShrink",
                     "WorkerPoolAutoscale", "WorkerQueueAddConsumer", "WorkerQueueCancelConsumer",

@@ -159,6 +159,9 @@ def main() -> None:
     except typer.Abort:
         typer.echo("powerfleet: aborted", err=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C at any wait (a result, a FIFO, a drain's answer): one line
+        typer.echo("powerfleet: interrupted", err=True)
+        sys.exit(130)
     # The last line of defence for two families no option type catches everywhere: input nested
     # deeper than Python's parsers recurse, and a number too large for what it feeds (a float
     # of 1e308 seconds given to a socket timeout). Each stays one line.
@@ -168,6 +171,8 @@ def main() -> None:
     except OverflowError as exc:
         typer.echo(f"powerfleet: error: a number is out of range ({' '.join(str(exc).split())})", err=True)
         sys.exit(2)
+    if code == 130:  # typer's answer to a KeyboardInterrupt inside a command: Exit(130), silently
+        typer.echo("powerfleet: interrupted", err=True)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -130,6 +130,9 @@ def flower(
     fleet_app(config)  # validates the broker before Flower's own retry loop hides the problem
     argv = ["-A", "powerfleet.workers.entry", "flower", f"--address={fc.address}", f"--port={fc.port}"]
     os.environ.update(flower_environment(fc))
+    from powerfleet.cli.flower_api import TASKS_COLUMNS
+
+    os.environ.setdefault("FLOWER_TASKS_COLUMNS", TASKS_COLUMNS)  # the list shows each result's summary
     from celery.bin.celery import celery as celery_cli
 
     from powerfleet.cli.flower_api import install_task_api_checks

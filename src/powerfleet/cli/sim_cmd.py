@@ -88,7 +88,19 @@ def bad(message: str) -> NoReturn:
 def load_requests(trace: Path, strict: bool) -> list[Any]:
     """Read a trace for a command; report skipped lines/members on stderr (one line each, capped)."""
     from powerfleet.sim.trace import TraceError, read_trace
+    from powerfleet.textinput import InputError, is_pipe, read_pipe
 
+    if is_pipe(trace):  # <(zcat ...) or a FIFO: read it whole (bounded, within the input timeout), then parse
+        import tempfile
+
+        try:
+            data = read_pipe(trace)
+        except InputError as exc:
+            bad(f"--trace: {exc}")
+        with tempfile.NamedTemporaryFile(prefix="powerfleet-trace-") as copy:
+            copy.write(data)
+            copy.flush()
+            return load_requests(Path(copy.name), strict)
     if not trace.exists():
         bad(f"trace {str(trace)!r} does not exist")
     if trace.is_dir():

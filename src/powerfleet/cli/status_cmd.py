@@ -27,6 +27,7 @@ def status(
     """Workers and their queues, queue depths, ticks, and the broker's master, replicas and last failover."""
     config = fleet_config(ctx)
     app = fleet_app(config, with_tasks=False)  # it sends no task: skip a second of imports
+    from powerfleet.agent.drain import pending_drains
     from powerfleet.agent.presence import live_agents
     from powerfleet.beat.ticklog import TickLog
     from powerfleet.broker.steps import live_workers
@@ -50,7 +51,7 @@ def status(
                  "detail": details.get(f)} for f in TICK_FAMILIES}
     data = {"schema": "powerfleet.status/v1", "workers": workers,
             "workers_not_answering": sorted(announced - set(workers)), "agents": sorted(live_agents(r)),
-            "queues": depths, "ticks": ticks,
+            "queues": depths, "ticks": ticks, "drains": pending_drains(r),
             "broker": describe(app.broker_url_resolved, config.broker, timeout_s=min(timeout, 2.0))}
     if as_json:
         print_json(data)
@@ -81,6 +82,7 @@ def _print_human(data: dict[str, Any], served: set[str]) -> None:
         q.add_row(name, str(depth), "yes" if name in served else "NONE")
     console.print(q)
     console.print(f"live agents: {', '.join(data['agents']) or '(none)'}")
+    console.print(f"pending drains: {drains_line(data['drains'])}", highlight=False)
     k = Table(title="ticks")
     k.add_column("family")
     k.add_column("ticks", justify="right")
@@ -91,6 +93,14 @@ def _print_human(data: dict[str, Any], served: set[str]) -> None:
                   info["detail"] or "")
     console.print(k)
     console.print(broker_line(data["broker"]), highlight=False)
+
+
+def drains_line(drains: dict[str, dict[str, Any]]) -> str:
+    def one(node: str, d: dict[str, Any]) -> str:
+        left = "no expiry" if d["expires_in_s"] is None else f"expires in {d['expires_in_s']} s"
+        return f"{node} ({'drained' if d['answered'] else 'not answered yet'}, {left})"
+
+    return "; ".join(one(n, d) for n, d in drains.items()) or "(none)"
 
 
 def broker_line(b: dict[str, Any]) -> str:

@@ -97,14 +97,30 @@ def trigger(
 
     try:
         value = result.get(timeout=timeout, propagate=False)
+        state = result.state
     except CeleryTimeout:
         _forget(result)
         fail(f"{task} ({result.id}): no result within {timeout:g}s; is a worker consuming {routed}?", EXIT_FAILURE)
-    state = result.state
+    except BROKER_LOST as exc:  # the broker died while we waited: the task may still run
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        fail(f"{task} ({result.id}): broker lost while waiting for the result ({first}); it may still run: "
+             f"`powerfleet status`, or Flower's /api/task/result/{result.id}", EXIT_FAILURE)
     _forget(result)
     if state != "SUCCESS":
         fail(f"{task} ({result.id}) {state}: {type(value).__name__}: {value}", EXIT_FAILURE)
     print_json(value)
+
+
+def _broker_lost() -> tuple[type[BaseException], ...]:
+    import redis
+    from kombu.exceptions import OperationalError
+
+    # Celery's result consumer ends its reconnect attempts with a RuntimeError ("Retry limit exceeded
+    # while trying to reconnect to the Celery result store").
+    return (redis.RedisError, OperationalError, OSError, RuntimeError)
+
+
+BROKER_LOST = _broker_lost()
 
 
 def _forget(result: Any) -> None:

@@ -278,6 +278,17 @@ class AgentConfig(_Strict):
     process_poll_s: float = Field(1.0, ge=0, le=60)
     probe_port: int = Field(0, ge=0, le=65535)  # /readyz and /metrics; 0 disables (the chart sets 8081)
     probe_address: str = "127.0.0.1"
+    # Drains (agent/drain.py): a node is drained only if it has, or had this recently, an agent
+    # (else `drain --force`); every drain order expires, after drain_ttl_s unless --ttl says (at most drain_max_ttl_s).
+    drain_retention_s: float = Field(7 * 86400.0, ge=0, le=366 * 86400.0, allow_inf_nan=False)
+    drain_ttl_s: float = Field(7 * 86400.0, ge=1, le=366 * 86400.0, allow_inf_nan=False)
+    drain_max_ttl_s: float = Field(30 * 86400.0, ge=1, le=366 * 86400.0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _drain_ttl_within_max(self) -> "AgentConfig":
+        if self.drain_ttl_s > self.drain_max_ttl_s:
+            raise ValueError(f"drain_ttl_s ({self.drain_ttl_s:g}) is above drain_max_ttl_s ({self.drain_max_ttl_s:g})")
+        return self
 
     @field_validator("namespaces")
     @classmethod
@@ -487,6 +498,15 @@ _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:t
                                     list("tTfF"))
 
 
+def _mapping_once(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    from powerfleet.config.overrides import construct_mapping_once  # here: queues.py imports this module
+
+    return construct_mapping_once(loader, node)
+
+
+_ConfigLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
+
+
 def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
@@ -494,7 +514,7 @@ def _load_yaml(text: str) -> Any:
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG_FILE:
+        if not key.startswith(ENV_PREFIX) or key in (ENV_CONFIG_FILE, "POWERFLEET_INPUT_TIMEOUT_S"):  # textinput's
             continue
         path = [p.lower() for p in key[len(ENV_PREFIX):].split("__")]
         if not all(path):
@@ -555,8 +575,21 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: Mapping[str
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = environ[ENV_CONFIG_FILE]
+    from powerfleet.config.overrides import check_file_under_overrides, env_key_of, find_nan
+
     file_data = _read_yaml(Path(path)) if path is not None else {}
     env_data = _env_overrides(environ)
+    for tree, source in ((file_data, str(path)), (env_data, f"{ENV_PREFIX}* environment")):
+        nan = find_nan(tree)
+        if nan is not None:
+            raise ConfigError(f"{source}: {_dotted(nan)}: .nan is not a number")
+    try:
+        bad = check_file_under_overrides(file_data, env_data, _deep_merge, FleetConfig.model_validate)
+    except RecursionError:
+        bad = None  # reported by the merged validation below
+    if bad is not None:
+        var = ENV_PREFIX + "__".join(str(p).upper() for p in env_key_of(env_data, bad[0]))
+        raise ConfigError(f"{path}: {_dotted(bad[0])}: {bad[1]} (overridden by {var}, but the file's value is invalid)")
     try:
         return FleetConfig.model_validate(_deep_merge(file_data, env_data))
     except RecursionError:

@@ -195,6 +195,11 @@ def _as_leader(body: Verb) -> Callable[[RetuneConfig, Ports, str], dict[str, Any
 
     @functools.wraps(body)
     def run(cfg: RetuneConfig, ports: Ports, name: str) -> dict[str, Any]:
+        if name not in configured(cfg) and not ports.r.sismember(KNOWN, name):
+            # No Lease is taken for a typo (`reset-window --dgd nosuch` used to answer "unchanged").
+            return {"deployment": name, "status": "unknown",
+                    "reason": f"{name!r} is not a retuned deployment (not in retune.deployments or "
+                              "retune.per_deployment)"}
         dep = Deployment.open(cfg, ports, name)
         try:
             t, state, _ = _lead(dep)

@@ -62,7 +62,7 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
     fan = ports.fanin
     rec = fan.sweep(sid)
     if rec is None:
-        return {"status": "unknown", "sid": sid}
+        return {"status": "unknown", "sid": sid, "reason": f"no sweep {sid!r} (never launched, or expired)"}
     if rec.status != "running":
         return {"status": rec.status, "sid": sid, "reason": rec.reason}
     if not fan.harvest_claim(sid, int(cfg.lease_duration_s)):

@@ -39,7 +39,7 @@ class NodeReconcileResult(TaskArgs):
     managed: list[str] = Field(default_factory=list)
 
 
-@fleet_task("powerfleet.agent.reconcile", NodeArgs, acks_late=True)
+@fleet_task("powerfleet.agent.reconcile", NodeArgs, acks_late=True, manual=True)
 def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
     rt = agent_runtime.current()
     queue = delivered_queue(self.request)
@@ -68,7 +68,8 @@ class ThrottleResult(TaskArgs):
     ran: bool = Field(description="false when a pass was already running (it reads the overlay next time)")
 
 
-@fleet_task("powerfleet.agent.throttle", Overlay, acks_late=False)
+# Internal: only the power guard sends overlays (a hand-sent one would set caps).
+@fleet_task("powerfleet.agent.throttle", Overlay, acks_late=False, manual=False)
 def throttle_node(self: Any, params: Overlay) -> ThrottleResult:
     """The power guard's overlay for this node (docs/power.md): kept in the agent, then a pass, which
     enforces min(annotation cap, overlay) and reads the draw the guard sees next period. Early ack:

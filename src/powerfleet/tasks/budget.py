@@ -151,7 +151,7 @@ class ReadmitResult(TaskArgs):
     forgot: bool
 
 
-@fleet_task("powerfleet.budget.tick", NoArgs, acks_late=False)
+@fleet_task("powerfleet.budget.tick", NoArgs, acks_late=False, manual=True)
 def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     now = clock.now()
     cfg = self.app.fleet_config.budget
@@ -218,7 +218,8 @@ def _admission(got: dict[str, Any]) -> dict[str, str]:
     return {g: cap.admission.reason or "admitted" for g, cap in got.items()}
 
 
-@fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False,
+# By hand only ``deployment``: the group fields are the tick's (a hand-sent limit would be authority).
+@fleet_task("powerfleet.budget.evaluate", EvaluateArgs, acks_late=False, manual=("deployment",),
             max_retries=2, default_retry_delay=2)
 def budget_evaluate(self: Any, params: EvaluateArgs) -> EvaluateResult:
     from powerfleet.budget.runner import TransientClusterError
@@ -332,7 +333,7 @@ def _skip(deployment: str, why: str) -> EvaluateResult:
                           events=[], skipped=why)
 
 
-@fleet_task("powerfleet.budget.propose", ProposeArgs, acks_late=True)
+@fleet_task("powerfleet.budget.propose", ProposeArgs, acks_late=True, manual=True)
 def budget_propose(self: Any, params: ProposeArgs) -> ProposeResult:
     """Store a proposal ({role: count}); the last one written wins and survives restarts."""
     _configured(self.app, "powerfleet.budget.propose", params.deployment)
@@ -342,7 +343,7 @@ def budget_propose(self: Any, params: ProposeArgs) -> ProposeResult:
     return ProposeResult(deployment=params.deployment, **rec)
 
 
-@fleet_task("powerfleet.budget.propose_load", ProposeLoadArgs, acks_late=True)
+@fleet_task("powerfleet.budget.propose_load", ProposeLoadArgs, acks_late=True, manual=True)
 def budget_propose_load(self: Any, params: ProposeLoadArgs) -> ProposeResult:
     """Turn a load signal into a proposal: replicas = ceil(load / target per replica), at least 1."""
     from powerfleet.budget.load import replicas_for_load
@@ -356,7 +357,7 @@ def budget_propose_load(self: Any, params: ProposeLoadArgs) -> ProposeResult:
     return ProposeResult(deployment=params.deployment, **rec)
 
 
-@fleet_task("powerfleet.budget.readmit", DeploymentArgs, acks_late=True)
+@fleet_task("powerfleet.budget.readmit", DeploymentArgs, acks_late=True, manual=True)
 def budget_readmit(self: Any, params: DeploymentArgs) -> ReadmitResult:
     """Forget the admitted power inputs (and a detected other writer of the replicas); the next
     evaluation admits them again from a settled snapshot."""

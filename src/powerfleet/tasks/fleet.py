@@ -17,14 +17,14 @@ class EchoArgs(TaskArgs):
     payload: Any = None
 
 
-@fleet_task("powerfleet.fleet.echo", EchoArgs, acks_late=False)
+@fleet_task("powerfleet.fleet.echo", EchoArgs, acks_late=False, manual=True)
 def echo(self: Any, params: EchoArgs) -> dict[str, Any]:
     """Return the payload and where it ran: the task API's smoke test."""
     return {"payload": params.payload, "worker": self.request.hostname,
             "queue": delivered_queue(self.request)}
 
 
-@fleet_task("powerfleet.fleet.noop", NoArgs, acks_late=False, ignore_result=False)
+@fleet_task("powerfleet.fleet.noop", NoArgs, acks_late=False, manual=True, ignore_result=False)
 def noop(self: Any, params: NoArgs) -> None:
     """Does nothing; bench/dispatch.py measures the fleet's overhead with it."""
     return None
@@ -58,7 +58,7 @@ def fan_out(app: Any, nodes: list[str], expires: float) -> None:
                           ignore_result=True)
 
 
-@fleet_task("powerfleet.fleet.reconcile", NoArgs, acks_late=False)
+@fleet_task("powerfleet.fleet.reconcile", NoArgs, acks_late=False, manual=True)
 def reconcile_tick(self: Any, params: NoArgs) -> ReconcileResult:
     """Reconcile tick: one agent.reconcile per GPU node (configured or live), each on its node queue."""
     now = clock.now()

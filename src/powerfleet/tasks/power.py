@@ -133,7 +133,7 @@ def draw_history(r: Any, group: str) -> list[tuple[float, float]]:
     return parse_draw_history(r.lrange(DRAW_KEY.format(group=group), 0, -1))
 
 
-@fleet_task("powerfleet.power.guard", GuardArgs, acks_late=False)
+@fleet_task("powerfleet.power.guard", GuardArgs, acks_late=False, manual=False)
 def guard(self: Any, params: GuardArgs) -> GuardResult:
     """One guard period for one oversubscribed group (a lost run is replaced by the next period's)."""
     limit = self.app.fleet_config.budget.oversubscribed().get(params.group)

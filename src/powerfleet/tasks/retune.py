@@ -153,7 +153,7 @@ def _run(task: Any, fn: Any, *args: Any, at: float | None = None) -> Any:
         ports.router.close()
 
 
-@fleet_task("powerfleet.retune.tick", TickArgs, acks_late=False)
+@fleet_task("powerfleet.retune.tick", TickArgs, acks_late=False, manual=True)
 def retune_tick(self: Any, params: TickArgs) -> dict[str, Any]:
     cfg = self.app.fleet_config.retune
     now = _At(params.now).now()
@@ -176,7 +176,8 @@ def retune_tick(self: Any, params: TickArgs) -> dict[str, Any]:
     return {"at": now, "launched": launched, "deployments": deployments}
 
 
-@fleet_task("powerfleet.retune.window", WindowArgs, acks_late=True)
+# By hand ``dgd`` and ``window``; ``leader``/``term``/``generation`` are the tick's fencing.
+@fleet_task("powerfleet.retune.window", WindowArgs, acks_late=True, manual=("dgd", "window"))
 def retune_window(self: Any, params: WindowArgs) -> dict[str, Any]:
     return _run(self, lambda cfg, ports: live.launch_window(
         cfg, ports, params.dgd, params.window, leader=params.leader, term=params.term, generation=params.generation))
@@ -184,33 +185,33 @@ def retune_window(self: Any, params: WindowArgs) -> dict[str, Any]:
 
 # A shard whose process died is retried (task_retry_on_worker_lost) after 1 s, not Celery's
 # default 180 s, which would outlast most time budgets; it adopts or recomputes its result.
-@fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True, default_retry_delay=1, max_retries=3)
+@fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True, manual=False, default_retry_delay=1, max_retries=3)
 def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
     redelivered = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
     return _run(self, lambda cfg, ports: live.run_shard(ports, params.sid, params.spec, redelivered=redelivered))
 
 
-@fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True)
+@fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True, manual=False)
 def retune_harvest(self: Any, params: HarvestArgs) -> dict[str, Any]:
     return _run(self, harvest.harvest, params.sid)
 
 
-@fleet_task("powerfleet.retune.apply", DeploymentArgs, acks_late=True)
+@fleet_task("powerfleet.retune.apply", DeploymentArgs, acks_late=True, manual=True)
 def retune_apply(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.apply_now, params.dgd)
 
 
-@fleet_task("powerfleet.retune.rollback", DeploymentArgs, acks_late=True)
+@fleet_task("powerfleet.retune.rollback", DeploymentArgs, acks_late=True, manual=True)
 def retune_rollback(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.rollback, params.dgd)
 
 
-@fleet_task("powerfleet.retune.promote", DeploymentArgs, acks_late=True)
+@fleet_task("powerfleet.retune.promote", DeploymentArgs, acks_late=True, manual=True)
 def retune_promote(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.promote, params.dgd)
 
 
-@fleet_task("powerfleet.retune.reset_window", DeploymentArgs, acks_late=True)
+@fleet_task("powerfleet.retune.reset_window", DeploymentArgs, acks_late=True, manual=True)
 def retune_reset_window(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.reset_window, params.dgd)
 

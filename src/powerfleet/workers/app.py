@@ -17,7 +17,7 @@ from powerfleet.broker.celery_options import redbeat_settings, tls_settings, tra
 from powerfleet.broker.publish import noreplicas_is_unavailable, retry_noreplicas
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, TICK_FAMILIES, family_of, node_queue, route_task
-from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args
+from powerfleet.tasks.base import TaskInputError, args_context, args_model_of, decode_args, manual_fields_of
 
 # Modules that define tasks; imported by create_app so every process (worker, beat,
 # CLI, Flower) knows the same task names.
@@ -32,6 +32,10 @@ TASK_MODULES = (
 
 class UnknownTask(ValueError):
     """A task name that is not one of the fleet's own."""
+
+
+class NotManual(TaskInputError):
+    """A send by hand of an internal task, or with a field only the fleet sets (docs/operations.md)."""
 
 
 # What a sender may be refused with before anything reaches the broker.
@@ -61,8 +65,9 @@ class FleetCelery(Celery):
     def check_send(self, name: str, args: Any, kwargs: Any, *, task_api: bool = False) -> None:
         """Raise one of SEND_ERRORS unless ``name`` may be sent with these arguments.
 
-        ``task_api``: a send by hand (trigger, Flower) may name only the fleet's own tasks;
-        inside the fleet Celery's housekeeping tasks (chord unlock) pass.
+        ``task_api``: a send by hand (trigger, Flower) may name only the fleet's own manual tasks,
+        with only their manual fields (``fleet_task(manual=...)``); inside the fleet Celery's
+        housekeeping tasks (chord unlock) pass.
         """
         if name.startswith("celery.") and not task_api:
             return
@@ -74,6 +79,8 @@ class FleetCelery(Celery):
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TaskInputError(f"{name}: arguments must be a JSON object, got {type(kwargs).__name__}")
         kwargs = kwargs or {}
+        if task_api:
+            _refuse_internal(self, name, task, kwargs)
         try:
             _refuse_non_finite(name, kwargs)
             decode_args(name, model, tuple(args or ()), kwargs, args_context(self))
@@ -134,6 +141,19 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "beat_max_loop_interval": config.beat.max_loop_interval_s,
         "beat_schedule": beat_schedule(config),
     }
+
+
+def _refuse_internal(app: Any, name: str, task: Any, kwargs: dict[str, Any]) -> None:
+    manual = manual_fields_of(task)
+    if manual is None:
+        sendable = ", ".join(sorted(t for t, v in app.tasks.items() if manual_fields_of(v) is not None))
+        raise NotManual(f"{name}: an internal task (only the fleet sends it), refused by the task API; "
+                        f"manual tasks: {sendable}")
+    internal = sorted(k for k in kwargs if k not in manual and k in args_model_of(task).model_fields)
+    if internal:
+        shown = ", ".join(sorted(manual)) or "none"
+        raise NotManual(f"{name}: {internal[0]}: set only by the fleet itself, not through the task API "
+                        f"(a person may set: {shown})")
 
 
 def _refuse_non_finite(name: str, kwargs: dict[str, Any]) -> None:

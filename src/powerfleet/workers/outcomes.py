@@ -27,7 +27,8 @@ TICK_PREFIX = "fleet-tick"
 SKIPPED_PREFIX = "skipped:"
 # Retune outcomes that mean "this window or step did nothing because something failed";
 # not-leader, already-decided, resent, waiting, busy and no-traffic are normal answers.
-SKIPPED_STATUSES = frozenset({"abandoned", "blocked", "dropped", "invalid-settings", "failed"})
+# "unknown": an operator verb for a deployment retune does not know, a harvest of a sweep that is not there.
+SKIPPED_STATUSES = frozenset({"abandoned", "blocked", "dropped", "invalid-settings", "failed", "unknown"})
 
 
 def summarised(task_name: str, result: Any, tick_families: dict[str, str]) -> Any:
