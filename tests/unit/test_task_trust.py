@@ -18,7 +18,7 @@ from powerfleet.workers.app import SEND_ERRORS, NotManual, create_app
 from powerfleet.workers.manual import check_manual_send
 
 INTERNAL = {"powerfleet.agent.throttle", "powerfleet.power.guard", "powerfleet.sweep.shard",
-            "powerfleet.retune.harvest"}
+            "powerfleet.retune.harvest", "powerfleet.budget.evaluate_batch"}
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +49,13 @@ OVERLAY = {"node": "a", "group": "rack-a", "caps": {"GPU-1": 1.0}, "safe": {"GPU
     ("powerfleet.power.guard", {"group": "rack-a"}, "powerfleet.power.guard: an internal task"),
     ("powerfleet.sweep.shard", {"sid": "s"}, "powerfleet.sweep.shard: an internal task"),
     ("powerfleet.retune.harvest", {"sid": "s"}, "powerfleet.retune.harvest: an internal task"),
-    # The forged group limit of issue 29 (16 decode replicas on a 32-GPU rack).
-    ("powerfleet.budget.evaluate", {"deployment": "a/b", "group": "rack-a", "group_limit_w": 10**9,
-                                    "from_tick": True}, "powerfleet.budget.evaluate: from_tick: set only by the fleet"),
-    ("powerfleet.budget.evaluate", {"deployment": "a/b", "group_gpu_capacity": 999},
-     "powerfleet.budget.evaluate: group_gpu_capacity: set only by the fleet"),
+    # The tick's generation is the fleet's (the allowance it names is read from Redis, but a
+    # person gets none: scale-ups blocked). The forged group limit of issue 29 no longer exists
+    # in the message at all (test_a_forged_group_limit_is_no_argument below).
+    ("powerfleet.budget.evaluate", {"deployment": "a/b", "generation": 10**15},
+     "powerfleet.budget.evaluate: generation: set only by the fleet"),
+    ("powerfleet.budget.evaluate_batch", {"deployments": ["a/b"], "generation": 1},
+     "powerfleet.budget.evaluate_batch: an internal task"),
     ("powerfleet.retune.window", {"dgd": "d", "window": 0, "leader": "me", "term": 99},
      "powerfleet.retune.window: leader: set only by the fleet"),
 ])
@@ -67,7 +69,16 @@ def test_the_manual_part_of_a_task_is_still_sendable(app) -> None:
     assert _send(app, "powerfleet.budget.evaluate", {"deployment": "a/b"}) == {"queue": "control"}
     assert _send(app, "powerfleet.retune.window", {"dgd": "d", "window": 0}) == {"queue": "control"}
     # The fleet's own sender still sets the tick's fields.
-    app.check_send("powerfleet.budget.evaluate", None, {"deployment": "a/b", "group_limit_w": 5, "from_tick": True})
+    app.check_send("powerfleet.budget.evaluate", None, {"deployment": "a/b", "generation": 5})
+
+
+@pytest.mark.parametrize("field", ["group", "group_limit_w", "group_gpu_capacity", "from_tick"])
+def test_a_forged_group_limit_is_no_argument(app, field) -> None:
+    # 16 decode replicas on a 32-GPU rack came from these fields (issue 29): refused by whoever sends.
+    with pytest.raises(TaskInputError, match=f"{field}: unknown argument"):
+        app.check_send("powerfleet.budget.evaluate", None, {"deployment": "a/b", field: 10**9})
+    with pytest.raises(TaskInputError, match=f"{field}: unknown argument"):
+        app.tasks["powerfleet.budget.evaluate"](deployment="a/b", **{field: 10**9})
 
 
 @pytest.mark.parametrize(("name", "kwargs", "says"), [
@@ -96,7 +107,7 @@ def test_a_value_of_another_type_is_refused_not_coerced(app, name, kwargs, says)
 
 def test_strict_decoding_keeps_what_json_means() -> None:
     # An integer is a number; a JSON array is what a list field takes.
-    assert decode_args("t", EvaluateArgs, (), {"deployment": "a/b"}).group_limit_w is None
+    assert decode_args("t", EvaluateArgs, (), {"deployment": "a/b"}).generation is None
     load = {"deployment": "a/b", "load": {"decode": 3}, "target_per_replica": {"decode": 1.5}}
     assert decode_args("t", ProposeLoadArgs, (), load).target_per_replica == {"decode": 1.5}
     assert decode_args("t", WindowArgs, (), {"dgd": "d", "window": 3}).window == 3

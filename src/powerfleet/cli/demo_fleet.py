@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from powerfleet.cli.demo_cmd import agent_env, config_env, planner_group_budgets
+from powerfleet.cli.demo_env import agent_env, config_env, planner_group_budgets
 
 
 @dataclass
