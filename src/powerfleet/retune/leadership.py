@@ -78,8 +78,9 @@ class Leadership:
         key = (self.namespace, self.name, self.identity)
         seen = _SEEN.get(key)
         mono = self.clock.monotonic()
-        if seen is None or seen.resource_version != lease.resource_version:
-            _SEEN[key] = _Seen(lease.resource_version, mono)
+        version = f"{lease.uid}/{lease.resource_version}"  # another Lease object is another timer
+        if seen is None or seen.resource_version != version:
+            _SEEN[key] = _Seen(version, mono)
             return False
         return mono - seen.since_mono >= self.duration_s
 
