@@ -270,4 +270,41 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if queue is not None and not rt.serves(queue.removeprefix("node.")):',
         ("tests/agent/test_agent_workers.py::test_an_agent_runs_only_its_own_nodes_work_and_keeps_its_own_binding",),
         "an agent runs a pass for another node when the message reached its queue (its caps, their pods)"),
+    # -- retune: issue 33 and issue 37's survivors 2-4 --
+    Mutant(
+        "i33.selection_uncorrected", "src/powerfleet/retune/decision.py",
+        "confs = maxt_confidence([c.batches for c in order], probe.batches, direction == MAXIMIZE)",
+        "confs = [maxt_confidence([c.batches], probe.batches, direction == MAXIMIZE)[0] for c in order]",
+        ("tests/retune/test_selection.py",),
+        "each candidate tested alone: the best of 108 noise candidates applies in about 90 % of windows"),
+    Mutant(
+        "s37-2.state_conflict_fences_at_once", "src/powerfleet/retune/leadership.py",
+        "                if attempt == STATE_ATTEMPTS:",
+        "                if attempt == 1:",
+        LEADERSHIP, "#37 survivor 2: one resourceVersion conflict on the state Lease loses the leader's update"),
+    Mutant(
+        "s37-3.dwell_one_window_short", "src/powerfleet/retune/guard.py",
+        "k - m.window > dwell_windows",
+        "k - m.window >= dwell_windows",
+        ("tests/retune/test_guard.py",), "#37 survivor 3: a knob moved at window 10 moves back at 13"),
+    Mutant(
+        "s37-4.mean_alone_moves", "src/powerfleet/retune/decision.py",
+        "    if guard.confidence > 0 and conf is None:\n"
+        '        return (f"it has no paired confidence (fewer than {MIN_PAIRS} complete batch pairs with the probe); "\n'
+        '                "the mean alone never moves a knob")\n'
+        "    if guard.confidence > 0 and conf < guard.confidence:  # type: ignore[operator]\n",
+        "    if guard.confidence > 0 and conf is not None and conf < guard.confidence:\n",
+        ("tests/retune/test_guard.py",),
+        "#37 survivor 4: a candidate without a paired confidence applies on its mean gain alone"),
+    Mutant(
+        "i33.harvest_ignores_the_uid", "src/powerfleet/retune/harvest.py",
+        "        if rec.dgd_uid and rec.dgd_uid != dep.uid:",
+        "        if False:",
+        ("tests/retune/test_recreated_race.py",),
+        "a deleted DGD's sweep is decided into, and PATCHed onto, the DGD recreated under its name"),
+    Mutant(
+        "i33.gap_not_recorded", "src/powerfleet/retune/accounting.py",
+        "        state = _skip_gap(dep, t, state, w.index, now)\n",
+        "",
+        ("tests/retune/test_accounting.py",), "windows closed during a tick outage get no outcome and no count"),
 )

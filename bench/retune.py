@@ -3,8 +3,10 @@
 For every window i, retune sweeps window i with exactly the options the live loop uses
 (``retune.settings.sweep_options`` of the default retune settings: default 108-point grid,
 the search beyond its edge, warm start from the previous window, min improvement 1 %, the
-noise guard, the time budget; objective mean TTFT; tests/retune/test_one_path.py shows the
-live window computes the same decision) starting from what it chose before, and the choice is then
+noise guard, the time budget with the live harvest's stop rule (a search round only while a
+shard timeout still fits); objective mean TTFT; tests/retune/test_one_path.py shows the
+live window computes the same decision) and the live dwell (a knob moved may not move back
+for ``dwell_windows`` windows: ``keep (dwell)``) starting from what it chose before, and the choice is then
 replayed on window i+1 next to (a) the default settings held fixed and (b) the best single
 fixed setting, chosen once by a sweep of the first window. Printed per window: mean and p90
 TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a) and (b)
@@ -26,12 +28,14 @@ Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from powerfleet.config.fleet import RetuneConfig
+from powerfleet.retune.guard import Move, dwell_blocks
 from powerfleet.retune.settings import resolve, sweep_options
 from powerfleet.retune.sweep import run_sweep
 from powerfleet.retune.shift import Shift, scored_window
@@ -75,7 +79,11 @@ def live_settings(window_s: float, shift_z: float | None = None) -> dict[str, An
     cfg = RetuneConfig(deployments=["bench"], window_interval_s=int(window_s),
                        time_budget_s=min(240.0, 0.8 * window_s), shard_timeout_s=min(120.0, 0.5 * window_s), **extra)
     s = resolve(cfg, "bench")
-    return {"grid": s.grid, "objective": s.objective, "shift": s.shift, **sweep_options(s)}
+    # The live harvest's stop rule: a search round goes out only while a shard still fits
+    # before the deadline (harvest._search), i.e. while the elapsed time stays under the
+    # budget less one shard timeout.
+    opts = {**sweep_options(s), "budget_s": max(0.0, s.time_budget_s - s.shard_timeout_s)}
+    return {"grid": s.grid, "objective": s.objective, "shift": s.shift, **opts}
 
 
 def _sweep(reqs: list[TraceRequest], ts: list[float], isl: list[int], live: dict, current: RouterPolicy,
@@ -119,6 +127,7 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
     default = RouterPolicy()
     current = default
     best_fixed: RouterPolicy | None = None
+    moves: dict[str, Move] = {}  # the live dwell (harvest: dwell_blocks on the state's moves)
     gains_a, gains_b, gains_d, walls = [], [], [], []
     points = 0
     print(f"{'win':>3} {'sweep s':>7} {'retune sets':>13} | {'(a) default':>21} | {'(b) best fixed':>21} | "
@@ -132,7 +141,12 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
         if best_fixed is None:
             ranked = res.decision.ranked
             best_fixed = RouterPolicy.model_validate(ranked[0].params) if ranked else default
-        if res.decision.action == "apply":
+        held = (dwell_blocks(moves, current.model_dump(), res.decision.params, i, live["guard"].dwell_windows)
+                if res.decision.action == "apply" else None)
+        if res.decision.action == "apply" and held is None:
+            prev = current.model_dump()
+            moves.update({p: Move(i, prev[p]) for p, v in res.decision.params.items()
+                          if p in prev and not math.isclose(v, prev[p])})
             current = RouterPolicy.model_validate(res.decision.params)
         nxt = wins[i + 1]
         a = _measure(reqs, workers, default, nxt)
@@ -150,7 +164,7 @@ def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, wor
         where = f" (scored from {shift.at_s - wins[i][0]:g} s in: {shift})" if shift is not None else ""
         print(f"{i + 1:>3} {walls[-1]:7.1f} {_fmt(current):>13} | {cell(a)} | {cell(b)} | {cell(c)} | "
               f"{ga:+6.1f}% {gb:+6.1f}%" + (f" {gd:+6.1f}%" if gd is not None else "")
-              + f" | {dec.requests}, {conf}, {dec.action}{where}")
+              + f" | {dec.requests}, {conf}, {'keep (dwell)' if held else dec.action}{where}")
     print("columns per setting: mean TTFT ms, p90 TTFT ms, mean ITL ms; best fixed = "
           f"{_fmt(best_fixed or default)} (from window 0)"
           + (f"; best in hindsight (d) = {_fmt(hind)}, mean TTFT {statistics.fmean(hind_ttft):.0f} ms" if hind else ""))

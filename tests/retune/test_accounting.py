@@ -128,7 +128,7 @@ def test_a_failed_send_after_the_claim_is_a_dropped_window(world, kube, redis_ur
     (ev,) = [e for e in kube.list_events("default", involved_name="llama") if e.reason == "RetuneWindowDropped"]
     assert "send-failed" in ev.message and ev.type == "Warning"
     shown = deployment_status(cfg, kube, a.router, "llama", a.clock)["state"]
-    assert shown["outcomes"] == {"decided": 0, "abandoned": 0, "dropped": 1, "by_outcome": {"dropped": 1}}
+    assert shown["outcomes"] == {"decided": 0, "abandoned": 0, "dropped": 1, "skipped": 0, "by_outcome": {"dropped": 1}}
     assert shown["last_launched"] == K + 1 and shown["pending"] == []
 
 
@@ -145,3 +145,30 @@ def test_a_newer_configurations_window_drops_the_older_sweep_with_its_reason(wor
                               generation=win["generation"])["status"] == "launched"
     assert a.fanin.sweep(old).status == "dropped"
     assert _outcomes(_state(cfg, a), K + 1) == [("dropped", "configuration-change")]
+
+
+def test_windows_that_close_during_a_tick_outage_are_recorded_skipped_and_counted(world, kube, redis_url) -> None:
+    """Issue 33 item 3: after a three-window outage only the newest closed window is launched;
+    the ones between end as ``skipped`` with their reason, in the counts and `retune status`."""
+    from powerfleet.cli.retune_status_cmd import _text
+
+    fes, cfg, a, clock = _setup(world, kube, redis_url)
+    _launch(cfg, a)  # K+1
+    clock.advance(3 * cfg.window_interval_s)  # K+2, K+3, K+4 close with no leader round
+    out = control.tick_deployment(cfg, a, "llama", clock.now())
+    assert out["launched"] == [K + 4], out
+    st = _state(cfg, a)
+    (gap,) = [h for h in st.history if h.outcome == "skipped"]
+    assert (gap.window, gap.failure_reason) == (K + 3, "tick-outage") and f"windows {K + 2} to {K + 3} (2)" in gap.reason
+    assert st.counts.get("skipped") == 2 and st.decided(K + 2) and st.decided(K + 3) and not st.decided(K + 4), st
+    again = control.tick_deployment(cfg, a, "llama", clock.now() + 1)  # a second round records nothing more
+    assert again["launched"] == [] and _state(cfg, a).counts.get("skipped") == 2
+    status = deployment_status(cfg, a.cluster, a.router, "llama", a.clock)
+    assert status["state"]["outcomes"]["skipped"] == 2, status["state"]["outcomes"]
+    assert "1 dropped, 2 skipped (never launched)" in _text(status) or "0 dropped, 2 skipped (never launched)" in _text(status), _text(status)
+    # A new leader after a gap says so.
+    b = _take_over(world, kube, redis_url, cfg, clock.now() + 2 * cfg.window_interval_s)
+    out = control.tick_deployment(cfg, b, "llama", b.clock.now())
+    assert out["status"] == "leader" and out["launched"], out
+    reasons = [h.failure_reason for h in _state(cfg, b).history if h.outcome == "skipped"]
+    assert reasons[-1] == "leader-handover", reasons

@@ -131,3 +131,16 @@ def test_a_cut_reads_only_segments_written_since_its_warm_up_and_prunes_expired_
     assert not expired.exists() and old.exists()
     assert timestamps(res.path) == [4000, 9000] and (res.requests, res.warmup_requests) == (1, 1)
     assert res.first_ms == 4000
+
+
+def test_a_recreated_dgd_cuts_nothing_from_before_its_own_lifetime(tmp_path: Path) -> None:
+    """Issue 33 item 1: segments are kept by name; ``not_before_s`` (the state's ``dgd_since``)
+    leaves the earlier object's records out, warm-up included."""
+    seg(tmp_path, "llama", "fe-0", "a.jsonl.gz", member(500, 1500, 4000, 6000, 9000))
+    old = cut_window(tmp_path, "llama", 1, 5.0, 10.0, warmup_s=5.0)
+    assert old.path is not None and timestamps(old.path) == [500, 1500, 4000, 6000, 9000]
+    new = cut_window(tmp_path, "llama", 2, 5.0, 10.0, warmup_s=5.0, not_before_s=4.5)
+    assert new.path is not None and timestamps(new.path) == [6000, 9000], new
+    assert (new.requests, new.warmup_requests) == (2, 0), new
+    late = cut_window(tmp_path, "llama", 3, 5.0, 10.0, warmup_s=5.0, not_before_s=7.0)
+    assert late.path is not None and timestamps(late.path) == [9000] and late.requests == 1, late

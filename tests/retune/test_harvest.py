@@ -137,3 +137,62 @@ def test_a_keep_for_the_dwell_still_says_how_the_window_was_swept(world, kube, r
     assert out["outcome"] == "keep" and "moving it back" in out["reason"], out
     assert "scored from the load change: requests rate x2.00" in out["reason"], out
     assert "held at the current value (no effect on this replay): prefill_load_scale" in out["reason"], out
+
+
+def test_a_window_whose_outcome_is_recorded_first_is_never_counted_as_decided_by_its_sweep(world, kube,
+                                                                                           redis_url) -> None:
+    """Issue 33 item 3: a new leader dropped the window while the old leader's sweep ran; the
+    harvest saves nothing, and neither the sweep record nor the metrics say decided."""
+    from powerfleet.retune.accounting import drop
+    from powerfleet.retune.metrics import WINDOWS
+
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url)
+    for kw in shards:
+        assert _run(ports, sid, kw["spec"])["status"] == "computed"
+    dep = Deployment.open(cfg, ports, "llama")
+    term = dep.term_of("ctl-a", t)
+    assert drop(dep, term, K + 1, "leader-change", "dropped by the next leader", clock.now()) is not None
+
+    def count(status: str, reason: str) -> float:
+        return WINDOWS.labels("llama", status, reason)._value.get()
+
+    decided, superseded = count("decided", "apply") + count("decided", "keep"), count("superseded", "outcome-recorded")
+    out = harvest.harvest(cfg, ports, sid)
+    assert out["status"] == "superseded" and out["saved"] is False, out
+    assert ports.fanin.sweep(sid).status == "dropped", ports.fanin.sweep(sid)
+    assert count("decided", "apply") + count("decided", "keep") == decided, out
+    assert count("superseded", "outcome-recorded") == superseded + 1, out
+    state = dep.store.read()[0]
+    (rec,) = [h for h in state.history if h.window == K + 1]
+    assert (rec.outcome, rec.failure_reason) == ("dropped", "leader-change") and state.desired is None, state
+    assert all(fe.policy.temperature == 1.0 for fe in fes.values())  # no router written
+
+
+def test_a_handover_during_the_cut_registers_no_sweep(world, kube, redis_url, monkeypatch) -> None:
+    """The term is checked again right before the sweep is registered."""
+    from powerfleet.retune.leadership import leader_lease_name
+
+    fes = world.add_deployment("llama")
+    cfg = retune_config(world, ["llama"])
+    clock = FakeClock(start_of(K + 1) + 1, 1.0)
+    ports = make_ports(redis_url, kube, "ctl-a", clock)
+    ports.r.flushdb()
+    assert control.tick_deployment(cfg, ports, "llama", start_of(K) + 1)["status"] == "leader"
+    write_segments(world.trace_dir, "llama", sorted(fes), traffic_lines(60, start_of(K + 1)))
+    clock.advance(start_of(K + 2) - start_of(K + 1))
+    control.tick_deployment(cfg, ports, "llama", clock.now())
+    (win,) = ports.send.of(control.WINDOW_TASK)
+    real_cut = live.cut_window
+
+    def cut_then_hand_over(*a, **kw):  # type: ignore[no-untyped-def]
+        res = real_cut(*a, **kw)
+        lease = kube.get_lease("default", leader_lease_name("llama"))
+        kube.update_lease(lease.model_copy(update={"holder_identity": "ctl-b",
+                                                   "lease_transitions": (lease.lease_transitions or 0) + 1}))
+        return res
+
+    monkeypatch.setattr(live, "cut_window", cut_then_hand_over)
+    out = live.launch_window(cfg, ports, "llama", win["window"], leader=win["leader"], term=win["term"],
+                             generation=win["generation"])
+    assert out["status"] == "dropped" and "superseded" in out["reason"], out
+    assert ports.fanin.active("llama") == [] and not ports.send.of(live.SHARD_TASK), out

@@ -248,3 +248,58 @@ def test_a_superseded_term_of_the_same_identity_is_fenced(world, kube, redis_url
         dep.leadership.check(old)
     with pytest.raises(Fenced):
         dep.store.update(old, lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1}))
+
+
+class _Racing:
+    """The real Lease port, with another writer's real update landing on the state Lease
+    just before each of this store's next ``races`` updates (a real 409 follows)."""
+
+    def __init__(self, kube: Any, races: int, lose_term: Any = None) -> None:
+        self.kube, self.races, self.lose_term = kube, races, lose_term
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+    def update_lease(self, lease: Lease) -> Lease:
+        if self.races and lease.name == state_lease_name("llama"):
+            self.races -= 1
+            now = self.kube.get_lease(lease.namespace, lease.name)
+            other = {**now.annotations, "other": str(int(now.annotations.get("other", "0")) + 1)}  # never a no-op
+            self.kube.update_lease(now.model_copy(update={"annotations": other}))
+            if self.lose_term is not None:
+                self.lose_term()
+        return self.kube.update_lease(lease)
+
+
+def test_a_resource_version_conflict_on_the_state_rereads_and_retries_while_the_term_holds(world, kube,
+                                                                                           redis_url) -> None:
+    """Issue 37 finding 2: one conflict is a write that came first, not a lost term."""
+    from powerfleet.retune.leadership import STATE_ATTEMPTS, Leadership, StateStore
+
+    world.add_deployment("llama")
+    clock = FakeClock(T0, 1.0)
+    lead = Leadership(kube, "default", "llama", "ctl-a", duration_s=30, clock=clock)
+    t, _, _ = lead.claim()
+    assert t is not None
+    StateStore(kube, lead).update(t, lambda s: s, replace_corrupt=True)
+    change = lambda s: s.model_copy(update={"desired": dict(DECIDED), "desired_window": 1})  # noqa: E731
+    for races in (1, STATE_ATTEMPTS - 1):
+        racing = _Racing(kube, races)
+        saved = StateStore(racing, Leadership(racing, "default", "llama", "ctl-a", duration_s=30,
+                                              clock=clock)).update(t, change)
+        assert saved.desired == DECIDED and racing.races == 0, (races, saved)
+        got = parse_state(kube.get_lease("default", state_lease_name("llama")).annotations[STATE_ANNOTATION])
+        assert got is not None and got.desired == DECIDED and got.desired_window == 1, got
+    with pytest.raises(Fenced, match="tries in a row"):  # a Lease that never stops changing: bounded
+        StateStore(_Racing(kube, STATE_ATTEMPTS), lead).update(t, change)
+    # A conflict that came with a new term is the term's loss: the retry is fenced, never written.
+    def hand_over() -> None:
+        lease = kube.get_lease("default", leader_lease_name("llama"))
+        kube.update_lease(lease.model_copy(update={"holder_identity": "ctl-b", "lease_transitions": t.term + 1}))
+
+    racing = _Racing(kube, 1, lose_term=hand_over)
+    before = kube.get_lease("default", state_lease_name("llama")).annotations[STATE_ANNOTATION]
+    with pytest.raises(Fenced, match="superseded"):
+        StateStore(racing, Leadership(racing, "default", "llama", "ctl-a", duration_s=30, clock=clock)).update(
+            t, lambda s: s.model_copy(update={"desired_window": 7}))
+    assert kube.get_lease("default", state_lease_name("llama")).annotations[STATE_ANNOTATION] == before

@@ -124,3 +124,26 @@ def test_a_frontend_that_started_with_credit_zero_keeps_it_at_zero() -> None:
     assert target_for(state, "fe-1")["overlap_score_credit"] == DESIRED["overlap_score_credit"]
     assert target_for(state.model_copy(update={"mode": "advisory"}), "fe-1") is None
     assert target_for(state.model_copy(update={"rollback": "intent"}), "fe-0") == zero
+
+
+def test_a_revision_read_before_a_frontend_restart_is_refused_after_it() -> None:
+    """Issue 33 item 4: a stalled stale leader read revision n; the frontend restarted under the
+    same pod name and the new leader wrote to it n times since. With a revision that restarts
+    at 0 the stale PATCH would match and land; with the epoch it is refused."""
+    with LoopbackFrontend({"temperature": 1.0}) as fe, RouterClient(leader="old/1") as stale, \
+            RouterClient(leader="new/2") as new:
+        for _ in range(3):
+            stale.patch(fe.url, {}, stale.get(fe.url).revision)
+        read = stale.get(fe.url).revision  # then it stalls, past its term check
+        fe.restart()
+        assert fe.policy.temperature == 1.0 and fe.revision > read, fe.revision
+        seen = set()
+        for _ in range(read + 2):  # the new incarnation moves at least as often
+            seen.add(new.patch(fe.url, {}, new.get(fe.url).revision).revision)
+        assert read not in seen, (read, sorted(seen))
+        with pytest.raises(RevisionConflict):
+            stale.patch(fe.url, {"temperature": 0.0}, read)
+        assert fe.policy.temperature == 1.0 and fe.writes[-1].status == 409
+        again = fe.revision
+        fe.restart()  # every restart takes a new epoch, above every revision of the last one
+        assert fe.revision > again and fe.epoch == 2

@@ -75,7 +75,8 @@ def _text(d: dict[str, Any], cfg: Any = None) -> str:
         last = when(st["last_window"]) if st["last_window"] is not None else "none"
         lines.append(f"  last window {last}, rollback {st['rollback']}, desired {desired}")
         o = st["outcomes"]
-        lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped; "
+        lines.append(f"  windows ended: {o['decided']} decided, {o['abandoned']} abandoned, {o['dropped']} dropped, "
+                     f"{o.get('skipped', 0)} skipped (never launched); "
                      f"in flight: {', '.join(when(p['window']) for p in st['pending']) or 'none'}")
     for h in d["decisions"]:
         extra = [f"{h['requests']} requests"] if h.get("requests") is not None else []

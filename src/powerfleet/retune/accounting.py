@@ -8,7 +8,9 @@ with the history:
 * decided: ``apply``, ``keep`` or ``advisory``;
 * abandoned with a reason: ``no-traffic``, or ``abandoned`` (time budget, premises, cut);
 * ``dropped`` with a reason: ``leader-change``, ``configuration-change``, ``send-failed``,
-  ``lost-broker-state``.
+  ``lost-broker-state``;
+* ``skipped``: closed and never launched (only the newest closed window is launched): one
+  history record per gap, reason ``tick-outage`` or ``leader-handover``, each window counted.
 
 ``record`` refuses a second outcome for a window. ``audit`` (each leader round) ends the
 windows that nothing else will end: a window launched under an older term or configuration
@@ -24,7 +26,7 @@ from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.leadership import Term
 from powerfleet.retune.metrics import DECISIONS
 from powerfleet.retune.state import DecisionRecord, RetuneState
-from powerfleet.retune.windows import dedupe_key, windows_to_launch
+from powerfleet.retune.windows import dedupe_key, first_launchable_index, windows_to_launch
 
 WINDOW_TASK = "powerfleet.retune.window"
 # Redis hashes of the schedule before it moved into the state: read once to carry it over.
@@ -73,6 +75,7 @@ def launch_due(ports: Ports, dep: Deployment, t: Term, state: RetuneState, now: 
     assert state.enabled_at is not None
     launched = []
     for w in windows_to_launch(now, state.enabled_at, state.last_launched, s.interval_s, s.phase_s):
+        state = _skip_gap(dep, t, state, w.index, now)
         state = dep.store.update(t, lambda x, k=w.index: x.launched(k, now, t.term, s.generation))
         # Several processes of one leader may tick at once: one of them sends.
         if not ports.r.set(dedupe_key(dep.name, w.index), repr(now), nx=True, ex=7 * 86400):
@@ -86,6 +89,41 @@ def launch_due(ports: Ports, dep: Deployment, t: Term, state: RetuneState, now: 
             continue
         launched.append(w.index)
     return state, launched
+
+
+def _skip_gap(dep: Deployment, t: Term, state: RetuneState, k: int, now: float) -> RetuneState:
+    """Record the closed windows before ``k`` that were never launched (``skipped``)."""
+    s = dep.settings
+    assert state.enabled_at is not None
+    first = first_launchable_index(state.enabled_at, s.interval_s, s.phase_s)
+    if state.last_launched is not None:
+        first = max(first, state.last_launched + 1)
+    if state.last_window is not None:
+        first = max(first, state.last_window + 1)
+    if first > k - 1:
+        return state
+    launches = [p.term for p in state.pending if p.window == state.last_launched]
+    before = next(iter(launches), next((h.term for h in reversed(state.history) if h.window == state.last_launched),
+                                      t.term))
+    code = "leader-handover" if before != t.term else "tick-outage"
+    why = (f"windows {first} to {k - 1} ({k - first}) closed without being launched "
+           f"({'a leader handover' if code == 'leader-handover' else 'no leader round ran'} in between; "
+           f"only the newest closed window, {k}, is launched)")
+    rec = outcome(dep, t, k - 1, "skipped", why, code, now)
+
+    wrote: list[bool] = []
+
+    def change(x: RetuneState) -> RetuneState:
+        wrote.clear()
+        if x.last_window is not None and x.last_window >= k - 1:
+            return x  # recorded by another round of this leader
+        wrote.append(True)
+        return x.with_skipped(rec, first, s.history)
+
+    saved = dep.store.update(t, change)
+    if wrote:
+        DECISIONS.labels(dep.name, "skipped", code).inc(k - first)
+    return saved
 
 
 def audit(ports: Ports, dep: Deployment, t: Term, state: RetuneState, now: float) -> list[dict[str, Any]]:

@@ -112,6 +112,17 @@ class Deployment:
                           duration_s=settings.lease_duration_s, clock=ports.clock, renew_s=settings.lease_renew_s)
         return cls(name, settings, obj, dgd, lead, StateStore(ports.cluster, lead), ports.cluster)
 
+    @property
+    def uid(self) -> str:
+        """The DGD object's UID ("" while it does not exist): decisions are bound to it."""
+        return str(((self.dgd_obj or {}).get("metadata") or {}).get("uid") or "")
+
+    @property
+    def object_generation(self) -> int | None:
+        """The DGD's ``metadata.generation`` (bumped by every spec change)."""
+        gen = ((self.dgd_obj or {}).get("metadata") or {}).get("generation")
+        return int(gen) if isinstance(gen, int) else None
+
     def term_of(self, identity: str, term: int) -> Term:
         return Term(self.name, identity, term)
 

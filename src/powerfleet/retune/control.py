@@ -53,20 +53,18 @@ def _lead(dep: Deployment) -> tuple[Term, RetuneState, str | None]:
         # above it, or every fenced write would refuse this leader forever.
         t = dep.leadership.raise_term(t, state.term + 1)
         TERM.labels(dep.name).set(t.term)
-    uid = _uid(dep)
+    uid = dep.uid
     if state is not None and uid and state.dgd_uid and state.dgd_uid != uid:
         # The DGD was deleted and recreated under the same name: nothing decided for the old
         # one (desired settings, windows, initial settings) belongs to the new one.
-        state = dep.store.update(t, lambda s: RetuneState(term=t.term, dgd_uid=uid), replace_corrupt=True)
+        since = dep.leadership.clock.now()
+        state = dep.store.update(t, lambda s: RetuneState(term=t.term, dgd_uid=uid, dgd_since=since),
+                                 replace_corrupt=True)
     elif acquired or corrupt or state is None or state.term != t.term or (uid and state.dgd_uid != uid):
         state = dep.store.update(t, lambda s: s.model_copy(update={"dgd_uid": uid or s.dgd_uid}),
                                  replace_corrupt=True)
     assert state is not None
     return t, state, corrupt
-
-
-def _uid(dep: Deployment) -> str:
-    return str(((dep.dgd_obj or {}).get("metadata") or {}).get("uid") or "")
 
 
 def _follow_config(dep: Deployment, t: Term, state: RetuneState) -> RetuneState:

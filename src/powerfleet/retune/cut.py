@@ -117,9 +117,12 @@ class _Out:
 
 
 class _Filter:
-    def __init__(self, lo_ms: float, hi_ms: float, res: CutResult, out: _Out, warm_ms: float = 0.0) -> None:
+    def __init__(self, lo_ms: float, hi_ms: float, res: CutResult, out: _Out, warm_ms: float = 0.0,
+                 floor_ms: float | None = None) -> None:
         self.lo, self.hi, self.res, self.out = lo_ms, hi_ms, res, out
         self.warm_lo = lo_ms - warm_ms  # the warm-up span before the window is kept, not scored
+        if floor_ms is not None:  # nothing from before the object's own lifetime, warm-up or scored
+            self.warm_lo = max(self.warm_lo, floor_ms)
         self.rest = b""
 
     def feed(self, data: bytes) -> None:
@@ -233,13 +236,16 @@ def _segment_files(root: Path, seg_dir: Path) -> list[Path]:
 
 
 def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: float, *,
-               warmup_s: float = 0.0, retention_s: float | None = None, now_s: float | None = None) -> CutResult:
+               warmup_s: float = 0.0, retention_s: float | None = None, now_s: float | None = None,
+               not_before_s: float | None = None) -> CutResult:
     """Cut window ``k`` = [start_s, end_s) of ``dgd``, with the ``warmup_s`` seconds before it
     in front (replayed unscored: the warm start); a window with no traffic writes no file.
 
     Only segments written to since the warm-up span began are read (a record is written
     after its timestamp, so an older file holds nothing of the window); with ``retention_s``
-    segments last written more than that before ``now_s`` are deleted."""
+    segments last written more than that before ``now_s`` are deleted. ``not_before_s`` (the
+    DGD's creation): records before it belong to an earlier object of the same name and are
+    left out, warm-up included."""
     root = Path(trace_dir)
     if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
         raise CutError(f"trace directory {str(root)!r} is not a readable directory")
@@ -252,7 +258,8 @@ def cut_window(trace_dir: str | Path, dgd: str, k: int, start_s: float, end_s: f
     try:
         with os.fdopen(fd, "w+b") as fh_out:
             out = _Out(fh_out)
-            flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out, warmup_s * 1000.0)
+            flt = _Filter(start_s * 1000.0, end_s * 1000.0, res, out, warmup_s * 1000.0,
+                          None if not_before_s is None else not_before_s * 1000.0)
             for f in _segment_files(root, seg_dir):
                 mtime = f.stat().st_mtime
                 if retention_s is not None and now_s is not None and mtime < now_s - retention_s:

@@ -8,6 +8,11 @@
   moved the prefill load scale to 0.25 only because that copy came first in grid order.
 * The best is applied only when it beats the probe (the current settings, replayed with
   the same random numbers) by more than ``min_improvement_pct`` percent of |probe score|.
+* Every candidate's confidence is corrected for the search (``retune.selection``: a max-t
+  threshold over all candidates scored, sign flips of the paired batches). With a guard that
+  asks for a confidence, the best is taken among the candidates that reach it, so choosing
+  the best of 108 cannot turn noise into a move; a candidate without a confidence (no batch
+  scores, fewer than three pairs) never reaches it, whatever its mean.
   Equal scores keep the current settings; with a noise guard (the live harvest, `retune
   sweep` and the benches pass one), so do scores within float noise of the probe's. A probe that could not be scored keeps too:
   there is nothing to compare against.
@@ -21,8 +26,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from powerfleet.retune.guard import NoiseGuard, paired_confidence
+from powerfleet.retune.guard import NoiseGuard
 from powerfleet.retune.objectives import DIRECTION, MAXIMIZE, UNITS, Objective, parse_objective
+from powerfleet.retune.selection import MIN_PAIRS, maxt_confidence
 
 
 class Candidate(BaseModel):
@@ -55,7 +61,7 @@ class Decision(BaseModel):
     probe: Candidate
     ranked: list[Candidate]
     unranked: list[Candidate]
-    confidence: float | None = None  # paired-batch confidence that the best beats the probe
+    confidence: float | None = None  # the best beats the probe: paired batches, corrected for the search
     runner_up_margin_pct: float | None = None  # best vs the second best, % of |probe score|
     requests: int | None = None  # scored requests in the window
 
@@ -94,7 +100,7 @@ def least_change(order: list[Candidate], current: dict[str, Any]) -> Candidate:
     return min(tied, key=lambda c: _moved(c.params, current))  # min keeps the first of equals
 
 
-def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None, tie: bool) -> str | None:
+def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None, tie: bool, searched: int) -> str | None:
     """Why the guard refuses an apply (None: it does not). Any guard, even with its checks at
     0, refuses a gain within float noise of the probe (``tie``): rounding is not a move, and
     constant paired differences of a few ulps would pass the paired test with confidence 1."""
@@ -104,9 +110,12 @@ def _noise(guard: NoiseGuard | None, requests: int | None, conf: float | None, t
         return "its score is within float noise of the probe's (a tie)"
     if requests is not None and requests < guard.min_requests:
         return f"the window holds only {requests} requests (min_requests {guard.min_requests})"
-    if guard.confidence > 0 and (conf is None or conf < guard.confidence):
-        shown = "unknown" if conf is None else f"{conf:.3f}"
-        return f"the paired test's confidence {shown} is below {guard.confidence:g}"
+    if guard.confidence > 0 and conf is None:
+        return (f"it has no paired confidence (fewer than {MIN_PAIRS} complete batch pairs with the probe); "
+                "the mean alone never moves a knob")
+    if guard.confidence > 0 and conf < guard.confidence:  # type: ignore[operator]
+        return (f"no candidate reaches confidence {guard.confidence:g} after the search's correction "
+                f"(max-t over {searched} candidates; the best's is {conf:.3f})")
     return None
 
 
@@ -143,7 +152,11 @@ def decide(
             action="keep", params=probe.params, improvement_pct=None, best=None,
             reason="keep: no candidate could be scored", **common,
         )
-    best = least_change(order, probe.params)
+    confs = maxt_confidence([c.batches for c in order], probe.batches, direction == MAXIMIZE)
+    conf_of = {id(c): x for c, x in zip(order, confs)}
+    passing = [c for c, x in zip(order, confs) if guard is not None and guard.confidence > 0
+               and x is not None and x >= guard.confidence]
+    best = least_change(passing or order, probe.params)
     if best is not order[0]:
         order = [best] + [c for c in order if c is not best]
         common["ranked"] = order
@@ -152,14 +165,14 @@ def decide(
     gain = sign * (bs - ps)
     pct = gain / abs(ps) * 100.0 if ps != 0 else None
     threshold = min_improvement_pct / 100.0 * abs(ps)
-    conf = paired_confidence(best.batches, probe.batches, direction == MAXIMIZE)
+    conf = conf_of[id(best)]
     common.update(confidence=conf, requests=probe.requests, runner_up_margin_pct=(
         sign * (bs - float(order[1].score)) / abs(ps) * 100.0 if len(order) > 1 and ps != 0 else None))  # type: ignore[arg-type]
     desc = f"best {_fmt(bs)} vs probe {_fmt(ps)} {UNITS[obj]} ({direction})"
     if pct is not None:
         desc += f", {pct:+.3f} %"
     if gain > threshold and gain > 0:
-        noisy = _noise(guard, probe.requests, conf, math.isclose(bs, ps, rel_tol=TIE_REL, abs_tol=TIE_ABS))
+        noisy = _noise(guard, probe.requests, conf, math.isclose(bs, ps, rel_tol=TIE_REL, abs_tol=TIE_ABS), len(order))
         if noisy:
             return Decision(action="keep", params=probe.params, improvement_pct=pct, best=best,
                             reason=f"keep: {desc}, but {noisy}", **common)

@@ -69,10 +69,13 @@ class ShardSpec(BaseModel):
     warm_policy: dict[str, float] | None = None  # the settings that served the warm-up span
     profile: str | None = None  # the engine profile file (None: the built-in profile)
     disagg: DisaggSpec | None = None  # None: aggregated workers
+    dgd_uid: str = ""  # the DGD object whose window this is (a recreated DGD never adopts it)
 
     def key(self) -> str:
-        # An aggregated spec hashes as it did before ``disagg`` existed (results stay adoptable).
-        dump = self.model_dump_json(exclude={"disagg"} if self.disagg is None else None)
+        # A spec hashes as it did before ``disagg`` and ``dgd_uid`` existed when they are unset
+        # (results stay adoptable).
+        unset = {f for f, v in (("disagg", self.disagg), ("dgd_uid", self.dgd_uid)) if not v}
+        dump = self.model_dump_json(exclude=unset or None)
         return hashlib.sha256(dump.encode()).hexdigest()[:32]
 
 
@@ -101,6 +104,8 @@ class SweepRecord(BaseModel):
     requests: int
     replicas: int
     prefill_replicas: int | None = None  # a disaggregated deployment's prefill pool (replicas: its decode pool)
+    dgd_uid: str = ""  # the DGD object swept: a harvest under another UID drops the sweep
+    dgd_generation: int | None = None  # its metadata.generation at the launch (a spec change abandons)
     current: dict[str, float]
     shards: list[ShardSpec]
     status: Status = "running"

@@ -81,6 +81,14 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             drop(dep, t, rec.window, "configuration-change", why, now)
             WINDOWS.labels(rec.dgd, "dropped", "configuration-change").inc()
             return {"status": "dropped", "reason": why}
+        if rec.dgd_uid and rec.dgd_uid != dep.uid:
+            why = f"the DGD was deleted or recreated during the sweep (uid {rec.dgd_uid}, now {dep.uid or 'none'})"
+            fan.finish(rec, "dropped", why)
+            state, _ = dep.store.read()
+            if state is not None and state.dgd_uid == rec.dgd_uid:  # never into another object's history
+                drop(dep, t, rec.window, "dgd-recreated", why, now)
+            WINDOWS.labels(rec.dgd, "dropped", "dgd-recreated").inc()
+            return {"status": "dropped", "reason": why}
         results = fan.results(rec)
         complete = len(results) == len(rec.shards)
         if not complete and now < rec.deadline:
@@ -106,6 +114,10 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             dr = outcome(dep, t, rec.window, "abandoned", "worker replicas changed during the sweep", "replicas-changed",
                           now, **common)
             status = "abandoned"
+        elif rec.dgd_generation is not None and dep.object_generation != rec.dgd_generation:
+            dr = outcome(dep, t, rec.window, "abandoned", f"the DGD's spec changed during the sweep (generation "
+                         f"{rec.dgd_generation} -> {dep.object_generation})", "dgd-changed", now, **common)
+            status = "abandoned"
         else:
             g = dep.settings.guard
             d = decide(cands, probe, dep.settings.objective, dep.settings.min_improvement_pct, guard=g)
@@ -124,17 +136,23 @@ def harvest(cfg: RetuneConfig, ports: Ports, sid: str) -> dict[str, Any]:
             status = "decided"
             if what == "apply":
                 change = _apply_change(dr, rec.current)
-                if d.improvement_pct is not None:
-                    IMPROVEMENT.labels(rec.dgd).set(d.improvement_pct)
             elif what == "advisory":
                 change = _advisory_change(dr)
         try:
             saved = record(dep, t, dr, change)
         except Fenced as exc:  # leadership moved: the sweep stays open for the new leader's harvest
             return {"status": "fenced", "reason": str(exc)}
-        fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
         SWEEP_SECONDS.labels(rec.dgd).observe(max(0.0, now - rec.launched_at))
+        if saved is None:  # the window had its outcome already (dropped by a new leader?): that one stands
+            why = f"window {rec.window} already has its recorded outcome; this harvest's {dr.outcome} was not saved"
+            fan.finish(rec, "dropped", why)
+            WINDOWS.labels(rec.dgd, "superseded", "outcome-recorded").inc()
+            return {"status": "superseded", "reason": why, "window": rec.window, "saved": False,
+                    "adopted_results": adopted}
+        fan.finish(rec, "decided" if status == "decided" else "abandoned", dr.reason)
         WINDOWS.labels(rec.dgd, status, dr.failure_reason or dr.outcome).inc()
+        if dr.outcome == "apply" and dr.improvement_pct is not None:
+            IMPROVEMENT.labels(rec.dgd).set(dr.improvement_pct)
         out: dict[str, Any] = {"status": status, "outcome": dr.outcome, "reason": dr.reason, "window": rec.window,
                                "saved": saved is not None, "adopted_results": adopted, "params": dr.params}
         if saved is not None and saved.mode == "active" and dr.outcome == "apply":

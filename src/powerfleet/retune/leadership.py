@@ -78,8 +78,9 @@ class Leadership:
         key = (self.namespace, self.name, self.identity)
         seen = _SEEN.get(key)
         mono = self.clock.monotonic()
-        if seen is None or seen.resource_version != lease.resource_version:
-            _SEEN[key] = _Seen(lease.resource_version, mono)
+        version = f"{lease.uid}/{lease.resource_version}"  # another Lease object is another timer
+        if seen is None or seen.resource_version != version:
+            _SEEN[key] = _Seen(version, mono)
             return False
         return mono - seen.since_mono >= self.duration_s
 
@@ -158,6 +159,10 @@ class Leadership:
         return True
 
 
+# Tries of one fenced state update against resourceVersion conflicts (each re-reads).
+STATE_ATTEMPTS = 4
+
+
 class StateStore:
     """The state Lease: read (reporting corruption), claim-write and fenced updates."""
 
@@ -210,10 +215,12 @@ class StateStore:
                replace_corrupt: bool = False) -> RetuneState:
         """Apply ``change`` to the saved state under ``term``; ``Fenced`` if the term is gone.
 
-        A stale resourceVersion (someone wrote in between) re-reads and retries once. With
-        ``replace_corrupt`` (the claim), a missing or corrupt state starts from empty.
+        A stale resourceVersion (someone wrote in between) re-reads and retries, the term
+        checked again before each try, up to ``STATE_ATTEMPTS`` tries: a conflict is a write
+        that came first, not a lost term. With ``replace_corrupt`` (the claim), a missing or
+        corrupt state starts from empty.
         """
-        for attempt in (1, 2):
+        for attempt in range(1, STATE_ATTEMPTS + 1):
             self.leadership.check(term)
             lease = self._lease()
             try:
@@ -230,8 +237,9 @@ class StateStore:
             try:
                 return self._write(lease, new)
             except LeaseConflict:
-                if attempt == 2:
-                    raise Fenced(f"{term.dgd}: the state Lease kept changing under term {term.term}") from None
+                if attempt == STATE_ATTEMPTS:
+                    raise Fenced(f"{term.dgd}: the state Lease changed under term {term.term} "
+                                 f"on {STATE_ATTEMPTS} tries in a row") from None
         raise AssertionError("unreachable")
 
     def delete(self, term: Term) -> None:

@@ -75,6 +75,11 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         state = dep.store.update(t, lambda x: x, replace_corrupt=True)
     if state is not None and state.decided(k):
         return {"status": "already-decided", "window": k}
+    if state is not None and state.dgd_uid and dep.uid and state.dgd_uid != dep.uid:
+        # The DGD was recreated since the tick that sent this step: its next tick starts the new
+        # object's state; this window belongs to neither.
+        WINDOWS.labels(dgd, "dropped", "dgd-recreated").inc()
+        return {"status": "dropped", "reason": f"the DGD was recreated (uid {dep.uid}, the state's {state.dgd_uid})"}
     opts = {"soft_time_limit": s.shard_timeout_s, "time_limit": s.shard_timeout_s + 10}
     existing = ports.fanin.sweep(sweep_id(dgd, k, s.generation, t.term))
     if existing is not None:
@@ -102,7 +107,8 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
     t0 = time.monotonic()
     try:
         cut = cut_window(s.trace_dir, dgd, k, w.start, w.end, warmup_s=s.interval_s,  # warm start: the window before
-                         retention_s=cfg.segment_retention_s, now_s=now)
+                         retention_s=cfg.segment_retention_s, now_s=now,
+                         not_before_s=state.dgd_since if state is not None else None)
     except (CutError, OSError) as exc:
         record(dep, t, outcome(dep, t, k, "abandoned", f"window cut failed: {exc}", "cut-failed", now))
         WINDOWS.labels(dgd, "abandoned", "cut-failed").inc()
@@ -147,14 +153,22 @@ def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: 
         return ShardSpec(dgd=dgd, window=k, window_file=ref, window_sha256=digest, kind=kind,  # type: ignore[arg-type]
                          index=i, points=pts, objective=s.objective.value, sla=s.sla, replicas=replicas,
                          start_s=start_s, warm_policy=dict(current) if start_s > 0 else None,
-                         profile=s.engine_profile, disagg=disagg)
+                         profile=s.engine_profile, disagg=disagg, dgd_uid=dep.uid)
 
     shards = [spec("probe", 0, [current])]
     shards += [spec("shard", i, [p.model_dump() for p in sh]) for i, sh in enumerate(split_shards(points, s.max_shards))]
     rec = SweepRecord(sid=sid, dgd=dgd, window=k, term=t.term,
                       identity=t.identity, generation=s.generation, mode=s.mode, launched_at=now,
                       deadline=now + s.time_budget_s, window_file=ref, requests=cut.requests,
-                      replicas=replicas, prefill_replicas=prefill, current=current, shards=shards, extra=cut_info)
+                      replicas=replicas, prefill_replicas=prefill, dgd_uid=dep.uid,
+                      dgd_generation=dep.object_generation, current=current, shards=shards, extra=cut_info)
+    try:  # the term again, right before the sweep exists: a handover during the cut drops it here
+        dep.leadership.check(t)
+    except Fenced as exc:
+        if s.window_store != "redis":
+            os.unlink(cut.path)
+        WINDOWS.labels(dgd, "dropped", "term").inc()
+        return {"status": "dropped", "reason": str(exc)}
     if not ports.fanin.register(rec):  # a concurrent duplicate launch registered first
         return {"status": "resent", "sid": rec.sid}
     for sh in shards:
@@ -218,6 +232,11 @@ def run_shard(ports: Ports, sid: str, spec: ShardSpec, *, redelivered: bool = Fa
 def actuate(dep: Deployment, ports: Ports, t: Term, state: RetuneState,
             promote: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """One actuation round over every frontend; returns the per-frontend convergence report."""
+    if state.dgd_uid and dep.uid != state.dgd_uid:
+        # Decided for another object of this name (deleted, or deleted and recreated): its
+        # routers are not this state's to write.
+        return [{"pod": None, "converged": False, "wrote": False, "revision": None,
+                 "error": f"the state belongs to DGD uid {state.dgd_uid}, not {dep.uid or 'none'}: no PATCH"}]
     snap = dep.snapshot(ports, with_consumers=False)
     reports: list[FrontendReport]
     act = Actuator(ports.router, dep.store, dep.leadership, t, Barriers(ports.r, dep.name))

@@ -36,7 +36,8 @@ class DecisionRecord(_Strict):
     """One window's outcome as saved in the history (a deep copy, never shared)."""
 
     window: int
-    outcome: Literal["apply", "keep", "no-traffic", "abandoned", "advisory", "dropped", "promoted", "rollback"]
+    outcome: Literal["apply", "keep", "no-traffic", "abandoned", "advisory", "dropped", "skipped", "promoted",
+                     "rollback"]
     mode: Literal["active", "advisory"]
     params: Policy | None = None
     improvement_pct: float | None = None
@@ -49,7 +50,7 @@ class DecisionRecord(_Strict):
     replicas: int | None = None
     replicas_verified: bool = False
     requests: int | None = None  # scored requests in the window
-    confidence: float | None = None  # the paired test's confidence that the best beats the probe
+    confidence: float | None = None  # the best beats the probe: paired batches, corrected for the search
     runner_up_margin_pct: float | None = None  # best vs the second best, % of |probe score|
     ranking: list[dict[str, Any]] = Field(default_factory=list)  # the best candidates, best first
     term: int
@@ -73,9 +74,9 @@ class PendingWindow(_Strict):
     generation: str
 
 
-# How each outcome counts: every window ends in exactly one of these three classes.
+# How each outcome counts: every window ends in exactly one of these four classes.
 OUTCOME_CLASS = {"apply": "decided", "keep": "decided", "advisory": "decided", "no-traffic": "abandoned",
-                 "abandoned": "abandoned", "dropped": "dropped"}
+                 "abandoned": "abandoned", "dropped": "dropped", "skipped": "skipped"}
 PENDING_MAX = 16  # a leader never has more than a couple in flight; the state stays bounded
 
 
@@ -83,6 +84,9 @@ class RetuneState(_Strict):
     schema_: str = Field(STATE_SCHEMA, alias="schema")
     term: int = Field(0, ge=0)
     dgd_uid: str = ""  # the DGD this state belongs to (a DGD recreated under the name starts afresh)
+    # When this state started for a recreated DGD (this clock): traffic before it is another
+    # object's, never cut into this one's windows (None: the first object known here).
+    dgd_since: float | None = None
     generation: str = ""
     mode: Literal["active", "advisory"] = "active"
     initial: dict[str, Policy] = Field(default_factory=dict)  # frontend pod -> settings before our first write
@@ -117,6 +121,15 @@ class RetuneState(_Strict):
             update["pending"] = [p for p in self.pending if p.window != rec.window]
             update["counts"] = {**self.counts, rec.outcome: self.counts.get(rec.outcome, 0) + 1}
         return self.model_copy(update=update)
+
+    def with_skipped(self, rec: DecisionRecord, first: int, keep: int) -> RetuneState:
+        """Windows ``first`` .. ``rec.window`` closed and were never launched: one history
+        record for the gap, each window counted ``skipped``, and none of them decided later."""
+        n = rec.window - first + 1
+        last = rec.window if self.last_window is None else max(rec.window, self.last_window)
+        return self.model_copy(update={"history": [*self.history, rec.model_copy(deep=True)][-keep:],
+                                       "counts": {**self.counts, "skipped": self.counts.get("skipped", 0) + n},
+                                       "last_window": last})
 
     def is_pending(self, k: int) -> bool:
         return any(p.window == k for p in self.pending)

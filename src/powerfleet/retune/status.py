@@ -91,7 +91,7 @@ def _replayed_as(dep: Deployment) -> dict[str, Any]:
 
 def _outcome_counts(counts: dict[str, int]) -> dict[str, Any]:
     """Windows ended so far, per class (decided, abandoned, dropped) and per outcome."""
-    by_class = {c: 0 for c in ("decided", "abandoned", "dropped")}
+    by_class = {c: 0 for c in ("decided", "abandoned", "dropped", "skipped")}
     for what, n in counts.items():
         if what in OUTCOME_CLASS:
             by_class[OUTCOME_CLASS[what]] += n

@@ -6,6 +6,9 @@ The contract (docs/retune.md, "Router policy endpoint"):
 * ``PATCH /router_policy`` with ``{"revision": n, "policy": {any subset}}`` -> 200 with the new
   revision and policy; 409 ``{"error", "revision"}`` when ``n`` is not the current revision;
   400 ``{"error"}`` for a body that is not that shape or a value out of its domain.
+* The revision never repeats across restarts: it is ``epoch * 2**32 + writes``, and every
+  start of the frontend process (``restart``) takes a new, larger epoch, so a PATCH carrying
+  a revision read before a restart is refused even after as many writes (issue 33 item 4).
 
 Like the real endpoint it is unauthenticated. Every accepted or refused PATCH is logged in
 ``writes`` (with the caller's ``X-Powerfleet-Leader`` header) so tests can tell who wrote.
@@ -67,6 +70,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(status, body)
 
 
+# Revisions of one epoch (one start of the frontend): the next epoch starts above them all.
+EPOCH_SPAN = 2**32
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     frontend: LoopbackFrontend
@@ -77,7 +84,9 @@ class LoopbackFrontend:
 
     def __init__(self, policy: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
-        self._policy = parse_policy(policy)
+        self._initial = parse_policy(policy)
+        self._policy = self._initial
+        self.epoch = 0  # the first start keeps revision 0; each restart moves to a new epoch
         self._revision = 0
         self.writes: list[PatchRecord] = []
         self._host, self._port = host, port
@@ -91,6 +100,15 @@ class LoopbackFrontend:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="loopback-frontend", daemon=True)
         self._thread.start()
+        return self
+
+    def restart(self) -> LoopbackFrontend:
+        """The frontend process restarted under the same pod (and URL): its policy is back to
+        the one it was started with and its revision starts in a new epoch."""
+        with self._lock:
+            self.epoch += 1
+            self._policy = self._initial
+            self._revision = self.epoch * EPOCH_SPAN
         return self
 
     def stop(self) -> None:
