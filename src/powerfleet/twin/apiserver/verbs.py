@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from powerfleet.twin.apiserver.admission import admit, warning_header
 from powerfleet.twin.apiserver.errors import ApiError, Obj
 from powerfleet.twin.apiserver.http import Handler
+from powerfleet.twin.apiserver.paging import paginate
 from powerfleet.twin.apiserver.patches import apply_patch
 from powerfleet.twin.apiserver.options import ServerOptions
 from powerfleet.twin.apiserver.resources import Registry, ResourceType
@@ -62,8 +63,9 @@ def handle(store: Store, registry: Registry, stopping: threading.Event, req: Han
             watch(store, stopping, req, rt, found.namespace, label, field, query, versions.served)
             return
         items, rv = store.list(srt, found.namespace, label, field)
+        page, meta = paginate(items, rv, query)
         req.send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                        "metadata": {"resourceVersion": str(rv)}, "items": [versions.served(i) for i in items]})
+                            "metadata": meta, "items": [versions.served(i) for i in page]})
         return
     if method == "GET":
         req.send_json(200, versions.served(store.get(srt, ns, name)))
