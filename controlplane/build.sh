@@ -6,11 +6,19 @@
 #
 #   controlplane/build.sh            build what is missing, print the bin directory (last line of stdout)
 #   controlplane/build.sh --dir      print the bin directory only, build nothing (exit 1 when incomplete)
+#   controlplane/build.sh --tier     as the first form, for `make test`: a build that cannot happen or
+#                                    fails ends with the one line "control_plane tier skipped: <why>"
 #
-# Exit 0: built (or already there); exit 3: cannot build here (no Go toolchain), one line on stderr;
-# any other exit: the build failed. Every compile runs under `nice -n 19`.
+# Exit 0: built (or already there); exit 3: cannot build here (no Go toolchain); any other exit: the
+# build failed (its log named on stderr). Every compile runs under `nice -n 19`.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+mode="${1:-}"
+# fail CODE MESSAGE -- one line on stderr, in the tier's words when `make test` asked.
+fail() {
+  if [ "$mode" = "--tier" ]; then echo "control_plane tier skipped: $2" >&2; else echo "control-plane: $2" >&2; fi
+  exit "$1"
+}
 
 KUBE_VERSION=v1.37.2 ETCD_VERSION=v3.7.3 KWOK_VERSION=v0.8.0 HELM_VERSION=v4.3.1
 PROGRAMS=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
@@ -23,10 +31,10 @@ bin="$root/bin"
 stages="$root/kwok-stages.yaml"
 complete() { for p in "${PROGRAMS[@]}"; do [ -x "$bin/$p" ] || return 1; done; [ -s "$stages" ]; }
 
-if [ "${1:-}" = "--dir" ]; then complete && { echo "$bin"; exit 0; }; exit 1; fi
+if [ "$mode" = "--dir" ]; then complete && { echo "$bin"; exit 0; }; exit 1; fi
 if complete; then echo "$bin"; exit 0; fi
 if ! command -v go >/dev/null 2>&1; then
-  echo "control-plane: no Go toolchain on PATH, cannot build the real control plane" >&2; exit 3
+  fail 3 "no Go toolchain on PATH, so the real control plane cannot be built here (make control-plane)"
 fi
 
 mkdir -p "$bin"
@@ -46,7 +54,7 @@ build() {
   local start=$SECONDS
   echo "control-plane: building $name ..." >&2
   ( cd "$here/$dir" && nice -n 19 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$bin/.$name.tmp" "$pkg" ) \
-    >>"$log" 2>&1 || { echo "control-plane: building $name failed; see $log" >&2; rm -f "$bin/.$name.tmp"; return 1; }
+    >>"$log" 2>&1 || { rm -f "$bin/.$name.tmp"; fail 1 "building $name failed; see $log"; }
   mv -f "$bin/.$name.tmp" "$bin/$name"
   echo "$(date -u +%FT%TZ) $name: $((SECONDS - start)) s" >>"$root/build-times.txt"
   echo "control-plane: $name built in $((SECONDS - start)) s" >&2
@@ -55,7 +63,7 @@ build() {
 total=$SECONDS
 for dir in kube etcd kwok helm; do
   ( cd "$here/$dir" && go mod download ) >>"$log" 2>&1 \
-    || { echo "control-plane: go mod download ($dir) failed; see $log" >&2; exit 1; }
+    || fail 1 "go mod download ($dir) failed; see $log"
 done
 echo "$(date -u +%FT%TZ) go mod download: $((SECONDS - total)) s" >>"$root/build-times.txt"
 # etcd and the API server first: they are all the tier's fixture needs to start.

@@ -23,6 +23,7 @@ from tests.waiting import wait_for
 HERE = Path(__file__).parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not control_plane"` deselects (make test without the binaries)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.fspath)).parents:

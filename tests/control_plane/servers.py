@@ -4,15 +4,17 @@ the loopback server (src/powerfleet/twin/apiserver) and the real kube-apiserver.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from powerfleet.twin.apiserver import ApiServer
+from tests.waiting import wait_for
 
 GROUP, PLURAL = "nvidia.com", "dynamographdeployments"
 
@@ -43,11 +45,39 @@ class Server:
         raw = resp.read()
         return resp.status, json.loads(raw or b"{}"), dict(resp.headers or {})
 
+    def other_namespace(self) -> str:
+        """A second namespace (created on the real server; the loopback server needs none)."""
+        name = f"{self.namespace}-b"
+        if self.kind == "real":
+            self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        return name
+
     def forget_history(self) -> None:
-        """Make every resourceVersion written so far too old to watch from. The real server's watch
-        cache starts at its own start, so version "1" is already too old there."""
+        """Make version "1" too old to watch pods from. The loopback server forgets its event log.
+        The real server's watch cache replays anything it holds, and drops its oldest events only
+        once they are older than 75 s and its buffer is full: pods are written (in a namespace of
+        their own) until a watch from "1" answers 410, which takes that long."""
         if self.loopback is not None:
             self.loopback.store.log.clear()
+            return
+        churn = f"churn-{uuid.uuid4().hex[:6]}"
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=churn)))
+        try:
+            wait_for(lambda: self._churned(churn), "the watch cache to drop version 1", timeout_s=240, every_s=0)
+        finally:
+            self.core.delete_namespace(churn)
+
+    def _churned(self, ns: str) -> bool:
+        for i in range(25):
+            self.core.create_namespaced_pod(ns, pod(f"c-{i}"))
+        self.core.delete_collection_namespaced_pod(ns)
+        w = watch.Watch()
+        try:
+            for _ in w.stream(self.core.list_namespaced_pod, self.namespace, resource_version="1", timeout_seconds=1):
+                return False
+        except ApiException as exc:
+            return exc.status == 410
+        return False
 
     def dgd(self, name: str = "llm", **spec_extra: Any) -> dict[str, Any]:
         return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",

@@ -75,7 +75,8 @@ def test_unknown_dgd_fields_are_pruned_with_a_warning_or_400_when_strict(server:
     assert code == 201 and "bogus" not in body["spec"], (code, body)
     assert headers.get("Warning") == '299 - "unknown field \\"spec.bogus\\""', headers
     body = fails(lambda: server.create_dgd(server.dgd("other", bogus=1), field_validation="Strict"), 400)
-    assert body["message"] == 'strict decoding error: unknown field "spec.bogus"', body
+    assert body["message"] == ('DynamoGraphDeployment in version "v1alpha1" cannot be handled as a '
+                               'DynamoGraphDeployment: strict decoding error: unknown field "spec.bogus"'), body
     quiet = server.create_dgd(server.dgd("third", bogus=1), field_validation="Ignore")
     assert "bogus" not in quiet["spec"], quiet
 
@@ -139,7 +140,8 @@ def test_a_delete_with_a_stale_precondition_is_409(server: Server) -> None:
     server.core.patch_namespaced_config_map("c", server.namespace, {"data": {"a": "2"}})
     opts = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=first.metadata.resource_version))
     body = fails(lambda: server.core.delete_namespaced_config_map("c", server.namespace, body=opts), 409)
-    assert body["reason"] == "Conflict" and "Precondition failed" in body["message"], body
+    assert body["reason"] == "Conflict" and body["message"].startswith(
+        'Operation cannot be fulfilled on ConfigMap "c": the ResourceVersion in the precondition ('), body
 
 
 def test_server_side_apply_is_the_listed_difference(server: Server) -> None:

@@ -4,7 +4,9 @@ against the loopback server and the real kube-apiserver, the same answers."""
 from __future__ import annotations
 
 import json
+import threading
 
+import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -47,6 +49,7 @@ def test_a_page_past_the_end_is_empty_and_a_bad_continue_token_is_400(server: Se
         raise AssertionError("a malformed continue token was accepted")
 
 
+@pytest.mark.timeout(400)  # the real server drops history only after 75 s (Server.forget_history)
 def test_a_watch_from_a_forgotten_version_is_410_and_the_adapter_relists(server: Server) -> None:
     server.core.create_namespaced_pod(server.namespace, pod("p0"))
     _configmaps(server, 2)
@@ -66,18 +69,29 @@ def test_a_watch_from_a_forgotten_version_is_410_and_the_adapter_relists(server:
     assert fresh == [("ADDED", "p2")], fresh
 
 
-def test_a_watch_with_bookmarks_gets_one_carrying_a_resource_version_before_it_ends(server: Server) -> None:
+def test_a_watch_with_bookmarks_is_told_of_versions_its_namespace_never_saw(server: Server) -> None:
     server.core.create_namespaced_pod(server.namespace, pod("p0"))
     listed = server.core.list_namespaced_pod(server.namespace)
-    w = watch.Watch()
-    types, bookmark_rv = [], None
-    for ev in w.stream(server.core.list_namespaced_pod, server.namespace, allow_watch_bookmarks=True,
-                       resource_version=listed.metadata.resource_version, timeout_seconds=4):
-        types.append(ev["type"])
-        if ev["type"] == "BOOKMARK":
-            bookmark_rv = ev["raw_object"]["metadata"]["resourceVersion"]
-    assert types == ["BOOKMARK"], types
-    assert int(bookmark_rv) >= int(listed.metadata.resource_version), (bookmark_rv, listed.metadata)
+    elsewhere = server.other_namespace()
+    other = server.core.create_namespaced_pod(elsewhere, pod("other"))
+    got: list[tuple[str, str]] = []
+
+    def watch_pods() -> None:
+        for ev in watch.Watch().stream(server.core.list_namespaced_pod, server.namespace, allow_watch_bookmarks=True,
+                                       resource_version=listed.metadata.resource_version, timeout_seconds=4):
+            got.append((ev["type"], ev["raw_object"]["metadata"]["resourceVersion"]))
+
+    watcher = threading.Thread(target=watch_pods)
+    watcher.start()
+    n = 0
+    while watcher.is_alive():  # writes the watch does not match, until it ends (about 4 s)
+        n += 1
+        other = server.core.patch_namespaced_pod("other", elsewhere, {"metadata": {"labels": {"n": str(n)}}})
+    watcher.join()
+    # The bookmark goes out 2 s before the deadline with the store's version then: newer than the list.
+    assert [t for t, _ in got] == ["BOOKMARK"], got
+    assert int(listed.metadata.resource_version) < int(got[0][1]) <= int(other.metadata.resource_version), \
+        (got, listed.metadata.resource_version, other.metadata.resource_version)
 
 
 def test_a_watch_without_a_version_starts_with_every_object_added(server: Server) -> None:

@@ -103,7 +103,7 @@ class ControlPlane:
         p = self.pki
         proc = self._proc(
             "kube-apiserver", f"--etcd-servers={self.etcd_url}", f"--secure-port={port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--cert-dir={self.root / 'certs'}",
+            "--bind-address=127.0.0.1", "--endpoint-reconciler-type=none", f"--cert-dir={self.root / 'certs'}",
             f"--tls-cert-file={p.serving_crt}", f"--tls-private-key-file={p.serving_key}",
             f"--client-ca-file={p.ca_crt}", "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
             "--disable-admission-plugins=ServiceAccount", "--authorization-mode=RBAC",

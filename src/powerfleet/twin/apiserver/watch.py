@@ -19,8 +19,9 @@ BOOKMARK_BEFORE_DEADLINE_S = 2.0
 
 
 def bookmark_time(now: float, deadline: float) -> float:
-    """When the next BOOKMARK goes out, as kube-apiserver's watch cache schedules them (with
-    ``allowWatchBookmarks``): every minute, and 2 s before the watch's deadline."""
+    """When the next BOOKMARK may go out, as kube-apiserver's watch cache schedules them (with
+    ``allowWatchBookmarks``): every minute, and 2 s before the watch's deadline. One is sent only
+    when the store has moved past what the watcher was last sent (writes its selectors filter out)."""
     last_one = deadline - BOOKMARK_BEFORE_DEADLINE_S
     return min(now + BOOKMARK_EVERY_S, last_one) if now < last_one else float("inf")
 
@@ -66,6 +67,7 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
                 last = -1
     bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
     next_bookmark = bookmark_time(time.monotonic(), deadline)
+    sent = last  # the newest version this watcher was told of (an event or a bookmark)
     try:
         for ev in pending:
             emit(ev)
@@ -75,17 +77,20 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
             if remaining <= 0:
                 break
             if bookmarks and now >= next_bookmark:
-                emit({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
-                                                     "metadata": {"resourceVersion": str(last)}}})
+                if last > sent:  # as the watch cache: only a version the watcher has not reached
+                    emit({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
+                                                         "metadata": {"resourceVersion": str(last)}}})
+                    sent = last
                 next_bookmark = bookmark_time(now, deadline)
             wait = min(remaining, 1.0, max(next_bookmark - now, 0.01) if bookmarks else 1.0)
             with store.cond:
                 store.cond.wait_for(lambda: store.rv > last or stopping.is_set(), timeout=wait)
                 fresh = [(rv, t, o) for rv, t, key, o in store.log if rv > last and key == rt.key]
                 last = store.rv
-            for _rv, typ, obj in fresh:
+            for rv, typ, obj in fresh:
                 if matches(obj):
                     emit({"type": typ, "object": obj})
+                    sent = rv
         req.wfile.write(b"0\r\n\r\n")
         req.wfile.flush()
     except (BrokenPipeError, ConnectionResetError):
