@@ -122,7 +122,7 @@ class ControlPlane:
             "kube-controller-manager", f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
             f"--service-account-private-key-file={p.sa_key}", f"--root-ca-file={p.ca_crt}",
             f"--cluster-signing-cert-file={p.ca_crt}", f"--cluster-signing-key-file={p.ca_key}",
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            "--controllers=*,-node-ipam-controller",
             "--concurrent-deployment-syncs=5", "--node-monitor-grace-period=120s")
 
     def _start_component(self, name: str, *args: str) -> None:
