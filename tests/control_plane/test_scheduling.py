@@ -38,7 +38,9 @@ def ns(fake_nodes, admin) -> Iterator[str]:  # type: ignore[no-untyped-def]
     core = client.CoreV1Api(admin)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    core.delete_namespace(name)  # the controller-manager's namespace controller removes its pods
+    core.delete_namespace(name)  # the controller-manager's namespace controller deletes its pods, kwok removes them
+    wait_for(lambda: not core.list_namespaced_pod(name).items, f"namespace {name}'s pods gone (their GPUs free)",
+             timeout_s=90)
 
 
 def gpu_pod(core: client.CoreV1Api, ns: str, name: str, gpus: int, *, cap: int | None = None,
