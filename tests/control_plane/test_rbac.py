@@ -83,9 +83,9 @@ def test_the_budget_workers_token_runs_the_adapters_calls_and_a_delete_is_403(fl
     assert kube.dgd_version() == "v1alpha1"  # the only version served (docs/twin.md, "Real control plane")
     assert [d.name for d in kube.list_dgds(ns)] == ["llm"]
     scaled = kube.patch_dgd_replicas(ns, "llm", {"decode": 2})
-    assert scaled.components["decode"].replicas == 2, scaled
+    assert {c.name: c.replicas for c in scaled.components} == {"decode": 2}, scaled
     written = kube.patch_dgd_status(ns, "llm", {"observedGeneration": 1})
-    assert written["status"]["observedGeneration"] == 1, written
+    assert isinstance(written, dict) and written["status"]["observedGeneration"] == 1, written
     assert kube.list_pods(ns) == []
     kube.list_nodes()  # the group grant (cluster-wide): a 403 would raise
     with pytest.raises(ApiException) as info:
