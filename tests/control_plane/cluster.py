@@ -40,6 +40,9 @@ class FakeNodes:
         api = admin_client(plane)
         core = client.CoreV1Api(api)
         try:
+            # What the NVIDIA GPU operator installs beside the nodes: the runtime class the agent's pods name.
+            client.NodeV1Api(api).create_runtime_class(client.V1RuntimeClass(
+                metadata=client.V1ObjectMeta(name="nvidia"), handler="nvidia"))
             for name, (rack, taints) in NODES.items():
                 core.create_node(gpu_node(name, rack=rack, gpus=GPUS_PER_NODE, taints=taints))
             wait_for(lambda: all(node_ready(core.read_node(n)) for n in NODES), "kwok nodes Ready", timeout_s=60)

@@ -27,9 +27,9 @@ PRODUCTION: dict[str, Any] = {
     "config": {"nodes": sorted(NODES), "budget": {"groups": {"rack-a": 40000, "rack-b": 40000}}},
     "worker": {"replicas": 2},
     "sweepWorker": {"enabled": True, "replicas": 2},
-    "flower": {"enabled": True},
+    "flower": {"enabled": True, "basicAuthSecret": {"name": "flower-auth"}},
     "metrics": {"dashboard": {"enabled": True}},
-    "agent": {"namespaces": ["llm-a"], "safeDefaultWatts": 450},
+    "agent": {"safeDefaultWatts": 450},  # + namespaces: the serving namespace the test creates
 }
 
 
@@ -66,7 +66,12 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart(control_plane, fake_nod
         dep = apps.read_namespaced_deployment(f"{release}-powerfleet-{name}", ns)
         assert dep.status.ready_replicas == dep.spec.replicas, (name, dep.status)
 
-    _ok(helm(control_plane, "upgrade", release, str(CHART), "-n", ns, "-f", _values(tmp_path, PRODUCTION),
+    serving = f"{ns}-llm"  # the agents' pods to read live there (a Role each)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=serving)))
+    production = {**PRODUCTION, "agent": {**PRODUCTION["agent"], "namespaces": [serving]}}
+    core.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name="flower-auth"),
+                                                      string_data={"basic-auth": "[ops:s3cret]"}))
+    _ok(helm(control_plane, "upgrade", release, str(CHART), "-n", ns, "-f", _values(tmp_path, production),
              "--wait", "--timeout", "180s"))
     for name, replicas in (("worker", 2), ("sweep-worker", 2), ("flower", 1)):
         dep = apps.read_namespaced_deployment(f"{release}-powerfleet-{name}", ns)
