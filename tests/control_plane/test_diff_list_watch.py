@@ -12,34 +12,51 @@ from kubernetes.client.exceptions import ApiException
 
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.ports import ClusterError
-from tests.control_plane.servers import Server, pod
+from tests.control_plane.servers import GROUP, PLURAL, Server, pod
+
+
+# The controller-manager puts kube-root-ca.crt in every namespace: the pages list only the test's own.
+PAGED, SELECTOR = {"set": "paged"}, "set=paged"
 
 
 def _configmaps(server: Server, n: int) -> list[str]:
     names = [f"cm-{i}" for i in range(n)]
     for name in names:
         server.core.create_namespaced_config_map(server.namespace, client.V1ConfigMap(
-            metadata=client.V1ObjectMeta(name=name), data={"i": name}))
+            metadata=client.V1ObjectMeta(name=name, labels=PAGED), data={"i": name}))
     return names
 
 
 def test_list_pages_with_limit_and_continue_in_name_order(server: Server) -> None:
-    names = _configmaps(server, 5)
+    names = [f"d-{i}" for i in range(5)]
+    for name in names:
+        server.create_dgd(server.dgd(name))
     seen, token, pages = [], None, []
     while True:
-        page = server.core.list_namespaced_config_map(server.namespace, limit=2, _continue=token)
-        pages.append((len(page.items), page.metadata.remaining_item_count))
-        seen += [i.metadata.name for i in page.items]
-        token = page.metadata._continue
+        page = server.custom.list_namespaced_custom_object(GROUP, "v1alpha1", server.namespace, PLURAL, limit=2,
+                                                           _continue=token)
+        pages.append((len(page["items"]), page["metadata"].get("remainingItemCount")))
+        seen += [i["metadata"]["name"] for i in page["items"]]
+        token = page["metadata"].get("continue")
         if not token:
             break
     assert seen == names, seen
     assert pages == [(2, 3), (2, 1), (1, None)], pages
 
 
+def test_a_selected_list_pages_without_a_remaining_count(server: Server) -> None:
+    names = _configmaps(server, 3)
+    first = server.core.list_namespaced_config_map(server.namespace, limit=2, label_selector=SELECTOR)
+    assert [i.metadata.name for i in first.items] == names[:2] and first.metadata._continue, first.metadata
+    assert first.metadata.remaining_item_count is None, first.metadata  # unknown under a selector
+    rest = server.core.list_namespaced_config_map(server.namespace, limit=2, label_selector=SELECTOR,
+                                                  _continue=first.metadata._continue)
+    assert [i.metadata.name for i in rest.items] == names[2:] and not rest.metadata._continue, rest.metadata
+
+
 def test_a_page_past_the_end_is_empty_and_a_bad_continue_token_is_400(server: Server) -> None:
     _configmaps(server, 2)
-    full = server.core.list_namespaced_config_map(server.namespace, limit=2)
+    full = server.core.list_namespaced_config_map(server.namespace, limit=2, label_selector=SELECTOR)
     assert len(full.items) == 2 and not full.metadata._continue, full.metadata
     try:
         server.core.list_namespaced_config_map(server.namespace, limit=1, _continue="not-a-token")

@@ -1,7 +1,8 @@
 """LIST pagination (``limit`` and ``continue``) as kube-apiserver pages: items in key order
 (namespace, name), an opaque continue token naming where the next page starts, and
-``remainingItemCount`` while more items follow. Unlike the real server, a continued list reads the
-current objects, not a snapshot at the first page's resourceVersion (docs/twin.md)."""
+``remainingItemCount`` while more items follow (none under a selector, as the real server says).
+Unlike the real server, a continued list reads the current objects, not a snapshot at the first
+page's resourceVersion (docs/twin.md)."""
 
 from __future__ import annotations
 
@@ -44,5 +45,6 @@ def paginate(items: list[Obj], rv: int, query: Mapping[str, str]) -> tuple[list[
     page = items[:limit]
     cont = {"v": "meta.k8s.io/v1", "rv": int(str(meta["resourceVersion"])), "start": list(_key(page[-1]))}
     meta["continue"] = base64.urlsafe_b64encode(json.dumps(cont).encode()).decode().rstrip("=")
-    meta["remainingItemCount"] = len(items) - limit
+    if not (query.get("labelSelector") or query.get("fieldSelector")):  # unknown under a selector
+        meta["remainingItemCount"] = len(items) - limit
     return page, meta
