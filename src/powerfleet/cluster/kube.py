@@ -157,10 +157,8 @@ class KubeCluster:
     # -- DGDs --
 
     def served_dgd_versions(self) -> list[str]:
-        """The versions that serve DynamoGraphDeployments (API discovery), in DGD_VERSIONS order. A
-        version of the nvidia.com group may serve only other kinds (a cluster whose scaling-adapter
-        CRD serves v1beta1 and whose DGD CRD serves v1alpha1 only: tests/control_plane), so each
-        version's resource list is read too."""
+        """The versions serving DGDs (API discovery), in DGD_VERSIONS order; each version's resource
+        list is read too, as one may serve only the scaling adapter (tests/control_plane)."""
         with _api_errors("discover API groups"):
             groups = client.ApisApi(self.api_client).get_api_versions(_request_timeout=REQUEST_TIMEOUT_SECONDS)
         served = {v.version for g in groups.groups or [] if g.name == DGD_GROUP for v in g.versions or []}
