@@ -56,7 +56,8 @@ def test_unknown_fields_are_pruned_with_a_warning_or_refused_when_strict(api, cu
     assert "bogus" not in api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", "llm")["spec"]
     strict = _fails(lambda: custom.create_namespaced_custom_object(GROUP, "v1alpha1", "default", PLURAL,
                                                                    _dgd("other", bogus=1), field_validation="Strict"), 400)
-    assert strict["message"] == 'strict decoding error: unknown field "spec.bogus"'
+    assert strict["message"] == ('DynamoGraphDeployment in version "v1alpha1" cannot be handled as a '
+                                 'DynamoGraphDeployment: strict decoding error: unknown field "spec.bogus"')
     quiet = custom.create_namespaced_custom_object(GROUP, "v1alpha1", "default", PLURAL, _dgd("third", bogus=1),
                                                    field_validation="Ignore")
     assert "bogus" not in quiet["spec"]

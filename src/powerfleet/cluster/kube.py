@@ -158,12 +158,18 @@ class KubeCluster:
     # -- DGDs --
 
     def served_dgd_versions(self) -> list[str]:
-        """The nvidia.com versions the cluster serves (API discovery), in DGD_VERSIONS order."""
+        """The versions serving DGDs (API discovery), in DGD_VERSIONS order; each version's resource
+        list is read too, as one may serve only the scaling adapter (tests/control_plane)."""
         with _api_errors("discover API groups"):
             groups = with_retries(lambda: client.ApisApi(self.api_client).get_api_versions(
                 _request_timeout=REQUEST_TIMEOUT_SECONDS))
         served = {v.version for g in groups.groups or [] if g.name == DGD_GROUP for v in g.versions or []}
-        return [v for v in DGD_VERSIONS if v in served]
+        return [v for v in DGD_VERSIONS if v in served and self._serves_dgds(v)]
+
+    def _serves_dgds(self, version: str) -> bool:
+        with _api_errors(f"discover {DGD_GROUP}/{version}"):
+            listed = self.custom.get_api_resources(DGD_GROUP, version, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        return any(r.name == DGD_PLURAL for r in listed.resources or [])
 
     def dgd_version(self) -> str:
         """The DGD version this adapter reads and writes: v1beta1 when served, else v1alpha1."""

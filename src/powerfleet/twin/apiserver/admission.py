@@ -111,7 +111,9 @@ def admit(rt: ResourceType, obj: Obj, *, subresource: str | None, field_validati
         out = {**res.value, **({"status": obj["status"]} if "status" in obj else {})}
         unknown, errors = res.unknown, res.errors
     if unknown and field_validation == "Strict":
-        raise ApiError(400, "BadRequest", "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+        version = rt.api_version.rsplit("/", 1)[-1]
+        raise ApiError(400, "BadRequest", f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                       "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
     if errors and validate:
         raise invalid(rt, name, errors)
     warnings = [f'unknown field "{u}"' for u in unknown] if field_validation == "Warn" else []

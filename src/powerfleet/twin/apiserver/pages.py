@@ -44,9 +44,11 @@ class Pages:
         self._lists: dict[int, tuple[float, int, list[Obj]]] = {}  # id -> (first page at, rv, items)
         self._ids = itertools.count(1)
 
-    def page(self, items: Sequence[Obj], rv: int, limit: int | None, token: str | None) -> tuple[list[Obj], Obj]:
+    def page(self, items: Sequence[Obj], rv: int, limit: int | None, token: str | None,
+             selected: bool = False) -> tuple[list[Obj], Obj]:
         """The items of this page and the list's metadata. ``items``/``rv``: what a new list reads now
-        (ignored when ``token`` continues an earlier one)."""
+        (ignored when ``token`` continues an earlier one). ``selected``: the list has a label or field
+        selector, under which the real server cannot count what remains (no ``remainingItemCount``)."""
         now = self.clock.now()
         with self._lock:
             self._expire(now)
@@ -64,7 +66,8 @@ class Pages:
             meta: Obj = {"resourceVersion": str(rv)}
             if end < len(snapshot):
                 meta["continue"] = self._encode(list_id, end, rv)
-                meta["remainingItemCount"] = len(snapshot) - end
+                if not selected:
+                    meta["remainingItemCount"] = len(snapshot) - end
             else:
                 self._lists.pop(list_id, None)  # the last page: nothing more to serve from it
             return snapshot[start:end], meta

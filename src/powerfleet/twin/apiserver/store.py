@@ -150,13 +150,17 @@ class Store:
         with self.cond:
             old = self._existing(rt, (ns if rt.namespaced else "", name))
             pre = preconditions or {}
-            if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
+            meta = old["metadata"]
+            if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
                 raise ApiError(409, "Conflict",
-                               f'Operation cannot be fulfilled on {rt.plural} "{name}": Precondition failed: '
-                               f'ResourceVersion in precondition: {pre["resourceVersion"]}, '
-                               f'ResourceVersion in object meta: {old["metadata"]["resourceVersion"]}')
-            if pre.get("uid") and pre["uid"] != old["metadata"]["uid"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {rt.plural} "{name}": Precondition failed: UID')
+                               f'Operation cannot be fulfilled on {rt.kind} "{name}": the ResourceVersion in the '
+                               f'precondition ({pre["resourceVersion"]}) does not match the ResourceVersion in record '
+                               f'({meta["resourceVersion"]}). The object might have been modified')
+            if pre.get("uid") and pre["uid"] != meta["uid"]:
+                raise ApiError(409, "Conflict",
+                               f'Operation cannot be fulfilled on {rt.kind} "{name}": the UID in the precondition '
+                               f'({pre["uid"]}) does not match the UID in record ({meta["uid"]}). The object might '
+                               "have been replaced and a new object with the same name was created")
             return old
 
     def delete(self, rt: ResourceType, ns: str, name: str, preconditions: Mapping[str, Any] | None = None) -> Obj:

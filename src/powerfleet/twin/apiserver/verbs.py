@@ -67,7 +67,9 @@ def handle(store: Store, registry: Registry, stopping: threading.Event, req: Han
             raise ApiError(400, "BadRequest", "continue is not served here")
         items, rv = ([], 0) if token else store.list(srt, found.namespace, label, field)
         served = [versions.served(i) for i in items]
-        page, meta = (served, {"resourceVersion": str(rv)}) if pages is None else pages.page(served, rv, limit, token)
+        selected = bool(query.get("labelSelector") or query.get("fieldSelector"))
+        page, meta = ((served, {"resourceVersion": str(rv)}) if pages is None
+                      else pages.page(served, rv, limit, token, selected))
         req.send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": page})
         return
     if method == "GET":

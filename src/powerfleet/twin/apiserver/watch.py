@@ -1,4 +1,5 @@
-"""WATCH: chunked JSON lines from the store's event log, resumable while the version is still logged (else 410)."""
+"""WATCH: chunked JSON lines from the store's event log, resumable while the version is still logged (else 410);
+BOOKMARK events when the client allows them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ from powerfleet.twin.apiserver.resources import ResourceType
 from powerfleet.twin.apiserver.store import Store
 
 
+BOOKMARK_EVERY_S = 60.0
+BOOKMARK_BEFORE_DEADLINE_S = 2.0
+
+
+def bookmark_time(now: float, deadline: float) -> float:
+    """When the next BOOKMARK may go out, as kube-apiserver's watch cache schedules them (with
+    ``allowWatchBookmarks``): every minute, and 2 s before the watch's deadline. One is sent only
+    when the store has moved past what the watcher was last sent (writes its selectors filter out)."""
+    last_one = deadline - BOOKMARK_BEFORE_DEADLINE_S
+    return min(now + BOOKMARK_EVERY_S, last_one) if now < last_one else float("inf")
+
+
 def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceType, ns: str | None,
           label: Callable[..., bool], field: Callable[..., bool], query: Mapping[str, str],
           served: Callable[[Obj], Obj] = lambda o: o) -> None:
@@ -25,7 +38,7 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
     req.end_headers()
 
     def emit(event: Obj) -> None:
-        if event.get("type") != "ERROR":
+        if event.get("type") not in ("ERROR", "BOOKMARK"):
             event = {**event, "object": served(event["object"])}
         data = json.dumps(event).encode() + b"\n"
         req.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -52,20 +65,32 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
                 pending = [{"type": "ERROR", "object": ApiError(
                     410, "Expired", f"too old resource version: {last} ({oldest - 1})").status()}]
                 last = -1
+    bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+    next_bookmark = bookmark_time(time.monotonic(), deadline)
+    sent = last  # the newest version this watcher was told of (an event or a bookmark)
     try:
         for ev in pending:
             emit(ev)
         while last >= 0 and not stopping.is_set():
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 break
+            if bookmarks and now >= next_bookmark:
+                if last > sent:  # as the watch cache: only a version the watcher has not reached
+                    emit({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
+                                                         "metadata": {"resourceVersion": str(last)}}})
+                    sent = last
+                next_bookmark = bookmark_time(now, deadline)
+            wait = min(remaining, 1.0, max(next_bookmark - now, 0.01) if bookmarks else 1.0)
             with store.cond:
-                store.cond.wait_for(lambda: store.rv > last or stopping.is_set(), timeout=min(remaining, 1.0))
+                store.cond.wait_for(lambda: store.rv > last or stopping.is_set(), timeout=wait)
                 fresh = [(rv, t, o) for rv, t, key, o in store.log if rv > last and key == rt.key]
                 last = store.rv
-            for _rv, typ, obj in fresh:
+            for rv, typ, obj in fresh:
                 if matches(obj):
                     emit({"type": typ, "object": obj})
+                    sent = rv
         req.wfile.write(b"0\r\n\r\n")
         req.wfile.flush()
     except (BrokenPipeError, ConnectionResetError):
