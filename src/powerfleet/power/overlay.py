@@ -66,9 +66,12 @@ class Overlay(BaseModel):
 
 def by_node(decision: GuardDecision, node_of: Mapping[str, str], group: str, period_s: float, revision: int,
             issued_at: float) -> dict[str, Overlay]:
-    """One overlay per node holding any of the decision's GPUs (``node_of``: GPU -> node)."""
+    """One overlay per node holding any of the decision's GPUs (``node_of``: GPU -> node; a GPU it
+    does not name is left out)."""
     nodes: dict[str, dict[str, dict[str, float]]] = {}
     for gpu, safe in sorted(decision.safe.items()):
+        if gpu not in node_of:
+            continue  # counted, but no agent to tell (power/live.py's unseen GPUs)
         entry = nodes.setdefault(node_of[gpu], {"caps": {}, "safe": {}})
         entry["safe"][gpu] = safe
         if gpu in decision.throttle:

@@ -1,0 +1,148 @@
+"""A closed loop of the project's own guard and agent code over simulated GPUs, on one injected clock.
+
+Each second: every live agent resolves each GPU's limit with its ``OverlayStore`` (agent/throttle.py,
+the code the pass calls), the GPU draws ``min(demand, limit)`` (draw never exceeds the limit in
+force), the agent publishes its evidence record (agent/evidence.py's ``enforcement_record``) with
+the draw its sensor reads, the guard reads it through the real parser (power/telemetry.py) and runs
+one period (power/live.py), and its overlays reach the live agents. A dead agent publishes nothing
+(its last hash lingers, as its TTL lets it) and leaves NVML at the limit it last set. Sensor faults
+change only what is reported: ``unreadable`` (no draw), ``zero`` (0 W), ``stuck`` (the value it read
+when the fault began).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from powerfleet.agent.evidence import enforcement_record
+from powerfleet.agent.report import GpuOutcome
+from powerfleet.agent.throttle import OverlayStore
+from powerfleet.clock import FakeClock
+from powerfleet.power.guard import GuardSettings
+from powerfleet.power.live import GroupView, GuardMemory, GuardPeriod, guard_period
+from powerfleet.power.telemetry import GpuTelemetry, parse_telemetry
+
+ANNOTATION_W, MIN_W, MAX_W = 700.0, 200.0, 700.0
+GROUP = "rack-a"
+
+
+@dataclass
+class SimGpu:
+    uuid: str
+    node: str
+    pod: str
+    demand_w: float = 300.0
+    limit_w: float = MAX_W  # what NVML enforces
+    fault: str | None = None  # unreadable | zero | stuck
+    stuck_w: float = 0.0
+    last_draw_w: float = 0.0
+
+    def draw(self) -> float:
+        return min(self.demand_w, self.limit_w)
+
+    def reading(self) -> float | None:
+        if self.fault == "unreadable":
+            return None
+        if self.fault == "zero":
+            return 0.0
+        if self.fault == "stuck":
+            return self.stuck_w
+        return self.draw()
+
+
+@dataclass
+class SimAgent:
+    node: str
+    store: OverlayStore
+    alive: bool = True
+
+
+@dataclass
+class Loop:
+    limit_w: float
+    gpus: list[SimGpu]
+    clock: FakeClock = field(default_factory=lambda: FakeClock(t=1000.0, mono=50.0))
+    settings: GuardSettings = field(default_factory=lambda: GuardSettings(period_s=1.0))
+    low: frozenset[str] = frozenset()  # pods at low priority
+    state_dir: Path | None = None
+    guard_up: bool = True
+    memory: GuardMemory = field(default_factory=GuardMemory)
+    period: GuardPeriod | None = None
+    hashes: dict[str, list[GpuTelemetry]] = field(default_factory=dict)
+    agents: dict[str, SimAgent] = field(default_factory=dict)
+    history: list[tuple[float, float]] = field(default_factory=list)  # (time, true group draw)
+
+    def __post_init__(self) -> None:
+        for node in sorted({g.node for g in self.gpus}):
+            self.agents[node] = SimAgent(node, self._store(node))
+
+    def _store(self, node: str) -> OverlayStore:
+        path = None if self.state_dir is None else self.state_dir / node / "overlays.json"
+        return OverlayStore(self.clock, path=path, groups={GROUP})
+
+    @classmethod
+    def of(cls, nodes: int, per_node: int, ratio: float, **kw: object) -> Loop:
+        gpus = [SimGpu(f"GPU-{n}-{i}", f"node-{n}", f"pod-{n}-{i}") for n in range(nodes) for i in range(per_node)]
+        return cls(limit_w=ANNOTATION_W * len(gpus) / ratio, gpus=gpus, **kw)  # type: ignore[arg-type]
+
+    def node(self, n: int) -> list[SimGpu]:
+        return [g for g in self.gpus if g.node == f"node-{n}"]
+
+    def kill(self, node: str) -> None:
+        self.agents[node].alive = False
+
+    def restart(self, node: str) -> None:
+        """A new agent process: a new store, from what its state directory holds."""
+        self.agents[node] = SimAgent(node, self._store(node))
+
+    def fault(self, gpus: list[SimGpu], kind: str | None) -> None:
+        for g in gpus:
+            g.fault, g.stuck_w = kind, g.last_draw_w
+
+    def true_draw(self) -> float:
+        return math.fsum(g.draw() for g in self.gpus)
+
+    def step(self) -> None:
+        """One second of the loop."""
+        self.clock.advance(1.0)
+        now = self.clock.now()
+        for g in self.gpus:
+            a = self.agents[g.node]
+            if a.alive:
+                g.limit_w = a.store.limit_mw(g.uuid, int(ANNOTATION_W * 1000), int(MIN_W * 1000),
+                                             int(MAX_W * 1000))[0] / 1000
+        for g in self.gpus:
+            g.last_draw_w = g.draw()
+        self.history.append((now, self.true_draw()))
+        for node, a in self.agents.items():
+            if a.alive:
+                # what RedisTelemetry.read hands the guard: the parsed fields, a field it cannot use left out
+                self.hashes[node] = [t for g in self.gpus if g.node == node and (t := self._report(g, now)) is not None]
+        if not self.guard_up:
+            return
+        view = GroupView(nodes=frozenset(self.agents), priority={g.pod: ("low" if g.pod in self.low else "high")
+                                                                 for g in self.gpus},
+                         gpus={n: sum(1 for g in self.gpus if g.node == n) for n in self.agents})
+        self.period = guard_period(self.settings, GROUP, self.limit_w, view, self.hashes, self.memory, now)
+        self.memory = self.period.memory
+        for node, overlay in self.period.overlays.items():
+            if self.agents[node].alive:
+                self.agents[node].store.receive(overlay)
+
+    def _report(self, g: SimGpu, now: float) -> GpuTelemetry | None:
+        out = GpuOutcome(index=0, uuid=g.uuid, pods=[g.pod], decision="single", requested_w=ANNOTATION_W,
+                         cap_w=g.limit_w, current_w=g.limit_w, draw_w=g.reading(), action="set", min_w=MIN_W,
+                         max_w=MAX_W, enforced_w=g.limit_w, write="ok", readback="match")
+        return parse_telemetry(g.node, g.uuid, json.dumps(enforcement_record(g.node, out, now, {})))
+
+    def run(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self.step()
+
+    def over(self, since: float) -> list[tuple[float, float]]:
+        """The seconds from ``since`` on in which the group drew above its limit: (time, W over; NVML takes
+        whole milliwatts, so the safe caps may add up to a few mW above the limit)."""
+        return [(t, round(w - self.limit_w, 1)) for t, w in self.history if t >= since and w > self.limit_w + 0.01]  # mW rounding
