@@ -32,6 +32,7 @@ def status(
     from powerfleet.broker.steps import live_workers
     from powerfleet.broker.topology import describe
     from powerfleet.metrics.queues import queue_depths
+    from powerfleet.power.authority import in_force
     from powerfleet.tasks.ports import fleet_redis
     from powerfleet.workers.app import TICK_FAMILIES
     from powerfleet.queues import node_queue
@@ -51,7 +52,8 @@ def status(
     data = {"schema": "powerfleet.status/v1", "workers": workers,
             "workers_not_answering": sorted(announced - set(workers)), "agents": sorted(live_agents(r)),
             "queues": depths, "ticks": ticks,
-            "broker": describe(app.broker_url_resolved, config.broker, timeout_s=min(timeout, 2.0))}
+            "broker": describe(app.broker_url_resolved, config.broker, timeout_s=min(timeout, 2.0)),
+            "power_overlays": in_force(r, config.budget.oversubscribed())}
     if as_json:
         print_json(data)
         return
@@ -91,6 +93,17 @@ def _print_human(data: dict[str, Any], served: set[str]) -> None:
                   info["detail"] or "")
     console.print(k)
     console.print(broker_line(data["broker"]), highlight=False)
+    for line in overlay_lines(data["power_overlays"]):
+        console.print(line, highlight=False)
+
+
+def overlay_lines(overlays: list[dict[str, Any]]) -> list[str]:
+    """The power guard's overlays in force, one line per node (power/authority.py's ``in_force``)."""
+    if not overlays:
+        return ["power overlays: none in force"]
+    return [f"power overlay on {o['node']}: group {o['group']}, {o['throttled']} of {o['gpus']} GPUs throttled, "
+            f"from {o['source']} revision {o['revision']}, expires in "
+            f"{'?' if o['expires_in_s'] is None else format(o['expires_in_s'], '.1f')} s" for o in overlays]
 
 
 def broker_line(b: dict[str, Any]) -> str:

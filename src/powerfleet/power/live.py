@@ -55,9 +55,10 @@ class GuardMemory:
     gpus: Mapping[str, KnownGpu] = field(default_factory=dict)
     issued_at: float | None = None  # when the guard last sent overlays (its clock)
     tracks: Mapping[str, Track] = field(default_factory=dict)  # the sensor check's memory (power/sensors.py)
+    epoch: str = ""  # set when the memory starts (power/authority.py): an agent accepts overlays of it only
 
     def to_json(self) -> dict[str, Any]:
-        return {"revision": self.revision, "mode": self.state.mode, "throttle": dict(self.state.throttle),
+        return {"revision": self.revision, "epoch": self.epoch, "mode": self.state.mode, "throttle": dict(self.state.throttle),
                 "gpus": {g: vars(k) for g, k in sorted(self.gpus.items())}, "issued_at": self.issued_at,
                 "tracks": {g: vars(t) for g, t in sorted(self.tracks.items())}}
 
@@ -75,7 +76,7 @@ class GuardMemory:
             mode = data["mode"] if data["mode"] in ("release", "hold", "throttle_low", "throttle_all") else "hold"
             issued = data.get("issued_at")
             return cls(revision=int(data["revision"]), state=GuardState(throttle=throttle, mode=mode), gpus=gpus,
-                       issued_at=_opt(issued), tracks=tracks)
+                       issued_at=_opt(issued), tracks=tracks, epoch=str(data.get("epoch") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             return cls()
 
@@ -153,7 +154,7 @@ def guard_period(settings: GuardSettings, group: str, limit_w: float, view: Grou
     state = GuardState(throttle={g: w for g, w in memory.state.throttle.items() if g in gpus},
                        mode=memory.state.mode)
     if not readings:
-        return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus))
+        return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus, epoch=memory.epoch))
     ranges = {r.gpu: r.range() for r in readings}
     lapsed = memory.issued_at is not None and now - memory.issued_at > settings.period_s * (1.0 + GRACE)
     if lapsed and refusal(group, ranges, limit_w) is None:
@@ -164,11 +165,13 @@ def guard_period(settings: GuardSettings, group: str, limit_w: float, view: Grou
     try:
         d = decide(settings, group, limit_w, readings, state, now)
     except GroupRefused as exc:
-        return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus, tracks=tracks), refused=str(exc))
+        return GuardPeriod(None, {}, GuardMemory(memory.revision, state, gpus, tracks=tracks, epoch=memory.epoch),
+                           refused=str(exc))
     # Monotonic across a lost memory too (Redis restarted empty): an agent ignores an overlay older
     # than the one it holds, so a revision that started again at 1 would keep it in fallback.
     revision = max(memory.revision + 1, int(now * 1000))
-    overlays = by_node(d, {g: k.node for g, k in gpus.items()}, group, settings.period_s, revision, now)
+    epoch = memory.epoch or f"{int(now * 1000):x}"  # a memory that starts (or starts again) starts an epoch
+    overlays = by_node(d, {g: k.node for g, k in gpus.items()}, group, settings.period_s, revision, now, epoch)
     # (an unseen GPU has no UUID to send anything to: it is in the figures, not in the overlays)
-    return GuardPeriod(d, overlays, GuardMemory(revision, d.state, gpus, issued_at=now, tracks=tracks),
+    return GuardPeriod(d, overlays, GuardMemory(revision, d.state, gpus, issued_at=now, tracks=tracks, epoch=epoch),
                        over_limit=d.measured_w > limit_w, faults=faults)
