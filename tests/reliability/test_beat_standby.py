@@ -30,3 +30,15 @@ def test_a_beat_started_without_its_lock_stands_by_then_leads_once_the_lock_is_f
     assert r.get(sched.lock_key) == token and 0 < r.pttl(sched.lock_key) <= sched.lock_timeout * 1000
     sched.close()
     assert r.get(sched.lock_key) is None
+
+
+def test_a_beat_that_lost_its_broker_tries_again_within_a_second(broker_url: str, redis_server) -> None:  # noqa: F811
+    # issue 31 finding 8: beat retried every max_interval (5 s), so ticks resumed 5-7 s after a promotion
+    app = create_app(load_config(environ={"POWERFLEET_BROKER__URL": broker_url}))
+    sched = FleetScheduler(app=app)
+    sched._retake_lock()
+    assert sched.lock is not None and sched.lock.owned()
+    assert float(sched.max_interval) == 5.0
+    redis_server.close()  # the broker gone: every command fails to connect
+    waits = [sched.tick() for _ in range(2)]
+    assert all(w <= 1.0 for w in waits) and sched._broker_lost, waits

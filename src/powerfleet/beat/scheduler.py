@@ -31,6 +31,7 @@ from powerfleet.workers.logging import one_line
 
 logger = logging.getLogger("powerfleet.beat")
 BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+BROKER_RETRY_S = 1.0  # how soon beat tries again while the broker is unreachable
 
 
 class FleetScheduler(RedBeatScheduler):
@@ -62,7 +63,10 @@ class FleetScheduler(RedBeatScheduler):
             self._standing_by = True
             return retry_s
         except BROKER_ERRORS as exc:
+            # Retry within a second, not after max_interval (5 s): after a failover the ticks resume
+            # within the promotion time plus a second (issue 31 finding 8), one warning per retry.
             self._broker_lost = True
+            retry_s = min(retry_s, BROKER_RETRY_S)
             logger.warning("beat: broker unreachable (%s); retrying in %gs", one_line(exc), retry_s)
             return retry_s
 

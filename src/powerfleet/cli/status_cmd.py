@@ -109,7 +109,8 @@ def overlay_lines(overlays: list[dict[str, Any]]) -> list[str]:
 def broker_line(b: dict[str, Any]) -> str:
     """The broker in one line: mode, master, replicas and their links, last failover."""
     if "error" in b:
-        return f"broker ({b['mode']}): {b['error']}"
+        tail = f"; {quorum_words(b)}" if b["mode"] == "sentinel" else ""
+        return f"broker ({b['mode']}): {b['error']}{tail}"
     replicas = ", ".join(f"{x['address']} ({'DOWN' if 'down' in x['flags'] else 'link ' + (x['link'] or '?')})"
                          for x in b["replicas"]) or "none"
     if b["mode"] == "standalone":
@@ -117,4 +118,15 @@ def broker_line(b: dict[str, Any]) -> str:
     lf = b["last_failover"]
     failover = "never" if lf is None else f"{lf['age_s']:.0f} s ago (failover epoch {lf['epoch']})"
     return (f"broker: Sentinel master {b['master_name']!r} at {b['master']} ({b['master_flags']}; "
-            f"{b['sentinels']} Sentinels, quorum {b['quorum']}); replicas: {replicas}; last failover: {failover}")
+            f"{b['sentinels']} Sentinels, quorum {b['quorum']}); replicas: {replicas}; last failover: {failover}; "
+            f"{quorum_words(b)}")
+
+
+def quorum_words(b: dict[str, Any]) -> str:
+    """How many Sentinels answered and whether a failover can happen (broker.topology's quorum fields)."""
+    if "sentinels_answered" not in b:
+        return "quorum not checked"
+    said = f"{b['sentinels_answered']} of {b['sentinels_configured']} Sentinels answered"
+    if b.get("failover_possible"):
+        return f"{said}, a failover can be authorised"
+    return f"WARNING: {said}, NO failover can happen ({b.get('quorum_detail', 'no quorum')})"
