@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerfleet.power.faults import KINDS, check_span, parse_fault
+from powerfleet.power.faults import KINDS, check_gpus, check_span, parse_fault
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.report import report
 from powerfleet.power.whatif import WhatIfConfig, run_whatif
@@ -55,8 +55,8 @@ def test_faults_run_deterministically_and_are_in_the_json(tmp_path) -> None:  # 
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--fault", "agent-dead:0-3:100:160"], "--fault agent-dead:0-3:100:160 ends after the replay's 150 s of traffic"),
-    (["--telemetry-loss", "140:200"], "--telemetry-loss 140:200 ends after the replay's 150 s of traffic"),
+    (["--fault", "agent-dead:0-3:300:360"], "--fault agent-dead:0-3:300:360 starts after the replay ended at 174 s"),
+    (["--telemetry-loss", "174:200"], "--telemetry-loss 174:200 starts after the replay ended at 174 s"),
     (["--fault", "zero:30-40:10:20"], "--fault zero:30-40:10:20: the group has GPUs 0-31, not 40"),
     (["--fault", "melted:0:10:20"], "--fault 'melted:0:10:20': unknown kind 'melted'; one of unreadable, zero, "
                                     "stuck, agent-dead, agent-restart"),
@@ -86,4 +86,5 @@ def test_the_fault_parser_fails_only_in_one_line(text: str) -> None:
         return
     assert f.kind in KINDS and 0 <= f.start_s < f.end_s and f.gpus == tuple(sorted(set(f.gpus)))
     assert parse_fault(f.text()) == f
-    check_span([f], None, f.end_s, f.gpus[-1] + 1)  # within the replay and the group: accepted
+    check_gpus([f], f.gpus[-1] + 1)  # within the replay and the group: accepted
+    check_span([f], None, f.start_s + 0.5)

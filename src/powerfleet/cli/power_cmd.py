@@ -13,7 +13,8 @@ from powerfleet.cli.sim_cmd import SeedOpt, TraceOpt, WindowOpt, load_requests
 app = typer.Typer(help="Measured-power oversubscription: the guard on replayed traffic.", no_args_is_help=True)
 
 GUARD_HELP = ("JSON guard settings: t1, t2, release, target (fractions of the limit), decrease, step_w, "
-              "period_s (whole seconds here), stale_periods.")
+              "period_s (whole seconds here), stale_periods, cap_ceiling; the sensor check's floor_w, stuck_s, "
+              "stuck_load_w; unseen_w.")
 
 
 @app.command("whatif")

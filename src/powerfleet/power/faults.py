@@ -13,7 +13,8 @@ seconds [START, END), as the live fleet would see it:
   or Redis out of its reach): it applies its safe caps from its own state at once and reports
   nothing until END.
 
-``check_span`` refuses, in one line, a fault or a telemetry loss that is not within the replay.
+``check_gpus`` and ``check_span`` refuse, in one line, a fault on GPUs the group lacks and a fault or
+a telemetry loss that starts when the replay is over.
 """
 
 from __future__ import annotations
@@ -85,13 +86,21 @@ def parse_fault(text: str) -> FaultSpec:
     return FaultSpec(kind=kind, gpus=_gpus(gpus, text), start_s=lo, end_s=hi)  # type: ignore[arg-type]
 
 
-def check_span(faults: Sequence[FaultSpec], loss: tuple[float, float] | None, replay_s: float, gpus: int) -> None:
-    """Refuse what falls outside the replay (``replay_s`` seconds of traffic) or the group."""
-    end = f"the replay's {round(replay_s, 1):g} s of traffic"
-    if loss is not None and loss[1] > replay_s:
-        raise ValueError(f"--telemetry-loss {loss[0]:g}:{loss[1]:g} ends after {end}")
+def check_gpus(faults: Sequence[FaultSpec], gpus: int) -> None:
+    """Refuse a fault on GPUs the group does not have (one line)."""
     for f in faults:
-        if f.end_s > replay_s:
-            raise ValueError(f"--fault {f.text()} ends after {end}")
         if f.gpus[-1] >= gpus:
             raise ValueError(f"--fault {f.text()}: the group has GPUs 0-{gpus - 1}, not {f.gpus[-1]}")
+
+
+def check_span(faults: Sequence[FaultSpec], loss: tuple[float, float] | None, run_s: float) -> None:
+    """Refuse a fault or a telemetry loss that starts when the replay is over (``run_s``: the
+    simulated seconds it ran, until its last request completed): none of it would happen, and a
+    run that silently ignored it would read as one that survived it. One that starts within the
+    replay and outlasts it simply lasts to its end."""
+    end = f"the replay ended at {run_s:g} s"
+    if loss is not None and loss[0] >= run_s:
+        raise ValueError(f"--telemetry-loss {loss[0]:g}:{loss[1]:g} starts after {end}")
+    for f in faults:
+        if f.start_s >= run_s:
+            raise ValueError(f"--fault {f.text()} starts after {end}")

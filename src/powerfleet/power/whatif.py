@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from powerfleet.clock import FakeClock
-from powerfleet.power.faults import AGENT_KINDS, SENSOR_KINDS, FaultSpec, check_span
+from powerfleet.power.faults import AGENT_KINDS, SENSOR_KINDS, FaultSpec, check_gpus, check_span
 from powerfleet.power.guard import Guard, GuardSettings, GpuReading
 from powerfleet.power.overlay import GRACE
 from powerfleet.power.safe import GpuRange, refusal, safe_caps
@@ -163,7 +163,7 @@ def run_whatif(arr: Arrivals, cfg: WhatIfConfig, *, policy: RouterPolicy | None 
     why = refusal("what-if", ranges, cfg.limit_w)
     if why is not None:
         raise ValueError(why)
-    check_span(cfg.faults, cfg.telemetry_loss, arr.window_ms / 1000.0, n_gpus)
+    check_gpus(cfg.faults, n_gpus)
     safe = safe_caps(ranges, cfg.limit_w)
     counts = cfg.split_workers()
     parts = split(arr, cfg.priority_split)
@@ -179,6 +179,7 @@ def run_whatif(arr: Arrivals, cfg: WhatIfConfig, *, policy: RouterPolicy | None 
     prio_of = {f"gpu{k}": d.priority for d in deps for k in range(d.first_gpu, d.first_gpu + d.workers * g)}
     loop = _Loop(cfg, deps, card, ranges, safe, prio_of)
     loop.run(arr.window_ms)
+    check_span(cfg.faults, cfg.telemetry_loss, loop.tl.duration_s)
     results = {d.priority: d.power.sim.result() for d in deps if d.power is not None}
     return WhatIfRun(cfg, deps, results, loop.tl, n_gpus * cfg.cap_w, profile.name, loop.guarded)
 
