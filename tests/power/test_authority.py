@@ -85,3 +85,13 @@ def test_the_period_is_bounded_by_the_agents_configuration() -> None:
     assert verify(overlays["node-a"], raw, {"rack"}, 0.5) == (None, "period")
     got, why = verify(overlays["node-a"], raw, {"rack"}, 2.0)
     assert why is None and got is not None and got.period_s == 1.0
+
+
+def test_status_puts_each_overlay_in_force_in_one_line() -> None:
+    from powerfleet.cli.status_cmd import overlay_lines
+
+    assert overlay_lines([]) == ["power overlays: none in force"]
+    line, = overlay_lines([{"node": "gpu-a", "group": "rack-a", "source": "guard epoch 186a0", "revision": 100_000,
+                            "throttled": 1, "gpus": 2, "caps": {"GPU-0": 595.0}, "expires_in_s": 1.234}])
+    assert line == ("power overlay on gpu-a: group rack-a, 1 of 2 GPUs throttled, from guard epoch 186a0 revision "
+                    "100000, expires in 1.2 s")
