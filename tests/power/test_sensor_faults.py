@@ -1,20 +1,15 @@
 """Every GPU counted at what it can really draw (issue 31, findings 1, 2, 3 and 4): the project's guard and
-agent code in a closed loop over simulated GPUs (tests/power/loop.py), on one injected clock. Each
+agent code in a closed loop over simulated GPUs (powerfleet/testing/power_loop.py), on one injected clock. Each
 scenario's group draws above its limit for the rest of the run on the code before the fix."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from powerfleet.power.safe import GpuRange, safe_caps
-from tests.power.loop import ANNOTATION_W, MAX_W, MIN_W, Loop
+from powerfleet.testing.power_loop import ANNOTATION_W, MAX_W, FaultyGroup, Loop
 
 
 def heavy(loop: Loop, seconds: int = 10) -> float:
@@ -110,89 +105,6 @@ def test_an_agent_restarted_while_the_guard_is_down_enforces_its_safe_caps_from_
     assert loop.agents["node-0"].store.resolve(loop.node(0)[0].uuid, ANNOTATION_W)[0].why != "fallback"
 
 
-class FaultyGroup(RuleBasedStateMachine):
-    """Random groups, random sensor faults, agents that die and restart; the guard's figure is never below
-    what the GPUs draw once each fault has lasted its detection time (unreadable and zero: the next period;
-    dead: two periods; stuck: the plausibility window, the group's load moving every second)."""
-
-    @initialize(nodes=st.integers(1, 3), per_node=st.integers(1, 4), ratio=st.floats(1.05, 1.6),
-                demands=st.lists(st.sampled_from([40.0, 150.0, 300.0, 500.0, 700.0]), min_size=12, max_size=12))
-    def setup(self, nodes: int, per_node: int, ratio: float, demands: list[float]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="powerfleet-loop-"))
-        self.loop = Loop.of(nodes, per_node, ratio, state_dir=self.dir)
-        mover = Loop.of(1, 1, 1.0).gpus[0]  # an honest GPU on a node of its own whose load always moves
-        mover.uuid, mover.node, mover.pod = "GPU-m", "node-m", "pod-m"
-        self.loop.gpus.append(mover)
-        self.loop.limit_w = ANNOTATION_W * len(self.loop.gpus) / ratio
-        self.loop.agents.clear()
-        self.loop.__post_init__()
-        self.mover = mover
-        for g, d in zip(self.loop.gpus, demands):
-            g.demand_w = d
-        self.since: dict[str, tuple[str, float]] = {}  # GPU or node -> (fault, since)
-
-    def teardown(self) -> None:
-        shutil.rmtree(getattr(self, "dir", ""), ignore_errors=True)
-
-    def _faultable(self) -> list:  # type: ignore[type-arg]
-        return [g for g in self.loop.gpus if g is not self.mover]
-
-    @rule(demands=st.lists(st.sampled_from([40.0, 150.0, 300.0, 500.0, 700.0]), min_size=12, max_size=12))
-    def second(self, demands: list[float]) -> None:
-        for g, d in zip(self._faultable(), demands):
-            g.demand_w = d
-        self.mover.demand_w = MIN_W if self.mover.demand_w == ANNOTATION_W else ANNOTATION_W
-        self.loop.step()
-
-    @rule(i=st.integers(0, 11), kind=st.sampled_from(["unreadable", "zero", "stuck", None]))
-    def sensor(self, i: int, kind: str | None) -> None:
-        gpus = self._faultable()
-        g = gpus[i % len(gpus)]
-        if g.fault == kind:
-            return
-        self.loop.fault([g], kind)
-        # a sensor that reads again is believed from the next period on
-        self.since[g.uuid] = (kind or "restarted", self.loop.clock.now())
-
-    @rule(n=st.integers(0, 2))
-    def kill(self, n: int) -> None:
-        node = f"node-{n}"
-        if node in self.loop.agents and self.loop.agents[node].alive:
-            self.loop.kill(node)
-            self.since[node] = ("dead", self.loop.clock.now())
-
-    @rule(n=st.integers(0, 2))
-    def restart(self, n: int) -> None:
-        node = f"node-{n}"
-        if node in self.loop.agents and not self.loop.agents[node].alive:
-            self.loop.restart(node)
-            self.since[node] = ("restarted", self.loop.clock.now())  # its first report comes with the next second
-
-    def _settled(self) -> bool:
-        s = self.loop.settings
-        need = {"unreadable": s.period_s, "zero": s.period_s, "restarted": s.period_s,
-                "stuck": s.stuck_s + 2 * s.period_s,
-                "dead": (s.stale_periods + 1) * s.period_s}
-        now = self.loop.clock.now()
-        return all(now - t >= need[kind] for kind, t in self.since.values())
-
-    @invariant()
-    def the_guard_never_counts_less_than_is_drawn(self) -> None:
-        p = self.loop.period
-        if p is None or p.decision is None or not self._settled():
-            return
-        assert p.decision.measured_w >= self.loop.true_draw() - 1e-6, (
-            p.decision.measured_w, self.loop.true_draw(), p.faults, self.since,
-            [(g.uuid, g.fault, g.draw(), g.limit_w) for g in self.loop.gpus])
-
-    @invariant()
-    def the_safe_caps_fit_the_limit(self) -> None:
-        p = self.loop.period
-        if p is not None and p.decision is not None:
-            assert sum(p.decision.safe.values()) <= self.loop.limit_w + 1e-6
-            ranges = {g: GpuRange(ANNOTATION_W, MIN_W, MAX_W) for g in p.decision.safe}
-            assert p.decision.safe == safe_caps(ranges, self.loop.limit_w)  # every known GPU has its share
-
-
+# bounded here; bench/power_faults.py runs the same machine longer
 FaultyGroup.TestCase.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
 test_faulty_groups = FaultyGroup.TestCase

@@ -37,11 +37,12 @@ class Track:
     lo_w: float
     hi_w: float
     peers: int = 0  # how many other GPUs of the group read when lo_w and hi_w began
+    stuck: bool = False  # judged stuck: it stays so until its reading changes
 
     @classmethod
     def from_json(cls, data: Any) -> Track:
         return cls(float(data["draw_w"]), float(data["since"]), float(data["lo_w"]), float(data["hi_w"]),
-                   int(data.get("peers", 0)))
+                   int(data.get("peers", 0)), bool(data.get("stuck", False)))
 
 
 def check(draws: Mapping[str, float | None], limits: Mapping[str, float | None], tracks: Mapping[str, Track],
@@ -67,11 +68,12 @@ def check(draws: Mapping[str, float | None], limits: Mapping[str, float | None],
             out[gpu] = Track(d, now, others, others, peers)
             continue
         if t.peers != peers:  # another GPU started or stopped reading: compare from here on
-            t = Track(t.draw_w, t.since, others, others, peers)
-        t = Track(t.draw_w, t.since, min(t.lo_w, others), max(t.hi_w, others), peers)
-        out[gpu] = t
+            t = Track(t.draw_w, t.since, others, others, peers, t.stuck)
+        t = Track(t.draw_w, t.since, min(t.lo_w, others), max(t.hi_w, others), peers, t.stuck)
         limit = limits.get(gpu)
         at_cap = limit is not None and abs(d - limit) <= 1.0
-        if gpu not in faults and not at_cap and now - t.since >= stuck_s and t.hi_w - t.lo_w >= stuck_load_w:
-            faults[gpu] = "stuck"
+        if t.stuck or (not at_cap and now - t.since >= stuck_s and t.hi_w - t.lo_w >= stuck_load_w):
+            t = Track(t.draw_w, t.since, t.lo_w, t.hi_w, peers, True)
+            faults.setdefault(gpu, "stuck")
+        out[gpu] = t
     return faults, out

@@ -8,14 +8,22 @@ one period (power/live.py), and its overlays reach the live agents. A dead agent
 (its last hash lingers, as its TTL lets it) and leaves NVML at the limit it last set. Sensor faults
 change only what is reported: ``unreadable`` (no draw), ``zero`` (0 W), ``stuck`` (the value it read
 when the fault began).
+
+``FaultyGroup`` is the hypothesis state machine over it (tests/power/test_sensor_faults.py runs it
+bounded, bench/power_faults.py longer).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from powerfleet.agent.evidence import enforcement_record
 from powerfleet.agent.report import GpuOutcome
@@ -23,6 +31,7 @@ from powerfleet.agent.throttle import OverlayStore
 from powerfleet.clock import FakeClock
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.live import GroupView, GuardMemory, GuardPeriod, guard_period
+from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import GpuTelemetry, parse_telemetry
 
 ANNOTATION_W, MIN_W, MAX_W = 700.0, 200.0, 700.0
@@ -146,3 +155,87 @@ class Loop:
         """The seconds from ``since`` on in which the group drew above its limit: (time, W over; NVML takes
         whole milliwatts, so the safe caps may add up to a few mW above the limit)."""
         return [(t, round(w - self.limit_w, 1)) for t, w in self.history if t >= since and w > self.limit_w + 0.01]  # mW rounding
+
+
+class FaultyGroup(RuleBasedStateMachine):
+    """Random groups, random sensor faults, agents that die and restart; the guard's figure is never below
+    what the GPUs draw once each fault has lasted its detection time (unreadable and zero: the next period;
+    dead: two periods; stuck: the plausibility window, the group's load moving every second)."""
+
+    @initialize(nodes=st.integers(1, 3), per_node=st.integers(1, 4), ratio=st.floats(1.05, 1.6),
+                demands=st.lists(st.sampled_from([40.0, 150.0, 300.0, 500.0, 700.0]), min_size=12, max_size=12))
+    def setup(self, nodes: int, per_node: int, ratio: float, demands: list[float]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="powerfleet-loop-"))
+        self.loop = Loop.of(nodes, per_node, ratio, state_dir=self.dir)
+        mover = Loop.of(1, 1, 1.0).gpus[0]  # an honest GPU on a node of its own whose load always moves
+        mover.uuid, mover.node, mover.pod = "GPU-m", "node-m", "pod-m"
+        self.loop.gpus.append(mover)
+        self.loop.limit_w = ANNOTATION_W * len(self.loop.gpus) / ratio
+        self.loop.agents.clear()
+        self.loop.__post_init__()
+        self.mover = mover
+        for g, d in zip(self.loop.gpus, demands):
+            g.demand_w = d
+        self.since: dict[str, tuple[str, float]] = {}  # GPU or node -> (fault, since)
+
+    def teardown(self) -> None:
+        shutil.rmtree(getattr(self, "dir", ""), ignore_errors=True)
+
+    def _faultable(self) -> list:  # type: ignore[type-arg]
+        return [g for g in self.loop.gpus if g is not self.mover]
+
+    @rule(demands=st.lists(st.sampled_from([40.0, 150.0, 300.0, 500.0, 700.0]), min_size=12, max_size=12))
+    def second(self, demands: list[float]) -> None:
+        for g, d in zip(self._faultable(), demands):
+            g.demand_w = d
+        self.mover.demand_w = MIN_W if self.mover.demand_w == ANNOTATION_W else ANNOTATION_W
+        self.loop.step()
+
+    @rule(i=st.integers(0, 11), kind=st.sampled_from(["unreadable", "zero", "stuck", None]))
+    def sensor(self, i: int, kind: str | None) -> None:
+        gpus = self._faultable()
+        g = gpus[i % len(gpus)]
+        if g.fault == kind:
+            return
+        self.loop.fault([g], kind)
+        # a sensor that reads again is believed from the next period on
+        self.since[g.uuid] = (kind or "restarted", self.loop.clock.now())
+
+    @rule(n=st.integers(0, 2))
+    def kill(self, n: int) -> None:
+        node = f"node-{n}"
+        if node in self.loop.agents and self.loop.agents[node].alive:
+            self.loop.kill(node)
+            self.since[node] = ("dead", self.loop.clock.now())
+
+    @rule(n=st.integers(0, 2))
+    def restart(self, n: int) -> None:
+        node = f"node-{n}"
+        if node in self.loop.agents and not self.loop.agents[node].alive:
+            self.loop.restart(node)
+            self.since[node] = ("restarted", self.loop.clock.now())  # its first report comes with the next second
+
+    def _settled(self) -> bool:
+        s = self.loop.settings
+        need = {"unreadable": s.period_s, "zero": s.period_s, "restarted": s.period_s,
+                "stuck": s.stuck_s + 2 * s.period_s,
+                "dead": (s.stale_periods + 1) * s.period_s}
+        now = self.loop.clock.now()
+        return all(now - t >= need[kind] for kind, t in self.since.values())
+
+    @invariant()
+    def the_guard_never_counts_less_than_is_drawn(self) -> None:
+        p = self.loop.period
+        if p is None or p.decision is None or not self._settled():
+            return
+        assert p.decision.measured_w >= self.loop.true_draw() - 1e-6, (
+            p.decision.measured_w, self.loop.true_draw(), p.faults, self.since,
+            [(g.uuid, g.fault, g.draw(), g.limit_w) for g in self.loop.gpus])
+
+    @invariant()
+    def the_safe_caps_fit_the_limit(self) -> None:
+        p = self.loop.period
+        if p is not None and p.decision is not None:
+            assert sum(p.decision.safe.values()) <= self.loop.limit_w + 1e-6
+            ranges = {g: GpuRange(ANNOTATION_W, MIN_W, MAX_W) for g in p.decision.safe}
+            assert p.decision.safe == safe_caps(ranges, self.loop.limit_w)  # every known GPU has its share
