@@ -213,7 +213,11 @@ class FaultyGroup(RuleBasedStateMachine):
         node = f"node-{n}"
         if node in self.loop.agents and not self.loop.agents[node].alive:
             self.loop.restart(node)
-            self.since[node] = ("restarted", self.loop.clock.now())  # its first report comes with the next second
+            now = self.loop.clock.now()
+            self.since[node] = ("restarted", now)  # its first report comes with the next second
+            for g in self.loop.gpus:  # a stuck reading is judged from when the guard sees readings again
+                if g.node == node and g.fault == "stuck":
+                    self.since[g.uuid] = ("stuck", now)
 
     def _settled(self) -> bool:
         s = self.loop.settings
