@@ -35,6 +35,8 @@ LEADERSHIP = ("tests/retune/test_leadership.py",)
 SAVED_TERM = ("tests/retune/test_state_and_settings.py", *LEADERSHIP)  # issue 24's 3: the saved state's term
 WINDOWS = ("tests/unit/test_windows.py",)
 ROUTES = ("tests/unit/test_tasks_and_routes.py", "tests/integration/test_routing.py")
+POWER = ("tests/agent/test_throttle.py", "tests/power/test_sensor_faults.py", "tests/power/test_authority.py",
+         "tests/power/test_live.py")
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the cap policy --
@@ -307,4 +309,26 @@ MUTANTS: tuple[Mutant, ...] = (
         "        state = _skip_gap(dep, t, state, w.index, now)\n",
         "",
         ("tests/retune/test_accounting.py",), "windows closed during a tick outage get no outcome and no count"),
+    # -- the power guard and its overlays (issue 31; issue 29 item 2; issue 37 finding 5) --
+    Mutant(
+        "power.fallback_skips_unthrottled", "src/powerfleet/power/overlay.py",
+        "    if not fresh:\n        return AgentCap(min(annotation_w, overlay.safe[gpu]), \"fallback\")",
+        "    if not fresh and gpu in overlay.caps:\n        return AgentCap(min(annotation_w, overlay.safe[gpu]), \"fallback\")",
+        POWER, "#37 finding 5: once the overlays stop, a GPU the last overlay left unthrottled keeps its annotation cap"),
+    Mutant(
+        "power.lost_gpu_at_safe_cap", "src/powerfleet/power/guard.py",
+        "lost = {g: max(safe[g], by[g].enforced_w or 0.0) for g in stale}",
+        "lost = {g: safe[g] for g in stale}",
+        POWER, "a dead agent's GPUs are counted at safe caps nobody enforces while NVML keeps 700 W"),
+    Mutant(
+        "power.zero_reading_trusted", "src/powerfleet/power/sensors.py",
+        "        if d < floor_w:\n",
+        "        if d < 0:\n",
+        POWER, "a sensor reading 0 W is believed: the guard hands the group's room to the others"),
+    Mutant(
+        "power.future_revision_accepted", "src/powerfleet/power/authority.py",
+        '    if message.revision > rec.revision:\n        return None, "future_revision"\n',
+        "",
+        POWER, "a message from the future (revision 10^18) is applied with the record's caps and blocks nothing, "
+               "but is not refused or counted"),
 )

@@ -92,3 +92,38 @@ def test_the_watch_asks_for_one_pass_per_lapse_within_one_period_and_counts_it(b
     bench.clock.advance(3.1)
     assert watch.check_once() == ["rack-a"]
     assert sample(registry, "powerfleet_agent_power_fallback_activations_total", group="rack-a") == 2
+
+
+def test_an_unthrottled_gpu_above_its_safe_cap_goes_to_it_too_once_the_overlays_stop(bench: Bench) -> None:
+    # issue 37 finding 5: the fallback must not skip the GPUs the last overlay left unthrottled
+    store = OverlayStore(bench.clock)
+    assert store.receive(overlay(1, {"GPU-0000": 350.0}))  # GPU-0001 not throttled: its annotation cap
+    assert store.limit_mw("GPU-0001", 600_000, 200_000, 700_000)[0] == 600_000
+    bench.clock.advance(1.51)
+    assert store.limit_mw("GPU-0001", 600_000, 200_000, 700_000)[0] == 400_000  # its safe cap
+    assert store.limit_mw("GPU-0000", 600_000, 200_000, 700_000)[0] == 400_000
+    assert store.resolve("GPU-0001", 600.0)[0].why == "fallback"
+
+
+def test_a_restarted_agent_falls_back_from_its_own_state_and_lifts_only_on_a_fresh_overlay(bench: Bench) -> None:
+    path = bench.tmp / "state" / "node-a" / "overlays.json"
+    first = OverlayStore(bench.clock, path=path, groups={"rack-a"})
+    assert first.receive(overlay(7, {"GPU-0000": 450.0}))
+    written = path.stat().st_mtime_ns
+    assert first.receive(overlay(8, {"GPU-0000": 430.0}))  # same safe caps: not written again
+    assert path.stat().st_mtime_ns == written
+    # a new process, no Redis, no guard: safe caps from its first pass, however recent the file
+    registry = CollectorRegistry()
+    again = OverlayStore(bench.clock, registry, path=path, groups={"rack-a"})
+    assert again.limit_mw("GPU-0000", 600_000, 200_000, 700_000)[0] == 400_000
+    assert again.resolve("GPU-0001", 600.0)[0].why == "fallback"
+    assert again.lapsed_now() == ["rack-a"]  # counted and logged as a fallback once
+    assert sample(registry, "powerfleet_agent_power_fallback", group="rack-a") == 1
+    assert not again.receive(overlay(6, {}))  # an older revision lifts nothing
+    assert again.receive(overlay(9, {}))  # a fresh one does
+    assert again.limit_mw("GPU-0000", 600_000, 200_000, 700_000)[0] == 600_000
+    # a group the configuration no longer oversubscribes is not read back; a corrupt file is none
+    assert OverlayStore(bench.clock, path=path, groups=set()).limit_mw("GPU-0000", 600_000, 200_000,
+                                                                       700_000) == (600_000, None)
+    path.write_text("{not json")
+    assert OverlayStore(bench.clock, path=path, groups={"rack-a"}).resolve("GPU-0000", 600.0)[1] is None

@@ -290,3 +290,24 @@ def test_disabled_components_render_nothing() -> None:
     objs = objects({"beat": {"enabled": False}, "worker": {"enabled": False}, "agent": {"enabled": False}})
     assert {component_of(o) for o in objs} == {"config", "redis"}
     assert not find(objs, "Role") and not find(objs, "ClusterRole")
+
+
+def test_the_agents_config_carries_the_oversubscribed_groups_and_the_power_section(tmp_path: Path) -> None:
+    # the agent accepts the guard's overlays only for groups its own config oversubscribes (docs/power.md)
+    from powerfleet.config import load_config
+
+    budget = {"groups": {"rack-a": 28000, "rack-b": 9000}, "group_oversubscription": {"rack-a": 1.3}}
+    values = {"config": {"budget": budget, "power": {"guard_period_s": 2}, "nodes": ["gpu-a"]}}
+    data = one(objects(values), "ConfigMap", "config")["data"]
+    agent = yaml.safe_load(data["agent.yaml"])
+    assert agent["budget"] == {"groups": {"rack-a": 28000}, "group_oversubscription": {"rack-a": 1.3}}, agent
+    path = tmp_path / "agent.yaml"
+    path.write_text(data["agent.yaml"])
+    config = load_config(path, environ={"POWERFLEET_BROKER__URL": "redis://:pw@r:6379/0"})
+    assert config.budget.oversubscribed() == {"rack-a": 28000} and config.power.guard_period_s == 2
+    # a budget setting that is no oversubscription does not roll the agents; none oversubscribed: no budget
+    objs = objects(values)
+    other = objects({"config": {**values["config"], "budget": {**budget, "max_settable_gpu_w": 900}}})
+    assert _checksum(other, "DaemonSet", "agent") == _checksum(objs, "DaemonSet", "agent")
+    plain = objects({"config": {**values["config"], "budget": {"groups": {"rack-a": 28000}}}})
+    assert "budget" not in yaml.safe_load(one(plain, "ConfigMap", "config")["data"]["agent.yaml"])

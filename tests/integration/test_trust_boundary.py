@@ -43,9 +43,12 @@ def _sent_state(r: redis.Redis) -> set[bytes]:
 
 @pytest.mark.parametrize(("task", "kwargs", "says"), [
     ("powerfleet.agent.throttle", FORGED_OVERLAY, "powerfleet.agent.throttle: an internal task"),
+    # The forged group limit of issue 29: no such field exists any more (the allowance is read from Redis).
     ("powerfleet.budget.evaluate", {"deployment": "ns/llm", "group": "rack-a", "group_limit_w": 16800,
                                     "group_gpu_capacity": 36, "from_tick": True},
-     "powerfleet.budget.evaluate: from_tick: set only by the fleet itself"),
+     "powerfleet.budget.evaluate: from_tick: unknown argument"),
+    ("powerfleet.budget.evaluate", {"deployment": "ns/llm", "generation": 10**15},
+     "powerfleet.budget.evaluate: generation: set only by the fleet itself"),
     ("powerfleet.retune.harvest", {"sid": "nosuch"}, "powerfleet.retune.harvest: an internal task"),
     ("powerfleet.budget.propose", {"deployment": "ns/llm", "replicas": {"worker": True}},
      "replicas.worker: Input should be a valid integer"),

@@ -132,3 +132,43 @@ def test_up_with_an_unwritable_log_dir_starts_nothing(tmp_path) -> None:
     assert out.returncode == 2 and "--log-dir: cannot write to" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not list((tmp_path / "tmp").iterdir())  # no embedded redis-server was started (its dir lives here)
+
+
+def _child_pid(parent: int, command: str) -> int | None:
+    """The pid of `up`'s child running `powerfleet <command>`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and argv[1:4] == [b"-m", b"powerfleet.cli", command.encode()]:
+            return int(entry.name)
+    return None
+
+
+def test_up_restarts_a_process_that_died_and_says_so(tmp_path) -> None:
+    # issue 31 finding 7: one beat crashing on a broker failover stopped the whole fleet
+    proc, err = _start_up(tmp_path, POWERFLEET_NODES="[r-a]", POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1",
+                          POWERFLEET_BEAT__LOCK_TIMEOUT_S="6", POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S="1")
+    try:
+        url = wait_for(lambda: (m := re.search(r"embedded redis-server at (\S+)", err.read_text())) and m.group(1),
+                       "up to start its embedded Redis")
+        ticks = TickLog(redis.Redis.from_url(url))
+        wait_for(lambda: ticks.counts().get("reconcile", 0) >= 1, "a reconcile tick", timeout_s=60)
+        beat = wait_for(lambda: _child_pid(proc.pid, "beat"), "beat's pid")
+        os.kill(beat, signal.SIGKILL)  # no lock release: the new beat waits for the lock to expire (6 s)
+        wait_for(lambda: "restarting it" in err.read_text(), "up to restart beat", timeout_s=30)
+        before = ticks.counts().get("reconcile", 0)
+        wait_for(lambda: ticks.counts().get("reconcile", 0) > before, "ticks from the restarted beat", timeout_s=90)
+        assert proc.poll() is None, err.read_text()
+        text = err.read_text()
+        assert re.search(r"a fleet process stopped: beat \(exit -9.*; restarting it", text), text
+        new = _child_pid(proc.pid, "beat")
+        assert new is not None and new != beat
+        assert "stopping the fleet" not in text and "Traceback" not in text, text
+    finally:
+        _stop(proc)

@@ -65,7 +65,7 @@ def test_settings_refuse_thresholds_out_of_order() -> None:
         GuardSettings(decrease=1.0)
 
 
-def test_above_t1_only_low_priority_is_throttled_and_above_t2_all() -> None:
+def test_above_t1_only_low_priority_is_throttled_and_above_t2_low_first_then_high() -> None:
     gpus = _gpus(2, "high") + [GpuReading(f"l{i}", "low", 700.0, 200.0, 700.0, None) for i in range(2)]
     limit = 2000.0
     d = decide(S, "r", limit, _read(gpus, [460.0] * 4), GuardState(), 0.0)  # 1840 W = 0.92 L
@@ -73,8 +73,18 @@ def test_above_t1_only_low_priority_is_throttled_and_above_t2_all() -> None:
     assert set(d.throttle) == {"l0", "l1"} and d.throttle["l0"] == pytest.approx(700 * S.decrease)
     assert {e.priority for e in d.events} == {"low"}
     d = decide(S, "r", limit, _read(gpus, [500.0] * 4), GuardState(), 0.0)  # 2000 W > 0.97 L
-    assert d.mode == "throttle_all" and set(d.throttle) == {"g0", "g1", "l0", "l1"}
+    # throttling all: low priority is cut first, to its minimums here (1,800 W - 2 x 700 W = 2 x 200 W),
+    # and that is enough: high priority keeps its request (issue 31 item 4)
+    assert d.mode == "throttle_all" and d.throttle == {"l0": 200.0, "l1": 200.0}, d
     assert math.fsum(d.in_force.values()) <= S.target * limit + 1e-6
+    # with low priority exhausted (at its minimums), high priority takes the rest of the cut
+    d = decide(S, "r", 1500.0, _read(gpus, [400.0] * 4), GuardState(throttle={"l0": 200.0, "l1": 200.0}), 0.0)
+    assert d.mode == "throttle_all" and d.throttle["l0"] == d.throttle["l1"] == 200.0, d
+    assert d.throttle["g0"] == d.throttle["g1"] == pytest.approx((0.90 * 1500 - 400) / 2), d
+    assert {e.priority for e in d.events} == {"high"}
+    # a low cut that needs less than ``decrease`` still takes at least ``decrease``; high stays whole
+    d = decide(S, "r", 2880.0, _read(gpus, [699.0] * 4), GuardState(), 0.0)  # 2,796 W > 0.97 L
+    assert d.throttle == {"l0": pytest.approx(700 * S.decrease), "l1": pytest.approx(700 * S.decrease)}, d
 
 
 def test_release_is_stepwise_high_priority_first_and_held_under_t1() -> None:

@@ -25,8 +25,9 @@ S = GuardSettings(period_s=1.0)
 VIEW = GroupView(nodes=frozenset({"node-a", "node-b"}), priority={"pod-a": "low", "pod-b": "high"})
 
 
-def tel(node: str, gpu: str, draw: float, at: float, pod: str) -> GpuTelemetry:
-    return GpuTelemetry(gpu=gpu, node=node, pod_uid=pod, cap_w=700.0, min_w=200.0, max_w=700.0, draw_w=draw, at=at)
+def tel(node: str, gpu: str, draw: float | None, at: float, pod: str, enforced: float = 700.0) -> GpuTelemetry:
+    return GpuTelemetry(gpu=gpu, node=node, pod_uid=pod, cap_w=700.0, min_w=200.0, max_w=700.0, draw_w=draw, at=at,
+                        enforced_w=enforced, pod_uids=(pod,))
 
 
 def reports(draw: float, at: float) -> dict[str, list[GpuTelemetry]]:
@@ -58,22 +59,30 @@ def test_a_group_over_its_thresholds_gets_one_overlay_per_node_low_priority_thro
         101_001
 
 
-def test_a_silent_node_is_counted_at_its_safe_caps_and_stale_telemetry_too() -> None:
+def test_a_silent_node_is_counted_at_its_last_enforced_limit_and_stale_telemetry_too() -> None:
     first = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 100.0), GuardMemory(), now=100.0)
     silent = {"node-b": reports(300.0, 102.0)["node-b"]}  # node-a's hash is gone (agent or node down)
     p = guard_period(S, "rack", 2000.0, VIEW, silent, first.memory, now=102.0)
     assert p.decision is not None and set(p.decision.stale) == {"a0", "a1"}
-    assert p.decision.measured_w == pytest.approx(2 * 500.0 + 2 * 300.0)
+    # its GPUs last reported 700 W enforced: a dead agent leaves NVML there, not at the 500 W safe cap
+    assert p.decision.measured_w == pytest.approx(2 * 700.0 + 2 * 300.0)
+    assert p.faults == {"a0": "silent", "a1": "silent"}
     assert p.overlays["node-a"].caps == {"a0": 500.0, "a1": 500.0}  # held at the safe cap, still told
     # a report older than two periods is stale as well
     old = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 97.9), first.memory, now=100.0)
     assert old.decision is not None and len(old.decision.stale) == 4
 
 
-def test_a_gpu_is_forgotten_when_its_node_reports_without_it_or_leaves_the_group() -> None:
+def test_a_gpu_is_forgotten_only_when_its_node_reports_it_idle_or_leaves_the_group() -> None:
     first = guard_period(S, "rack", 2000.0, VIEW, reports(300.0, 100.0), GuardMemory(), now=100.0)
     gone = reports(300.0, 101.0)
-    gone["node-a"] = gone["node-a"][:1]
+    gone["node-a"] = gone["node-a"][:1]  # a report without a1: the inventory still has it, lost
+    p = guard_period(S, "rack", 2000.0, VIEW, gone, first.memory, now=101.0)
+    assert set(p.memory.gpus) == {"a0", "a1", "b0", "b1"} and p.faults == {"a1": "silent"}
+    assert p.decision is not None and p.decision.measured_w == pytest.approx(3 * 300.0 + 700.0)
+    idle = GpuTelemetry(gpu="a1", node="node-a", pod_uid="", cap_w=0, min_w=0, max_w=0, draw_w=70.0, at=101.0,
+                        idle=True)
+    gone["node-a"].append(idle)
     p = guard_period(S, "rack", 2000.0, VIEW, gone, first.memory, now=101.0)
     assert set(p.memory.gpus) == {"a0", "b0", "b1"}
     left = guard_period(S, "rack", 2000.0, GroupView(nodes=frozenset({"node-b"})), reports(300.0, 101.0),
@@ -109,7 +118,7 @@ def test_unreadable_memory_starts_afresh() -> None:
 def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() -> None:
     full = parse_telemetry("n", "GPU-1", json.dumps({"pod_uid": "p", "requested_w": 600, "enforced_w": 500,
                                                      "draw_w": 412.5, "min_w": 200, "max_w": 700, "at": 5.0}))
-    assert full == GpuTelemetry("GPU-1", "n", "p", 600.0, 200.0, 700.0, 412.5, 5.0)
+    assert full == GpuTelemetry("GPU-1", "n", "p", 600.0, 200.0, 700.0, 412.5, 5.0, enforced_w=500.0, pod_uids=("p",))
     # the format the budget ledger documents today: the enforced limit stands for the request, the
     # minimum is taken as the cap itself (the group's floor counted high: refused rather than guessed)
     short = parse_telemetry("n", "GPU-1", json.dumps({"pod_uid": "p", "enforced_w": 500, "draw_w": 1, "at": 5}))
@@ -117,7 +126,15 @@ def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() 
     # an idle GPU as the agent publishes it (no pod, no requested cap): outside the guarded set
     idle = {"pod_uid": "", "pods": [], "requested_w": None, "target_w": None, "enforced_w": 700, "draw_w": 70.0,
             "min_w": 200, "max_w": 700, "at": 5.0}
-    assert parse_telemetry("n", "GPU-1", json.dumps(idle)) is None
+    got = parse_telemetry("n", "GPU-1", json.dumps(idle))
+    assert got is not None and got.idle
+    # no draw (NVML could not read it): kept, with no draw, for the guard to count as lost
+    blind = parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p", "requested_w": 700, "draw_w": None}))
+    assert blind is not None and blind.draw_w is None and not blind.idle and blind.enforced_w == 700.0
+    # every pod sharing the GPU is read (the lowest priority among them applies)
+    shared = parse_telemetry("n", "GPU-1", json.dumps({**idle, "pods": [{"uid": "q"}, {"uid": "p"}],
+                                                       "requested_w": 600}))
+    assert shared is not None and shared.pod_uids == ("p", "q")
     assert parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p"})) is not None
     # a pod without a cap (the agent releases its GPU to the default limit and applies no overlay to
     # it), or a GPU whose cap the agent holds: a fixed load, never counted as throttleable
@@ -127,10 +144,11 @@ def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() 
     capped = parse_telemetry("n", "GPU-1", json.dumps({**idle, "pod_uid": "p", "decision": "single",
                                                         "requested_w": 500, "target_w": 500}))
     assert capped is not None and (capped.cap_w, capped.min_w, capped.max_w) == (500.0, 200.0, 700.0)
-    for bad in ('{"draw_w": 1, "at": 5}', '{"enforced_w": 5, "at": 5}', "[]", "nope", '{"enforced_w": 5, "draw_w":'
-                ' NaN, "at": 5}', json.dumps({"enforced_w": 500, "draw_w": 1, "at": 5, "min_w": 600, "max_w": 550}),
+    for bad in ('{"draw_w": 1, "pod_uid": "p", "requested_w": 5}', '{"enforced_w": 5, "pod_uid": "p"}', "[]", "nope", json.dumps({"pod_uid": "p", "enforced_w": 500, "draw_w": 1, "at": 5, "min_w": 600, "max_w": 550}),
                 "[" * 100_000):
         assert parse_telemetry("n", "GPU-1", bad) is None
+    nan = parse_telemetry("n", "GPU-1", '{"enforced_w": 5, "pod_uid": "p", "draw_w": NaN, "at": 5}')
+    assert nan is not None and nan.draw_w is None  # a draw that is no number: unreadable, not a reading of 0
 
 
 @settings(max_examples=150, deadline=None)
@@ -141,8 +159,10 @@ def test_reports_are_read_conservatively_and_anything_malformed_is_no_reading() 
                                  ).map(lambda d: json.dumps(d))))
 def test_the_report_parser_never_raises_and_returns_only_sane_readings(raw) -> None:  # type: ignore[no-untyped-def]
     t = parse_telemetry("n", "GPU-1", raw)
-    if t is not None:
-        assert 0 < t.cap_w and 0 < t.min_w <= t.max_w and t.draw_w >= 0 and t.at >= 0
+    if t is not None and not t.idle:
+        assert 0 < t.cap_w and 0 < t.min_w <= t.max_w and (t.draw_w is None or t.draw_w >= 0) and t.at >= 0
+    elif t is not None:
+        assert not t.pod_uids and t.at >= 0
 
 
 class FakeCluster:
@@ -219,7 +239,13 @@ def test_each_period_sets_the_groups_metrics_and_counts_throttles_by_priority_an
     over = guard_period(S, "rack-m", 2000.0, VIEW, reports(600.0, 101.0), p.memory, now=101.0)
     metrics.observe("rack-m", 2000.0, over)
     assert value("powerfleet_power_excursion_periods_total", group="rack-m") == before_exc + 1
-    assert value("powerfleet_power_throttle_events_total", group="rack-m", priority="high") >= 2
+    # throttling all, low priority is cut first; here that is enough and high priority keeps its caps
+    assert value("powerfleet_power_throttle_events_total", group="rack-m", priority="low") == before_low + 4
+    assert over.decision is not None and set(over.decision.throttle) == {"a0", "a1"}, over.decision
+    lost = guard_period(S, "rack-m", 2000.0, VIEW, {"node-b": reports(0.0, 102.0)["node-b"]}, over.memory, 102.0)
+    metrics.observe("rack-m", 2000.0, lost)
+    assert value("powerfleet_power_lost_gpus", group="rack-m", fault="silent") == 2
+    assert value("powerfleet_power_lost_gpus", group="rack-m", fault="zero") == 2
     metrics.observe("rack-m", 700.0, guard_period(S, "rack-m", 700.0, VIEW, reports(1.0, 101.0), p.memory, 101.0))
     assert value("powerfleet_power_group_refused", group="rack-m") == 1
 

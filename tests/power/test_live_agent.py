@@ -115,3 +115,39 @@ def test_the_guards_overlay_lowers_a_cap_and_stopped_overlays_move_the_node_to_i
     wait_for(lambda: node.limits() == [550, 550], "the caps to follow the guard again", timeout_s=20)
     log = node.agent.log.read_text()
     assert "group rack-a: no overlay from the power guard" in log and "Traceback" not in log, log
+
+
+def test_a_forged_throttle_sent_raw_to_the_broker_changes_nothing(node: Node) -> None:
+    # issue 29 item 2: caps of 1 W, period 3600 s, revision 10^18, straight onto the node's queue
+    from powerfleet.power.authority import in_force
+
+    wait_for(lambda: node.limits() == [700, 700], "the agent's first pass (the annotation caps)")
+    forged = {"node": NODE, "group": "rack-a", "caps": {"GPU-0000": 1.0, "GPU-0001": 1.0},
+              "safe": {"GPU-0000": 1.0, "GPU-0001": 1.0}, "period_s": 3600.0, "revision": 10**18, "issued_at": 0.0}
+    result = node.app.send_task("powerfleet.agent.throttle", kwargs=forged).get(timeout=30)
+    assert result["kept"] is False and result["refused"] == "period", result
+    result = node.app.send_task("powerfleet.agent.throttle", kwargs={**forged, "period_s": 1.0}).get(timeout=30)
+    assert result["refused"] == "no_record", result  # no guard period is current: nothing to apply
+    assert node.limits() == [700, 700]
+    # a real guard period: its record is what the agent applies, whatever a message says
+    now = float(node.r.time()[0])
+    publish(node, draw_w=480.0, at=now)
+    run = run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, now)
+    assert run.throttle == {"GPU-0000": pytest.approx(595.0)}, run
+    wait_for(lambda: node.limits() == [595, 700], "the guard's own overlay", timeout_s=20)
+    record = in_force(node.r, {"rack-a"})
+    assert [(o["node"], o["throttled"], o["gpus"]) for o in record] == [(NODE, 1, 2)], record
+    assert record[0]["source"].startswith("guard epoch ") and 0 < record[0]["expires_in_s"] <= 1.5, record
+    epoch, revision = record[0]["source"].split()[-1], record[0]["revision"]
+    for bad, reason in (({"revision": 10**18, "epoch": epoch}, "future_revision"),
+                        ({"revision": revision, "epoch": "beef"}, "foreign_epoch")):
+        result = node.app.send_task("powerfleet.agent.throttle",
+                                    kwargs={**forged, "period_s": 1.0, **bad}).get(timeout=30)
+        assert result["refused"] in (reason, "no_record"), result  # no_record: the record expired meanwhile
+    # the guard's next period is still taken: the forged revision poisoned nothing
+    now = float(node.r.time()[0]) + 1
+    publish(node, draw_w=300.0, at=now)
+    back = run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, now)
+    assert back.mode == "release", back
+    wait_for(lambda: node.limits()[0] > 595, "the guard's release to reach the agent", timeout_s=20)
+    assert 1 not in node.limits() and "refused powerfleet.agent.throttle" in node.agent.log.read_text()

@@ -169,13 +169,24 @@ def test_status_puts_the_broker_in_one_line() -> None:
     line = broker_line({"mode": "sentinel", "master_name": "fleet", "master": "10.0.0.5:6379", "master_flags": "master",
                         "replicas": [{"address": "10.0.0.6:6379", "flags": "slave", "link": "ok"},
                                      {"address": "10.0.0.7:6379", "flags": "s_down,slave,disconnected", "link": "err"}],
-                        "sentinels": 3, "quorum": 2, "last_failover": {"epoch": 4, "age_s": 61.2}})
+                        "sentinels": 3, "quorum": 2, "last_failover": {"epoch": 4, "age_s": 61.2},
+                        "sentinels_configured": 3, "sentinels_answered": 3, "failover_possible": True})
     assert line == ("broker: Sentinel master 'fleet' at 10.0.0.5:6379 (master; 3 Sentinels, quorum 2); replicas: "
-                    "10.0.0.6:6379 (link ok), 10.0.0.7:6379 (DOWN); last failover: 61 s ago (failover epoch 4)")
+                    "10.0.0.6:6379 (link ok), 10.0.0.7:6379 (DOWN); last failover: 61 s ago (failover epoch 4); "
+                    "3 of 3 Sentinels answered, a failover can be authorised")
+    lost = broker_line({"mode": "sentinel", "master_name": "m", "master": "h:1", "master_flags": "master",
+                        "replicas": [], "sentinels": 3, "quorum": 2, "last_failover": None, "sentinels_configured": 3,
+                        "sentinels_answered": 1, "failover_possible": False,
+                        "quorum_detail": "NOQUORUM 1 usable Sentinels. Not enough available Sentinels to reach the "
+                                         "specified quorum for this master"})
+    assert lost.endswith("; WARNING: 1 of 3 Sentinels answered, NO failover can happen (NOQUORUM 1 usable Sentinels. "
+                         "Not enough available Sentinels to reach the specified quorum for this master)"), lost
     assert "never" in broker_line({"mode": "sentinel", "master_name": "m", "master": "h:1", "master_flags": "master",
                                    "replicas": [], "sentinels": 1, "quorum": 1, "last_failover": None})
-    assert broker_line({"mode": "sentinel", "error": "no Sentinel answered: h:1 (refused)"}) == \
-        "broker (sentinel): no Sentinel answered: h:1 (refused)"
+    assert broker_line({"mode": "sentinel", "error": "no Sentinel answered: h:1 (refused)", "sentinels_configured": 1,
+                        "sentinels_answered": 0, "failover_possible": False}) == \
+        "broker (sentinel): no Sentinel answered: h:1 (refused); WARNING: 0 of 1 Sentinels answered, NO failover can " \
+        "happen (no quorum)"
 
 
 def test_a_sentinel_address_that_is_not_redis_is_one_line() -> None:

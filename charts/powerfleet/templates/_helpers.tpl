@@ -190,7 +190,27 @@ agent settings the chart owns. Other sections (retune, budget, flower) stay out,
 them does not roll the agents.
 */}}
 {{- define "powerfleet.agentSections" -}}
-{{- list "broker" "beat" "limits" "nodes" "agent" | toJson }}
+{{- list "broker" "beat" "limits" "nodes" "agent" "power" | toJson }}
+{{- end }}
+
+{{- /* The oversubscribed groups only (budget.groups with a budget.group_oversubscription above 1;
+the chart's schema takes the plain form of groups): the agent accepts the power guard's overlays
+for them and keeps its safe caps across a restart (docs/power.md); other budget settings do not
+roll the agents. */}}
+{{- define "powerfleet.agentBudget" -}}
+{{- $budget := get . "budget" | default dict }}
+{{- $ratios := get $budget "group_oversubscription" | default dict }}
+{{- $groups := dict }}
+{{- $keep := dict }}
+{{- range $g, $v := (get $budget "groups" | default dict) }}
+{{- if gt (float64 (get $ratios $g | default 1)) 1.0 }}
+{{- $_ := set $groups $g $v }}{{ $_ := set $keep $g (get $ratios $g) }}
+{{- end }}
+{{- end }}
+{{- $out := dict }}
+{{- if $groups }}{{ $_ := set $out "groups" $groups }}{{ end }}
+{{- if $keep }}{{ $_ := set $out "group_oversubscription" $keep }}{{ end }}
+{{- toJson $out }}
 {{- end }}
 
 {{- define "powerfleet.agentConfig" -}}
@@ -199,6 +219,8 @@ them does not roll the agents.
 {{- range (include "powerfleet.agentSections" . | fromJsonArray) }}
 {{- if hasKey $full . }}{{ $_ := set $cfg . (get $full .) }}{{ end }}
 {{- end }}
+{{- $agentBudget := include "powerfleet.agentBudget" $full | fromJson }}
+{{- if $agentBudget }}{{ $_ := set $cfg "budget" $agentBudget }}{{ end }}
 {{- $agent := deepCopy (get $cfg "agent" | default dict) }}
 {{- $_ := set $agent "safe_default_watts" .Values.agent.safeDefaultWatts }}
 {{- $_ := set $agent "state_dir" .Values.agent.stateDir }}

@@ -30,7 +30,7 @@ from powerfleet.agent.runtime import AgentRuntime
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.agent.state import StateStore
 from powerfleet.agent.podcache import PodCache
-from powerfleet.agent.throttle import FallbackWatch, OverlayStore
+from powerfleet.agent.throttle import OVERLAYS_FILE, FallbackWatch, OverlayStore
 from powerfleet.broker.clients import redis_client
 from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
@@ -160,7 +160,9 @@ def _build(config: FleetConfig, node: str, local: LocalLock, *, broker_url: str 
                       allocations=PodResourcesClient(ac.podresources_socket.replace("{node}", node)).list)
     rt = AgentRuntime(agent, interval_s=config.beat.reconcile_interval_s, clock=clock, poll_s=ac.process_poll_s)
     rt.local_lock = local
-    agent.overlays = OverlayStore(clock, metrics.registry)  # the power guard's overlays (agent/throttle.py)
+    # the power guard's overlays (agent/throttle.py), kept in the state directory for the fallback after a restart
+    agent.overlays = OverlayStore(clock, metrics.registry, path=node_state_dir(ac.state_dir, node) / OVERLAYS_FILE,
+                                  groups=config.budget.oversubscribed())
     rt.stoppers.append(FallbackWatch(agent.overlays, rt.request_pass).start().stop)
     if broker_url is not None:  # first: a second agent for the node refuses before it starts anything
         client = redis_client(broker_url, config.broker, socket_timeout=5, socket_connect_timeout=5)

@@ -6,6 +6,12 @@ is an outage to wait out, not a crash: this scheduler logs one warning per retry
 again. When Redis returns without our lock (it restarted empty, or the outage outlasted
 the lock), another beat may already lead, so this one re-takes the lock without blocking
 and stands by until it holds it again: never two leaders.
+
+A standby beat waits for the lock inside RedBeat's ``beat_init`` handler; a broker failover
+during that wait makes the blocking acquire raise, Celery swallows it and beat starts with no
+lock at all (``scheduler.lock`` None), whose first tick used to die on ``self.lock.extend``
+(issue 31 finding 7). Such a beat stands by like one that lost its lock: it builds the lock
+RedBeat would have and takes it without blocking when it is free.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import LockError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redbeat import RedBeatScheduler
+from redbeat.schedulers import LUA_EXTEND_TO_SCRIPT, get_redis
 
 from powerfleet.broker.follow import follow_switches
 from powerfleet.broker.metrics import reconnects
@@ -24,6 +31,7 @@ from powerfleet.workers.logging import one_line
 
 logger = logging.getLogger("powerfleet.beat")
 BROKER_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+BROKER_RETRY_S = 1.0  # how soon beat tries again while the broker is unreachable
 
 
 class FleetScheduler(RedBeatScheduler):
@@ -38,6 +46,10 @@ class FleetScheduler(RedBeatScheduler):
     def tick(self, min: Any = min, **kwargs: Any) -> float:
         retry_s = float(self.max_interval)
         try:
+            if self.lock_key and self.lock is None and not self._standing_by:
+                logger.warning("beat: started without the RedBeat lock (the broker failed over while it waited); "
+                               "standing by until it is free, retrying every %gs", retry_s)
+                self._standing_by = True
             if self._standing_by and not self._retake_lock():
                 return retry_s
             next_s = super().tick(min=min, **kwargs)
@@ -51,12 +63,17 @@ class FleetScheduler(RedBeatScheduler):
             self._standing_by = True
             return retry_s
         except BROKER_ERRORS as exc:
+            # Retry within a second, not after max_interval (5 s): after a failover the ticks resume
+            # within the promotion time plus a second (issue 31 finding 8), one warning per retry.
             self._broker_lost = True
+            retry_s = min(retry_s, BROKER_RETRY_S)
             logger.warning("beat: broker unreachable (%s); retrying in %gs", one_line(exc), retry_s)
             return retry_s
 
     def _retake_lock(self) -> bool:
-        if self.lock is None or not self.lock.acquire(blocking=False):
+        if self.lock is None:
+            self.lock = self._new_lock()
+        if not self.lock.acquire(blocking=False):
             return False
         # A Redis that lost our lock may have lost the schedule too (it restarted empty):
         # write the static entries again, as at start-up (idempotent).
@@ -64,6 +81,13 @@ class FleetScheduler(RedBeatScheduler):
         logger.warning("beat: holds the RedBeat lock again; ticking")
         self._standing_by = False
         return True
+
+    def _new_lock(self) -> Any:
+        """The lock RedBeat's ``beat_init`` handler builds (its extend script included)."""
+        client = get_redis(self.app)
+        lock = client.lock(self.lock_key, timeout=self.lock_timeout, sleep=self.max_interval)
+        lock.lua_extend = client.register_script(LUA_EXTEND_TO_SCRIPT)
+        return lock
 
     def close(self) -> None:
         try:

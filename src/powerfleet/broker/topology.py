@@ -23,6 +23,7 @@ class SentinelAnswer:
     sentinel: str
     master: dict[str, str] | None  # SENTINEL MASTER's fields, None: this Sentinel does not know the name
     replicas: list[dict[str, str]]
+    ckquorum: str | None = None  # SENTINEL CKQUORUM's reply ("OK ..." or "NOQUORUM ..."); None: not asked
 
 
 def _text(x: Any) -> str:
@@ -37,8 +38,18 @@ def _fields(reply: Any) -> dict[str, str]:
     return dict(zip(items[::2], items[1::2]))
 
 
-def ask_sentinels(url: str, broker: BrokerConfig, timeout_s: float, stop_at_first: bool = True) -> list[SentinelAnswer]:
-    """One answer per Sentinel that replied (stopping at the first that knows the master)."""
+def _ckquorum(client: redis.Redis, name: str) -> str:
+    """Whether the Sentinels that this one sees can authorise a failover (SENTINEL CKQUORUM, one line)."""
+    try:
+        return _text(client.execute_command("SENTINEL", "CKQUORUM", name)).splitlines()[0]
+    except redis.ResponseError as exc:
+        return str(exc).splitlines()[0] if str(exc) else "NOQUORUM"
+
+
+def ask_sentinels(url: str, broker: BrokerConfig, timeout_s: float, stop_at_first: bool = True,
+                  quorum: bool = False) -> list[SentinelAnswer]:
+    """One answer per Sentinel that replied (stopping at the first that knows the master unless
+    ``stop_at_first`` is False); ``quorum``: each answer also carries SENTINEL CKQUORUM's reply."""
     name = master_name(broker)
     answers: list[SentinelAnswer] = []
     unreachable: list[str] = []
@@ -54,7 +65,8 @@ def ask_sentinels(url: str, broker: BrokerConfig, timeout_s: float, stop_at_firs
                     unreachable.append(f"{where} ({str(exc).splitlines()[0][:120]})")
                     continue
                 master, replicas = None, []
-            answers.append(SentinelAnswer(where, master, replicas))
+            answers.append(SentinelAnswer(where, master, replicas,
+                                          _ckquorum(client, name) if quorum and master is not None else None))
             if master is not None and stop_at_first:
                 break
         except _ERRORS as exc:
@@ -75,8 +87,11 @@ def find_master(url: str, broker: BrokerConfig, timeout_s: float) -> tuple[str, 
     answer = next(a for a in ask_sentinels(url, broker, timeout_s) if a.master is not None)
     assert answer.master is not None
     if "s_down" in answer.master.get("flags", "") or "o_down" in answer.master.get("flags", ""):
-        raise BrokerConfigError(f"the Sentinels see master {master_name(broker)!r} down "
-                                f"({answer.master.get('ip')}:{answer.master.get('port')}); a failover may be under way")
+        where = f"{answer.master.get('ip')}:{answer.master.get('port')}"
+        quorum = _quorum_of(url, broker, timeout_s)
+        then = ("a failover may be under way" if quorum["failover_possible"]
+                else f"no failover can happen: {quorum['detail']}")
+        raise BrokerConfigError(f"the Sentinels see master {master_name(broker)!r} down ({where}); {then}")
     return answer.master["ip"], int(answer.master["port"])
 
 
@@ -85,9 +100,12 @@ def describe(url: str, broker: BrokerConfig, timeout_s: float) -> dict[str, Any]
     if not is_sentinel(url):
         return _describe_plain(url, timeout_s)
     try:
-        answer = next(a for a in ask_sentinels(url, broker, timeout_s) if a.master is not None)
+        answers = ask_sentinels(url, broker, timeout_s, stop_at_first=False, quorum=True)
+        answer = next(a for a in answers if a.master is not None)
     except BrokerConfigError as exc:
-        return {"mode": "sentinel", "master_name": broker.sentinel.master_name, "error": str(exc)}
+        return {"mode": "sentinel", "master_name": broker.sentinel.master_name, "error": str(exc),
+                "sentinels_configured": len(parse_sentinel_url(url).sentinels), "sentinels_answered": 0,
+                "failover_possible": False}
     m = answer.master
     assert m is not None
     epoch = int(m.get("config-epoch", "0") or 0)
@@ -101,7 +119,24 @@ def describe(url: str, broker: BrokerConfig, timeout_s: float) -> dict[str, Any]
             "master": f"{m.get('ip')}:{m.get('port')}", "master_flags": m.get("flags", ""),
             "replicas": replicas, "sentinels": 1 + int(m.get("num-other-sentinels", "0") or 0),
             "quorum": int(m.get("quorum", "0") or 0),
-            "last_failover": {"epoch": epoch, "age_s": round(since, 1)} if epoch > 0 else None}
+            "last_failover": {"epoch": epoch, "age_s": round(since, 1)} if epoch > 0 else None,
+            **_quorum(url, answers)}
+
+
+def _quorum(url: str, answers: list[SentinelAnswer]) -> dict[str, Any]:
+    """How many of the configured Sentinels answered, and whether a failover can be authorised
+    (any answering Sentinel's CKQUORUM says OK: a majority of the Sentinels it knows is reachable)."""
+    replies = [a.ckquorum for a in answers if a.ckquorum is not None]
+    ok = next((r for r in replies if r.startswith("OK")), None)
+    return {"sentinels_configured": len(parse_sentinel_url(url).sentinels),
+            "sentinels_answered": sum(1 for a in answers if a.master is not None),
+            "failover_possible": ok is not None, "quorum_detail": ok or (replies[0] if replies else "no answer")}
+
+
+def _quorum_of(url: str, broker: BrokerConfig, timeout_s: float) -> dict[str, Any]:
+    q = _quorum(url, ask_sentinels(url, broker, timeout_s, stop_at_first=False, quorum=True))
+    return {"failover_possible": q["failover_possible"],
+            "detail": f"{q['sentinels_answered']} of {q['sentinels_configured']} Sentinels answer; {q['quorum_detail']}"}
 
 
 def _describe_plain(url: str, timeout_s: float) -> dict[str, Any]:

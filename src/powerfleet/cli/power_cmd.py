@@ -13,7 +13,8 @@ from powerfleet.cli.sim_cmd import SeedOpt, TraceOpt, WindowOpt, load_requests
 app = typer.Typer(help="Measured-power oversubscription: the guard on replayed traffic.", no_args_is_help=True)
 
 GUARD_HELP = ("JSON guard settings: t1, t2, release, target (fractions of the limit), decrease, step_w, "
-              "period_s (whole seconds here), stale_periods.")
+              "period_s (whole seconds here), stale_periods, cap_ceiling; the sensor check's floor_w, stuck_s, "
+              "stuck_load_w; unseen_w.")
 
 
 @app.command("whatif")
@@ -32,6 +33,9 @@ def whatif_cmd(
     telemetry_loss: str | None = typer.Option(None, "--telemetry-loss",
                                               help="A:B simulated seconds with no telemetry and no overlay "
                                                    "(guard, beat or Redis down): agents fall back to safe caps."),
+    fault: list[str] | None = typer.Option(None, "--fault", help=(
+        "KIND:GPUS:START:END, repeatable: unreadable, zero or stuck readings, or agent-dead / agent-restart, "
+        "on GPUs like 0-3,6 over simulated seconds [START, END) (docs/power.md).")),
     actuation_s: float = typer.Option(0.5, "--actuation-s", help="From a guard tick to the new caps binding, s."),
     guard: str | None = typer.Option(None, "--guard", help=GUARD_HELP),
     seed: SeedOpt = 0,
@@ -41,6 +45,7 @@ def whatif_cmd(
     the group's measured draw, excursions over the limit, capping and the fallback."""
     from pydantic import ValidationError
 
+    from powerfleet.power.faults import parse_fault
     from powerfleet.power.guard import GuardSettings
     from powerfleet.power.inputs import parse_span, parse_sla_pairs
     from powerfleet.power.report import report
@@ -51,6 +56,7 @@ def whatif_cmd(
     try:
         sl = parse_sla_pairs(sla)
         loss = parse_span(telemetry_loss, "--telemetry-loss")
+        faults = tuple(parse_fault(f) for f in fault or ())
         win = parse_window(window)
         settings = GuardSettings.model_validate(load_json_object(guard, "--guard")) if guard else GuardSettings()
     except ValidationError as exc:
@@ -60,7 +66,7 @@ def whatif_cmd(
     try:
         cfg = WhatIfConfig(workers=workers, gpus_per_worker=gpus_per_worker, cap_w=cap_w, limit_w=limit_w,
                            load_scale=load_scale, priority_split=priority_split, sla=sl, telemetry_loss=loss,
-                           actuation_s=actuation_s, guard=settings, seed=seed)
+                           actuation_s=actuation_s, guard=settings, seed=seed, faults=faults)
     except ValidationError as exc:
         loc, msg = _option(exc)
         fail(f"{loc}: {msg}")
@@ -110,6 +116,8 @@ def _print(r: Any) -> None:
     out.write(f"excursions over the limit: {e.count}, longest {e.longest_s} s, largest overshoot {e.max_over_w} W\n")
     out.write(f"capped below request: {100 * r.capped.gpu_time_fraction:.1f} % of GPU time, "
               f"{r.capped.events_per_gpu_hour} capping events per GPU-hour\n")
+    if r.faults:
+        out.write(f"faults: {'; '.join(r.faults)}\n")
     f = r.fallback
     out.write(f"fallback: {f.activations} node activations, longest reaction "
               f"{'n/a' if f.longest_reaction_s is None else f'{f.longest_reaction_s} s'}\n")

@@ -33,6 +33,7 @@ def status(
     from powerfleet.broker.steps import live_workers
     from powerfleet.broker.topology import describe
     from powerfleet.metrics.queues import queue_depths
+    from powerfleet.power.authority import in_force
     from powerfleet.tasks.ports import fleet_redis
     from powerfleet.queues import TICK_FAMILIES
     from powerfleet.queues import node_queue
@@ -52,7 +53,8 @@ def status(
     data = {"schema": "powerfleet.status/v1", "workers": workers,
             "workers_not_answering": sorted(announced - set(workers)), "agents": sorted(live_agents(r)),
             "queues": depths, "ticks": ticks, "drains": pending_drains(r),
-            "broker": describe(app.broker_url_resolved, config.broker, timeout_s=min(timeout, 2.0))}
+            "broker": describe(app.broker_url_resolved, config.broker, timeout_s=min(timeout, 2.0)),
+            "power_overlays": in_force(r, config.budget.oversubscribed())}
     if as_json:
         print_json(data)
         return
@@ -93,6 +95,17 @@ def _print_human(data: dict[str, Any], served: set[str]) -> None:
                   info["detail"] or "")
     console.print(k)
     console.print(broker_line(data["broker"]), highlight=False)
+    for line in overlay_lines(data["power_overlays"]):
+        console.print(line, highlight=False)
+
+
+def overlay_lines(overlays: list[dict[str, Any]]) -> list[str]:
+    """The power guard's overlays in force, one line per node (power/authority.py's ``in_force``)."""
+    if not overlays:
+        return ["power overlays: none in force"]
+    return [f"power overlay on {o['node']}: group {o['group']}, {o['throttled']} of {o['gpus']} GPUs throttled, "
+            f"from {o['source']} revision {o['revision']}, expires in "
+            f"{'?' if o['expires_in_s'] is None else format(o['expires_in_s'], '.1f')} s" for o in overlays]
 
 
 def drains_line(drains: dict[str, dict[str, Any]]) -> str:
@@ -106,7 +119,8 @@ def drains_line(drains: dict[str, dict[str, Any]]) -> str:
 def broker_line(b: dict[str, Any]) -> str:
     """The broker in one line: mode, master, replicas and their links, last failover."""
     if "error" in b:
-        return f"broker ({b['mode']}): {b['error']}"
+        tail = f"; {quorum_words(b)}" if b["mode"] == "sentinel" else ""
+        return f"broker ({b['mode']}): {b['error']}{tail}"
     replicas = ", ".join(f"{x['address']} ({'DOWN' if 'down' in x['flags'] else 'link ' + (x['link'] or '?')})"
                          for x in b["replicas"]) or "none"
     if b["mode"] == "standalone":
@@ -114,4 +128,15 @@ def broker_line(b: dict[str, Any]) -> str:
     lf = b["last_failover"]
     failover = "never" if lf is None else f"{lf['age_s']:.0f} s ago (failover epoch {lf['epoch']})"
     return (f"broker: Sentinel master {b['master_name']!r} at {b['master']} ({b['master_flags']}; "
-            f"{b['sentinels']} Sentinels, quorum {b['quorum']}); replicas: {replicas}; last failover: {failover}")
+            f"{b['sentinels']} Sentinels, quorum {b['quorum']}); replicas: {replicas}; last failover: {failover}; "
+            f"{quorum_words(b)}")
+
+
+def quorum_words(b: dict[str, Any]) -> str:
+    """How many Sentinels answered and whether a failover can happen (broker.topology's quorum fields)."""
+    if "sentinels_answered" not in b:
+        return "quorum not checked"
+    said = f"{b['sentinels_answered']} of {b['sentinels_configured']} Sentinels answered"
+    if b.get("failover_possible"):
+        return f"{said}, a failover can be authorised"
+    return f"WARNING: {said}, NO failover can happen ({b.get('quorum_detail', 'no quorum')})"

@@ -102,7 +102,29 @@ class MetricsPorts:
         return {"POWERFLEET_METRICS__PORT": str(port)}
 
 
-def _wait_for_signal(stop: threading.Event, duration_s: float | None, launcher, on_tick=None) -> None:  # type: ignore[no-untyped-def]
+class Restarts:
+    """When `up` restarts a fleet process that stopped (issue 31 item 6: a broker failover must not
+    stop the fleet): at most ``limit`` times per ``window_s`` per process, and never one that exited
+    2 (a refusal, such as a port in use or a bad setting, that a restart cannot fix)."""
+
+    def __init__(self, limit: int = 3, window_s: float = 60.0, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self.times: dict[str, list[float]] = {}
+
+    def refuse(self, name: str, code: int | None) -> str | None:
+        """None: restart it (and count it); else why not, in a few words."""
+        if code == 2:
+            return "it refused to run (exit 2)"
+        now = self.clock()
+        recent = [t for t in self.times.get(name, []) if now - t < self.window_s]
+        if len(recent) >= self.limit:
+            return f"restarted {len(recent)} times in {self.window_s:g} s already"
+        self.times[name] = [*recent, now]
+        return None
+
+
+def _wait_for_signal(stop: threading.Event, duration_s: float | None, launcher, on_tick=None,  # type: ignore[no-untyped-def]
+                     restarts: Restarts | None = None) -> None:
     deadline = None if duration_s is None else time.monotonic() + duration_s
     while not stop.is_set():
         if deadline is not None and time.monotonic() >= deadline:
@@ -111,10 +133,18 @@ def _wait_for_signal(stop: threading.Event, duration_s: float | None, launcher, 
             typer.echo("powerfleet: embedded redis-server exited; stopping the fleet", err=True)
             return
         dead = launcher.dead_children()
-        if dead:
+        if dead and restarts is None:
             names = ", ".join(stopped_reason(c) for c in dead)
             typer.echo(f"powerfleet: a fleet process stopped: {names}", err=True)
             return
+        for child in dead:
+            why = restarts.refuse(child.name, child.proc.returncode)  # type: ignore[union-attr]
+            if why is not None:
+                typer.echo(f"powerfleet: a fleet process stopped: {stopped_reason(child)}; {why}: stopping the fleet",
+                           err=True)
+                return
+            typer.echo(f"powerfleet: a fleet process stopped: {stopped_reason(child)}; restarting it", err=True)
+            launcher.respawn(child)
         if on_tick is not None:
             on_tick()
         stop.wait(0.5)
@@ -131,7 +161,8 @@ def up(
 ) -> None:
     """Embedded Redis (unless broker.url is set) + beat + a control/sweep worker + node agents + Flower.
 
-    Runs in the foreground; Ctrl-C stops everything cleanly.
+    Runs in the foreground; Ctrl-C stops everything cleanly. A process that stops is restarted (and
+    said so on stderr), at most 3 times a minute; one that refuses to run (exit 2) stops the fleet.
     """
     config = fleet_config(ctx)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="powerfleet-up-"))
@@ -141,7 +172,7 @@ def up(
     typer.echo(f"fleet up: logs in {logs}; Flower on http://{config.flower.address}:{config.flower.port}; Ctrl-C stops",
                err=True)
     try:
-        _wait_for_signal(stop, None, launcher)
+        _wait_for_signal(stop, None, launcher, restarts=Restarts())
     finally:
         typer.echo("stopping fleet...", err=True)
         launcher.stop()

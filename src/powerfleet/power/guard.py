@@ -17,8 +17,11 @@ measured draw and L its limit:
 * between ``release L`` and ``t1 L`` (or at the thresholds): hold.
 
 A GPU without a fresh reading (none, or older than ``stale_periods`` periods by the
-injected clock) is at its safe cap, which its agent enforces on its own; the guard counts it
-at that cap and leaves it alone. Why the property holds (whenever the group's minimum caps
+injected clock; live, also a reading the sensor check judged implausible: power/sensors.py) is
+*lost*: the guard counts it at the larger of its safe cap and the limit last read back from it
+(``enforced_w``: a dead agent leaves NVML at that limit, a live one moves it to the safe cap),
+sends it its safe cap and leaves it alone; the others are fitted around that figure. When
+throttling, low priority is cut first and high priority only where low is at its minimums. Why the property holds (whenever the group's minimum caps
 fit its limit, measured power is under the limit one period after demand stops rising and
 stays there while demand does not rise): a throttle-all period leaves caps summing to at
 most ``target L``; a low-priority period and a hold never raise a cap; a release raises
@@ -58,6 +61,13 @@ class GuardSettings(BaseModel):
     step_w: float = Field(50.0, gt=0, description="stepwise increase per GPU and period, W")
     period_s: float = Field(1.0, gt=0, description="guard period, s")
     stale_periods: float = Field(2.0, gt=0, description="a reading older than this many periods is stale")
+    floor_w: float = Field(30.0, ge=0, description=(
+        "a GPU holding a pod never draws less: a reading below it is implausible, the GPU lost (power/sensors.py)"))
+    stuck_s: float = Field(5.0, gt=0, description=(
+        "a reading unchanged this long while the rest of the group's draw moved by stuck_load_w is stuck"))
+    stuck_load_w: float = Field(50.0, gt=0, description="how far the rest of the group must move for stuck_s to count")
+    unseen_w: float = Field(700.0, gt=0, description=(
+        "what a GPU of a node that no report names is counted at (the card's limit: nothing lowers it)"))
     cap_ceiling: float | None = Field(None, ge=1, le=4, description=(
         "bound the overshoot: after every period the caps in force sum to at most cap_ceiling x limit "
         "(every GPU's cap in force times one factor, never below its minimum); None: off"))
@@ -82,6 +92,7 @@ class GpuReading:
     max_w: float
     draw_w: float | None  # 1-second average; None: no reading
     at: float | None = None  # when it was measured (epoch s); None: now
+    enforced_w: float | None = None  # the limit last read back from it; None: not known (counted at its safe cap)
 
     def range(self) -> GpuRange:
         return GpuRange(self.cap_w, self.min_w, self.max_w)
@@ -106,11 +117,11 @@ class ThrottleEvent:
 @dataclass(frozen=True)
 class GuardDecision:
     mode: Mode
-    measured_w: float  # the group's draw as counted (stale GPUs at their safe caps)
+    measured_w: float  # the group's draw as counted (lost GPUs at max(safe cap, enforced limit))
     throttle: dict[str, float]  # GPU -> throttle cap (W); a GPU absent is not throttled
     in_force: dict[str, float]  # GPU -> min(request, throttle or safe cap), what will bind
     safe: dict[str, float]  # GPU -> safe cap, handed to its agent with every overlay
-    stale: tuple[str, ...]
+    stale: tuple[str, ...]  # the lost GPUs
     events: tuple[ThrottleEvent, ...]  # caps lowered this period
     state: GuardState
 
@@ -139,6 +150,26 @@ def _factor(caps: Sequence[tuple[float, float]], room: float) -> float:
     return lo_f
 
 
+def _cut_by_priority(caps: Mapping[str, float], fresh: Sequence[str], by: Mapping[str, GpuReading],
+                     ranges: Mapping[str, GpuRange], room: float, decrease: float | None) -> dict[str, float]:
+    """``caps`` lowered so that the fresh GPUs' caps sum to at most ``room``: low priority first (by one
+    factor, at most ``decrease`` when given), high priority only by what low at its minimums leaves."""
+    out = dict(caps)
+    low = [g for g in fresh if by[g].priority == "low"]
+    high = [g for g in fresh if by[g].priority != "low"]
+    f_low = _factor([(caps[g], ranges[g].min_w) for g in low], room - math.fsum(caps[g] for g in high))
+    if decrease is not None:
+        f_low = min(decrease, f_low)
+    for g in low:
+        out[g] = max(ranges[g].min_w, f_low * caps[g])
+    f_high = _factor([(caps[g], ranges[g].min_w) for g in high], room - math.fsum(out[g] for g in low))
+    if decrease is not None and not low:
+        f_high = min(decrease, f_high)  # a group of one priority: cut by at least ``decrease``, as before
+    for g in high:
+        out[g] = max(ranges[g].min_w, f_high * caps[g])
+    return out
+
+
 def decide(settings: GuardSettings, group: str, limit_w: float, readings: Sequence[GpuReading],
            state: GuardState, now: float) -> GuardDecision:
     """One period of the guard for one group; raises ``GroupRefused`` (one line) when the
@@ -154,15 +185,14 @@ def decide(settings: GuardSettings, group: str, limit_w: float, readings: Sequen
     # the cap that binds each fresh GPU now: its request, or the throttle the guard sent
     top = {g: ranges[g].top_w for g in by}
     current = {g: min(top[g], max(state.throttle.get(g, top[g]), ranges[g].min_w)) for g in fresh}
-    measured = math.fsum(by[g].draw_w or 0.0 for g in fresh) + math.fsum(safe[g] for g in stale)
+    lost = {g: max(safe[g], by[g].enforced_w or 0.0) for g in stale}  # what a lost GPU can draw
+    measured = math.fsum(by[g].draw_w or 0.0 for g in fresh) + math.fsum(lost.values())
     new = dict(current)
     events: list[ThrottleEvent] = []
     if measured > settings.t2 * limit_w:
         mode: Mode = "throttle_all"
-        room = settings.target * limit_w - math.fsum(safe[g] for g in stale)
-        f = min(settings.decrease, _factor([(current[g], ranges[g].min_w) for g in fresh], room))
-        for g in fresh:
-            new[g] = max(ranges[g].min_w, f * current[g])
+        new = _cut_by_priority(current, fresh, by, ranges, settings.target * limit_w - math.fsum(lost.values()),
+                               settings.decrease)
     elif measured > settings.t1 * limit_w:
         mode = "throttle_low"
         for g in fresh:
@@ -183,11 +213,8 @@ def decide(settings: GuardSettings, group: str, limit_w: float, readings: Sequen
     if settings.cap_ceiling is not None:
         # Draw never exceeds the cap in force, so caps in force summing to at most c x L bound any
         # overshoot to (c - 1) x L, however fast demand rises between two periods.
-        room = settings.cap_ceiling * limit_w - math.fsum(safe[g] for g in stale)
-        f = _factor([(new[g], ranges[g].min_w) for g in fresh], room)
-        if f < 1.0:
-            for g in fresh:
-                new[g] = max(ranges[g].min_w, f * new[g])
+        new = _cut_by_priority(new, fresh, by, ranges, settings.cap_ceiling * limit_w - math.fsum(lost.values()),
+                               None)
     for g in fresh:
         if new[g] < current[g]:
             events.append(ThrottleEvent(g, by[g].priority, current[g], new[g]))

@@ -20,8 +20,12 @@ MEASURED = Gauge("powerfleet_power_group_measured_watts",
 LIMIT = Gauge("powerfleet_power_group_limit_watts", "The group's limit", ["group"], multiprocess_mode="mostrecent")
 THROTTLED = Gauge("powerfleet_power_throttled_gpus", "GPUs the guard holds below their requested cap",
                   ["group"], multiprocess_mode="mostrecent")
-STALE = Gauge("powerfleet_power_stale_gpus", "GPUs without a fresh report, counted at their safe caps",
+STALE = Gauge("powerfleet_power_stale_gpus",
+              "GPUs without a fresh, plausible report (lost), counted at max(safe cap, enforced limit)",
               ["group"], multiprocess_mode="mostrecent")
+LOST = Gauge("powerfleet_power_lost_gpus", "Lost GPUs by why: unreadable, zero, stuck (power/sensors.py), silent",
+             ["group", "fault"], multiprocess_mode="mostrecent")
+FAULTS = ("unreadable", "zero", "stuck", "silent")
 REFUSED = Gauge("powerfleet_power_group_refused",
                 "1 while the group is refused oversubscription (its minimum caps exceed its limit)", ["group"],
                 multiprocess_mode="mostrecent")
@@ -56,6 +60,8 @@ def observe(group: str, limit_w: float, period: GuardPeriod) -> None:
     MEASURED.labels(group=group).set(d.measured_w)
     THROTTLED.labels(group=group).set(len(d.throttle))
     STALE.labels(group=group).set(len(d.stale))
+    for fault in FAULTS:
+        LOST.labels(group=group, fault=fault).set(sum(1 for f in period.faults.values() if f == fault))
     for e in d.events:
         THROTTLE_EVENTS.labels(group=group, priority=e.priority).inc()
     if period.over_limit:

@@ -40,6 +40,7 @@ class Overlay(BaseModel):
     period_s: float = Field(gt=0, le=3600)
     revision: int = Field(ge=0)  # monotonic per group: an agent ignores an older one
     issued_at: float  # the guard's clock (for logs and metrics only)
+    epoch: str = Field("", max_length=64)  # the guard memory's epoch (power/authority.py)
 
     @field_validator("node")
     @classmethod
@@ -65,16 +66,19 @@ class Overlay(BaseModel):
 
 
 def by_node(decision: GuardDecision, node_of: Mapping[str, str], group: str, period_s: float, revision: int,
-            issued_at: float) -> dict[str, Overlay]:
-    """One overlay per node holding any of the decision's GPUs (``node_of``: GPU -> node)."""
+            issued_at: float, epoch: str = "") -> dict[str, Overlay]:
+    """One overlay per node holding any of the decision's GPUs (``node_of``: GPU -> node; a GPU it
+    does not name is left out)."""
     nodes: dict[str, dict[str, dict[str, float]]] = {}
     for gpu, safe in sorted(decision.safe.items()):
+        if gpu not in node_of:
+            continue  # counted, but no agent to tell (power/live.py's unseen GPUs)
         entry = nodes.setdefault(node_of[gpu], {"caps": {}, "safe": {}})
         entry["safe"][gpu] = safe
         if gpu in decision.throttle:
             entry["caps"][gpu] = decision.throttle[gpu]
     return {node: Overlay(node=node, group=group, caps=e["caps"], safe=e["safe"], period_s=period_s,
-                          revision=revision, issued_at=issued_at) for node, e in sorted(nodes.items())}
+                          revision=revision, issued_at=issued_at, epoch=epoch) for node, e in sorted(nodes.items())}
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class WhatIfReport(VersionedJson):
     capped: Capped
     fallback: Fallback
     telemetry_loss_s: list[float] | None
+    faults: list[str] = []  # each --fault as KIND:GPUS:START:END
     guard: dict[str, Any]
     profile: str
 
@@ -180,6 +181,7 @@ def report(run: WhatIfRun) -> WhatIfReport:
         fallback=Fallback(activations=tl.fallback_activations,
                           longest_reaction_s=_r(max(tl.fallback_reactions_s)) if tl.fallback_reactions_s else None),
         telemetry_loss_s=list(cfg.telemetry_loss) if cfg.telemetry_loss else None,
+        faults=[f.text() for f in cfg.faults],
         guard={"active": run.guarded, **cfg.guard.model_dump(), "actuation_s": cfg.actuation_s, "modes": dict(sorted(tl.modes.items()))},
         profile=run.profile,
     )

@@ -8,9 +8,13 @@ and the card's range (``min_w``, ``max_w``). Where a field is missing the readin
 conservatively: the request falls back to a lower figure that may already be throttled (the guard
 then never releases above it), a missing minimum is the request itself (the group's floor is
 counted high, so a doubtful group is refused rather than guarded on a guess), a missing maximum
-is the request. Anything malformed is no reading, never an error. An idle GPU (no pod, no
-requested cap) is no reading either: the guard cannot throttle it (the agent leaves idle GPUs
-alone), so it is not part of the guarded set. A GPU whose pods carry no cap (decision
+is the request. Anything malformed is no reading, never an error. A report without a draw
+(``draw_w: null``: NVML could not read it) is kept with ``draw_w`` None: the guard counts that
+GPU as lost (power/sensors.py), never forgets it. An idle GPU (no pod, no requested cap) is
+reported with ``idle`` set: the guard cannot throttle it (the agent leaves idle GPUs alone), so
+it leaves the guarded set. ``enforced_w`` is the limit last read back (else ``current_w``): what
+a GPU can draw if its agent dies now. ``pod_uids``: every pod on the GPU (a shared GPU takes the
+lowest priority among them). A GPU whose pods carry no cap (decision
 ``release``) or whose cap the agent holds (``hold``) is not throttled by the overlay either: it is
 read as a fixed load, its range pinned at the limit it has.
 """
@@ -38,8 +42,11 @@ class GpuTelemetry:
     cap_w: float
     min_w: float
     max_w: float
-    draw_w: float
+    draw_w: float | None  # None: the agent could not read it
     at: float
+    enforced_w: float | None = None
+    pod_uids: tuple[str, ...] = ()
+    idle: bool = False
 
 
 def _watts(data: dict[str, Any], key: str) -> float | None:
@@ -61,14 +68,20 @@ def parse_telemetry(node: str, gpu: str, raw: str | bytes) -> GpuTelemetry | Non
     if not isinstance(data, dict):
         return None
     pod = data.get("pod_uid")
-    if not pod and _watts(data, "requested_w") is None and _watts(data, "target_w") is None:
+    listed = data.get("pods") if isinstance(data.get("pods"), list) else []
+    uids = {p["uid"] for p in listed if isinstance(p, dict) and isinstance(p.get("uid"), str) and p["uid"]}
+    pods = tuple(sorted(uids | ({pod} if isinstance(pod, str) and pod else set())))
+    draw, at = _watts(data, "draw_w"), _watts(data, "at")
+    if at is None:
+        return None
+    if not pods and _watts(data, "requested_w") is None and _watts(data, "target_w") is None:
         # No pod holds the GPU and none asks for a cap: an idle GPU, which the agent leaves alone
         # (it draws idle power whatever the overlay says). It is outside the guarded set; its idle
         # draw belongs in the reserve below the group's limit, as the budget keeps it (docs/power.md).
-        return None
-    draw, at = _watts(data, "draw_w"), _watts(data, "at")
+        return GpuTelemetry(gpu=gpu, node=node, pod_uid="", cap_w=0.0, min_w=0.0, max_w=0.0, draw_w=draw, at=at,
+                            idle=True)
     cap = next((w for k in ("requested_w", "target_w", "enforced_w") if (w := _watts(data, k))), None)
-    if draw is None or at is None or cap is None:
+    if cap is None:
         return None
     lo, hi = _watts(data, "min_w"), _watts(data, "max_w")
     lo = cap if lo is None or lo <= 0 else lo
@@ -81,13 +94,14 @@ def parse_telemetry(node: str, gpu: str, raw: str | bytes) -> GpuTelemetry | Non
         lo = hi = cap
     if lo > hi:
         return None
+    enforced = next((w for k in ("enforced_w", "current_w") if (w := _watts(data, k))), None)
     return GpuTelemetry(gpu=gpu, node=node, pod_uid=pod if isinstance(pod, str) else "", cap_w=cap, min_w=lo,
-                        max_w=hi, draw_w=draw, at=at)
+                        max_w=hi, draw_w=draw, at=at, enforced_w=enforced, pod_uids=pods)
 
 
 class TelemetryReader(Protocol):
     def read(self, nodes: Iterable[str]) -> dict[str, list[GpuTelemetry]]:
-        """node -> its GPUs' last reports (a node without a report: absent)."""
+        """node -> its GPUs' last reports, idle GPUs included (a node without a report: absent)."""
 
 
 class RedisTelemetry:

@@ -23,15 +23,18 @@ log = logging.getLogger("powerfleet.power")
 
 def group_view(cluster: ClusterReader, group: str, group_label: str,
                priorities: Mapping[str, Priority]) -> GroupView:
-    """One read: the group's nodes, then the pods on each (``priorities``: "namespace/name" -> priority)."""
-    nodes = frozenset(n.name for n in cluster.list_nodes(label_selector=f"{group_label}={group}"))
+    """One read: the group's nodes (with their allocatable GPUs: the inventory the guard counts even
+    where no report names a GPU), then the pods on each (``priorities``: "namespace/name" -> priority)."""
+    listed = cluster.list_nodes(label_selector=f"{group_label}={group}")
+    nodes = frozenset(n.name for n in listed)
     prio: dict[str, Priority] = {}
     for node in sorted(nodes):
         for p in cluster.list_pods(None, node_name=node):
             dgd = p.labels.get(LABEL_DGD_NAME)
             if p.uid and dgd is not None and f"{p.namespace}/{dgd}" in priorities:
                 prio[p.uid] = priorities[f"{p.namespace}/{dgd}"]
-    return GroupView(nodes=nodes, priority=prio)
+    return GroupView(nodes=nodes, priority=prio,
+                     gpus={n.name: n.gpu_allocatable for n in listed if n.gpu_allocatable is not None})
 
 
 class ClusterTopology:

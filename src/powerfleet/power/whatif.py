@@ -13,7 +13,12 @@ high-priority one, each with its own KV router. Simulated time advances in 1-sec
 * during a telemetry loss (``telemetry_loss``: the guard, beat or Redis gone) no overlay
   arrives: every agent moves its GPUs to their safe caps once the last overlay it got is
   no longer fresh (``power.overlay.agent_cap``: 1.5 periods after it), and holds them; at
-  the first tick after the loss the guard resumes from the safe caps and releases stepwise.
+  the first tick after the loss the guard resumes from the safe caps and releases stepwise;
+* faults (``faults``, power/faults.py) change what some GPUs report or whether their agent
+  follows the guard; readings of a faulted GPU pass the live guard's sensor check
+  (power/sensors.py). Only those: the simulator's readings are exact (an idle GPU reads 70 W to
+  the milliwatt, which no real sensor does), so checking every GPU would take steady ones for
+  stuck.
 
 Deterministic: no wall clock; the guard runs on a ``FakeClock`` set to simulated time.
 """
@@ -27,9 +32,11 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from powerfleet.clock import FakeClock
+from powerfleet.power.faults import AGENT_KINDS, SENSOR_KINDS, FaultSpec, check_gpus, check_span
 from powerfleet.power.guard import Guard, GuardSettings, GpuReading
 from powerfleet.power.overlay import GRACE
 from powerfleet.power.safe import GpuRange, refusal, safe_caps
+from powerfleet.power.sensors import Track, check
 from powerfleet.sim.engine import EngineResult
 from powerfleet.sim.policy import SLA, RouterPolicy
 from powerfleet.sim.power import BIN_MS, CardPower, PoweredSimulation
@@ -56,6 +63,7 @@ class WhatIfConfig(BaseModel):
     actuation_s: float = Field(0.5, ge=0, lt=1, description="from a tick to the new caps binding, s")
     guard: GuardSettings = GuardSettings()
     seed: int = Field(0, ge=0)
+    faults: tuple[FaultSpec, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> WhatIfConfig:
@@ -155,6 +163,7 @@ def run_whatif(arr: Arrivals, cfg: WhatIfConfig, *, policy: RouterPolicy | None 
     why = refusal("what-if", ranges, cfg.limit_w)
     if why is not None:
         raise ValueError(why)
+    check_gpus(cfg.faults, n_gpus)
     safe = safe_caps(ranges, cfg.limit_w)
     counts = cfg.split_workers()
     parts = split(arr, cfg.priority_split)
@@ -170,6 +179,7 @@ def run_whatif(arr: Arrivals, cfg: WhatIfConfig, *, policy: RouterPolicy | None 
     prio_of = {f"gpu{k}": d.priority for d in deps for k in range(d.first_gpu, d.first_gpu + d.workers * g)}
     loop = _Loop(cfg, deps, card, ranges, safe, prio_of)
     loop.run(arr.window_ms)
+    check_span(cfg.faults, cfg.telemetry_loss, loop.tl.duration_s)
     results = {d.priority: d.power.sim.result() for d in deps if d.power is not None}
     return WhatIfRun(cfg, deps, results, loop.tl, n_gpus * cfg.cap_w, profile.name, loop.guarded)
 
@@ -195,6 +205,9 @@ class _Loop:
         self.period = int(cfg.guard.period_s)
         self.in_fallback = False
         self.last_overlay_s = 0.0  # the guard ran before the replay began
+        self.tracks: dict[str, Track] = {}  # the sensor check's memory (faulted GPUs only)
+        self.reported: dict[str, tuple[float | None, float]] = {}  # GPU -> its last report (draw, at)
+        self.restarted: set[int] = set()  # agent-restart faults already applied
         # not oversubscribed (the requests fit the limit): no guard, as with the ratio 1.0 default
         self.guarded = len(ranges) * cfg.cap_w > cfg.limit_w
 
@@ -247,14 +260,47 @@ class _Loop:
         if self.in_fallback:
             self.in_fallback = False
             self.guard.resume({k: c for k, c in self.caps.items() if c < self.ranges[k].top_w})
+        kind_of = {f"gpu{i}": f.kind for f in cfg.faults if f.active(float(s)) for i in f.gpus}
         readings = [GpuReading(k, self.prio_of[k], cfg.cap_w, self.card.min_w, self.card.tdp_w,  # type: ignore[arg-type]
-                               self.per_gpu[k], self.clock.now()) for k in self.ranges]
+                               draw, at, enforced_w=self.caps[k]) for k, (draw, at) in self.read(kind_of, s).items()]
         d = self.guard.tick(readings)
         tl.modes[d.mode] = tl.modes.get(d.mode, 0) + 1
         for e in d.events:
             tl.throttle_events[e.priority] += 1
-        if d.in_force != self.caps:
-            self.pending = _Pending(dict(d.in_force), (s + cfg.actuation_s) * 1000.0)
+        new = dict(d.in_force)
+        for i, f in enumerate(cfg.faults):
+            if f.kind in AGENT_KINDS and f.active(float(s)):
+                for k in (f"gpu{j}" for j in f.gpus):  # dead: NVML keeps its limit; restarted: its safe caps
+                    new[k] = self.caps[k] if f.kind == "agent-dead" else min(self.safe[k], cfg.cap_w)
+                if f.kind == "agent-restart" and i not in self.restarted:
+                    self.restarted.add(i)
+                    tl.fallback_activations += 1
+                    tl.fallback_reactions_s.append(s + cfg.actuation_s - f.start_s)
+        if new != self.caps:
+            self.pending = _Pending(new, (s + cfg.actuation_s) * 1000.0)
+
+    def read(self, kind_of: dict[str, str], s: int) -> dict[str, tuple[float | None, float]]:
+        """What the guard reads of each GPU at tick ``s``: (draw or None, when it was measured)."""
+        now, gs = float(s), self.cfg.guard
+        out: dict[str, tuple[float | None, float]] = {}
+        for k in self.ranges:
+            kind = kind_of.get(k)
+            if kind in AGENT_KINDS:  # no report: the last one lingers
+                out[k] = self.reported.get(k, (self.per_gpu[k], now))
+                continue
+            draw: float | None = self.per_gpu[k]
+            if kind == "unreadable":
+                draw = None
+            elif kind == "zero":
+                draw = 0.0
+            elif kind == "stuck":
+                draw = self.tracks[k].draw_w if k in self.tracks else self.reported.get(k, (draw, now))[0]
+            out[k] = self.reported[k] = (draw, now)
+        live = {k: out[k][0] for k in out if kind_of.get(k) not in AGENT_KINDS}
+        sensed, tracks = check(live, self.caps, self.tracks, now, gs.floor_w, gs.stuck_s, gs.stuck_load_w)
+        self.tracks = {k: t for k, t in tracks.items() if kind_of.get(k) == "stuck"}
+        lost = {k for k in sensed if kind_of.get(k) in SENSOR_KINDS}  # the faulted GPUs' readings only
+        return {k: ((None, at) if k in lost else (draw, at)) for k, (draw, at) in out.items()}
 
 
 def _run(deps: Sequence[Deployment], until_ms: float) -> None:

@@ -66,14 +66,17 @@ class ThrottleResult(TaskArgs):
     revision: int
     kept: bool = Field(description="false when an overlay of a newer revision was already held")
     ran: bool = Field(description="false when a pass was already running (it reads the overlay next time)")
+    refused: str | None = Field(default=None, description="why the message was refused (power/authority.py)")
 
 
 # Internal: only the power guard sends overlays (a hand-sent one would set caps).
 @fleet_task("powerfleet.agent.throttle", Overlay, acks_late=False, manual=False)
 def throttle_node(self: Any, params: Overlay) -> ThrottleResult:
-    """The power guard's overlay for this node (docs/power.md): kept in the agent, then a pass, which
-    enforces min(annotation cap, overlay) and reads the draw the guard sees next period. Early ack:
-    the next period's overlay replaces a lost one, and a missed one is the fallback's business."""
+    """The power guard's overlay for this node (docs/power.md): the message names the group, epoch and
+    revision; the overlay applied is the guard's record in Redis for them (power/authority.py), kept in
+    the agent, then a pass, which enforces min(annotation cap, overlay) and reads the draw the guard
+    sees next period. Early ack: the next period's overlay replaces a lost one, and a missed one is
+    the fallback's business."""
     rt = agent_runtime.current()
     store = rt.agent.overlays if rt is not None else None
     if rt is None or store is None or not rt.serves(params.node):
@@ -81,7 +84,31 @@ def throttle_node(self: Any, params: Overlay) -> ThrottleResult:
             rt.metrics.refused.labels(reason="other_node").inc()
         raise WrongNode(f"powerfleet.agent.throttle for node {params.node!r} reached {self.request.hostname}, "
                         f"which is not that node's agent; refused")
-    kept = store.receive(params)
+    overlay, why = _authorised(self.app, params)
+    if overlay is None:
+        store.refused.labels(reason=why).inc()
+        log.warning("refused powerfleet.agent.throttle for group %s revision %d on node %s: %s (power/authority.py)",
+                    params.group, params.revision, params.node, why)
+        return ThrottleResult(node=params.node, group=params.group, revision=params.revision, kept=False, ran=False,
+                              refused=why)
+    kept = store.receive(overlay)
     report = rt.tick_pass() if kept else None
     return ThrottleResult(node=params.node, group=params.group, revision=params.revision, kept=kept,
                           ran=report is not None)
+
+
+def _authorised(app: Any, params: Overlay) -> tuple[Overlay | None, str | None]:
+    """The guard's record for the message's group, read from Redis now (power/authority.py)."""
+    from powerfleet.power.authority import RECORD_KEY, verify
+    from powerfleet.tasks.ports import fleet_redis
+
+    cfg = app.fleet_config
+    groups = cfg.budget.oversubscribed()
+    raw = None
+    if params.group in groups:
+        try:
+            raw = fleet_redis(app).get(RECORD_KEY.format(group=params.group))
+        except Exception as exc:  # Redis unreachable: nothing to check against, the overlay is missed
+            log.warning("cannot read the power guard's record for group %s (%s)", params.group,
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return verify(params, raw, groups, cfg.power.guard_period_s)

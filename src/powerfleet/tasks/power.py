@@ -2,8 +2,9 @@
 ``power.guard_period_s`` per oversubscribed group (docs/power.md, "Live").
 
 Thin: read the group's view (nodes, pod priorities; cached), the agents' reports and the guard's
-memory from Redis, run one pure period (power/live.py), store the memory, send one
-``powerfleet.agent.throttle`` overlay per node (node-scoped, expiring after 1.5 periods).
+memory from Redis, run one pure period (power/live.py), store the memory and the period's record
+(power/authority.py: what the agents apply), send one ``powerfleet.agent.throttle`` overlay per node
+(node-scoped, expiring after 1.5 periods: a wake-up, the record is the authority).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import Field
 
 from powerfleet.power import metrics as power_metrics
 from powerfleet.power.admission import DRAW_KEY, MEMORY_KEY
+from powerfleet.power.authority import RECORD_KEY, record_json
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.live import GuardMemory, GuardPeriod, guard_period
 from powerfleet.power.telemetry import RedisTelemetry, TelemetryReader
@@ -118,6 +120,12 @@ def _period(app: Any, settings: GuardSettings, group: str, limit_w: float, topol
         pipe.ltrim(DRAW_KEY.format(group=group), 0, keep - 1)
         pipe.expire(DRAW_KEY.format(group=group), MEMORY_TTL_S)
         pipe.execute()
+    if period.overlays:
+        # The record first (power/authority.py): an agent applies the record's overlay for its node, under
+        # its epoch and revision, and nothing a message says; it expires when the period's overlays would.
+        ttl = next(iter(period.overlays.values())).ttl_s()
+        r.set(RECORD_KEY.format(group=group), record_json(period.overlays, period.memory.epoch, period.memory.revision,
+                                                          settings.period_s, now), px=max(1, int(ttl * 1000)))
     sent = send_overlays(app, period)
     power_metrics.observe(group, limit_w, period)
     d = period.decision

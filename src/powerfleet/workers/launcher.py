@@ -24,6 +24,8 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    args: tuple[str, ...] = ()  # what it was started with, for respawn
+    env: dict[str, str] | None = None
 
 
 @dataclass
@@ -53,9 +55,15 @@ class Launcher:
             proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", *cli_args], env=self.child_env(env),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        child = Child(name, proc, log)
+        child = Child(name, proc, log, tuple(cli_args), env)
         self.children.append(child)
         return child
+
+    def respawn(self, child: Child) -> Child:
+        """Start a child that stopped again, as it was started (its log appended to)."""
+        if child in self.children:
+            self.children.remove(child)
+        return self.spawn(child.name, *child.args, env=child.env)
 
     def dead_children(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]
