@@ -97,7 +97,7 @@ def tick_and_evaluate(kube: KubeCluster, state: BudgetState, r: redis.Redis, cfg
     return Round(plan, outcomes)
 
 
-def _pod_cap(pod: Mapping[str, Any]) -> int | None:
+def pod_cap(pod: Mapping[str, Any]) -> int | None:
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(POWER_ANNOTATION)
     try:
         return int(str(raw).strip()) if raw is not None else None
@@ -105,31 +105,40 @@ def _pod_cap(pod: Mapping[str, Any]) -> int | None:
         return None
 
 
-def rack_watts(api: ApiServer, r: redis.Redis, now: float) -> dict[str, int]:
-    """rack -> the watts of every pod on its nodes, computed independently of the ledger: each GPU at
-    the larger of its pod's annotation and its fresh enforced limit, the maximum settable limit where
-    neither is known (Terminating pods included until gone; Succeeded and Failed hold nothing)."""
-    racks = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(RACK) for n in api.list("v1", "Node")}
-    enforced: dict[tuple[str, str], list[int]] = {}
-    for n in racks:
+def fresh_enforced(r: redis.Redis, nodes: list[str], now: float) -> dict[tuple[str, str], list[int]]:
+    """(node, pod UID) -> the fresh enforced limits its agent reports for that pod's GPUs."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for n in nodes:
         for v in r.hgetall(ENFORCEMENT_KEY.format(node=n)).values():
             try:
                 rep = json.loads(v)
                 if now - float(rep["at"]) <= FRESH_S and isinstance(rep["enforced_w"], int):
-                    enforced.setdefault((n, rep["pod_uid"]), []).append(rep["enforced_w"])
+                    out.setdefault((n, rep["pod_uid"]), []).append(rep["enforced_w"])
             except (ValueError, KeyError, TypeError):
                 continue
+    return out
+
+
+def pod_truth(pod: Mapping[str, Any], enforced: Mapping[tuple[str, str], list[int]]) -> int:
+    """One pod's watts, per GPU the larger of its annotation and its fresh enforced limit, the maximum
+    settable limit where neither is known."""
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    gpus, cap = pod_gpus(spec), pod_cap(pod)
+    limits = sorted(enforced.get((spec.get("nodeName") or "", meta.get("uid", "")), []), reverse=True)[:gpus]
+    return sum(max(cap or 0, limits[i]) if i < len(limits) else (cap if cap is not None else MAX_SETTABLE_W)
+               for i in range(gpus))
+
+
+def rack_watts(api: ApiServer, r: redis.Redis, now: float) -> dict[str, int]:
+    """rack -> the watts of every pod on its nodes, computed independently of the ledger
+    (``pod_truth``; Terminating pods included until gone; Succeeded and Failed hold nothing)."""
+    racks = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(RACK) for n in api.list("v1", "Node")}
+    enforced = fresh_enforced(r, list(racks), now)
     out: dict[str, int] = {}
     for pod in api.list("v1", "Pod"):
-        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
-        where = spec.get("nodeName")
+        where = (pod.get("spec") or {}).get("nodeName")
         rack = racks.get(where) if where else None
         if rack is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        gpus = pod_gpus(spec)
-        cap = _pod_cap(pod)
-        limits = sorted(enforced.get((where, meta.get("uid", "")), []), reverse=True)[:gpus]
-        per_gpu = [max(cap or 0, limits[i]) if i < len(limits) else (cap if cap is not None else MAX_SETTABLE_W)
-                   for i in range(gpus)]
-        out[rack] = out.get(rack, 0) + sum(per_gpu)
+        out[rack] = out.get(rack, 0) + pod_truth(pod, enforced)
     return out

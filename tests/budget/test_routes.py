@@ -84,6 +84,9 @@ def test_a_pending_tenant_pod_is_charged_in_watts_and_gpus_to_every_group_it_adm
     node(api, "gpu-9", "r2", gpus=8)  # another rack the tenant's nodeSelector excludes
     api.apply(dgd("a", 1, 1))
     settle(api, kube, "a", ["gpu-0"], with_gpus=True)
+    for pod in api.list("v1", "Pod", "default"):  # "a" is pinned to r1 too
+        pod["spec"]["nodeSelector"] = {"powerfleet.io/rack": "r1"}
+        api.apply(pod)
     tenant(api, "pending", 2, cap="1000", node_name=None, node_selector={"powerfleet.io/rack": "r1"})
     state.propose("default/a", {"decode": 14}, at=0, source="test")
     cfg = configs({"default/a": 100_000})
@@ -177,3 +180,18 @@ def test_a_partial_write_is_recorded_as_powerfleets_own(rack, monkeypatch):
     settle(api, kube, "a", ["gpu-0"], with_gpus=True)
     last = tick_and_evaluate(kube, state, r, cfg, {"r1": 10_000}, clock).outcomes["default/a"]
     assert last.reason == "Planned" and last.replicas_written == {"prefill": 2}, last
+
+
+def test_a_scale_up_is_shared_by_every_rack_its_new_pods_may_land_on(rack):
+    # found by the exploration (tests/budget/explore_machine.py): a deployment on r1 whose pods have
+    # no nodeSelector grew into r1's free watts, and the scheduler put its new pods on a full r2
+    api, kube, state, r, clock = rack
+    node(api, "gpu-9", "r2", gpus=8)
+    tenant(api, "on-r2", 3, cap="500", node_name="gpu-9")  # r2: 1,500 W of 2,000
+    api.apply(dgd("a", 1, 1))
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)
+    state.propose("default/a", {"decode": 9}, at=0, source="test")
+    got = tick_and_evaluate(kube, state, r, configs({"default/a": 100_000}), {"r1": 10_000, "r2": 2000}, clock)
+    out = got.outcomes["default/a"]
+    # before: decode 9 (r1 had the watts), up to 4,000 W more landing on r2
+    assert out.replicas_written == {"decode": 2} and got.plan.limits["default/a"].group == "r1,r2", out

@@ -102,10 +102,10 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
         out.add(pinned)
     if not out and budgets and not any(p.node_name for p in own):
         out.add(UNPLACED)
+    elif not out and budgets and _may_reach_a_group(own, node_groups, budgets, node_labels):
+        out.add(UNGROUPED)  # its pods are on nodes in no group, its new ones may land on one: scale-ups wait
     elif node_labels is not None:
         out |= reachable_groups(view, node_groups, budgets, node_labels)
-    if not out and budgets and _may_reach_a_group(own, node_groups, budgets, node_labels):
-        out.add(UNGROUPED)  # its pods are on nodes in no group, its new ones may land on one: scale-ups wait
     return out
 
 
@@ -122,20 +122,23 @@ def _may_reach_a_group(own: Sequence[PodInfo], node_groups: Mapping[str, str], b
 
 def reachable_groups(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
                      node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
-    """The budgeted groups with a node that a role's replica holding no node yet may be scheduled
-    on (its pods' nodeSelector and required node affinity, cluster/placement.py): the scheduler, not
-    the racks it is on now, decides where it lands. A role none of whose pods carries its
+    """The budgeted groups with a node that a role's replica holding no node yet, or one its
+    proposal adds, may be scheduled on (its pods' nodeSelector and required node affinity,
+    cluster/placement.py): the scheduler, not the racks it is on now, decides where it lands, so a
+    scale-up is shared by every group it may land on. A role none of whose pods carries its
     constraints (not read, or no pod created yet) adds none."""
     power = power_of(view)
     if power is None:
         return set()
     by_comp = partition_pods(view.dgd, view.pods)
+    proposal = live_proposal(view)
     out: set[str] = set()
-    for rp in power.roles.values():
+    for role, rp in power.roles.items():
         pods = by_comp.get(rp.component, [])
         charged = role_counts(view.dgd, rp, pods).charged
-        if charged * rp.node_count <= sum(1 for p in pods if p.is_running_or_starting and p.node_name):
-            continue  # every charged replica holds a node
+        growing = proposal.get(role.value, 0) > charged
+        if not growing and charged * rp.node_count <= sum(1 for p in pods if p.is_running_or_starting and p.node_name):
+            continue  # every charged replica holds a node, and none is to be added
         placements: list[Placement] = []
         for p in pods:  # the pods of one template: mostly one placement
             if (pl := getattr(p, "placement", None)) is not None and pl not in placements:

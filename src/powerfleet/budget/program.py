@@ -284,6 +284,12 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         # Over its share (a limit lowered, a tenant grown, the group's minimums not fitting): every
         # role shrinks, a role without a proposal too, from its desired count toward its minimum.
         facts = {r: f if f.proposed is not None else replace(f, proposed=f.desired) for r, f in facts.items()}
+    if any(f.rolling or f.in_flight for f in facts.values()):
+        # The planner holds scale-ups at the charge; the spec is never raised either while rolling: a
+        # count raised while pods terminate makes the operator create pods beside those still holding GPUs.
+        # (Only where the spec is below the charge: elsewhere the planner's hold at the charge is that.)
+        facts = {r: replace(f, proposed=f.desired) if f.proposed is not None and f.desired is not None
+                 and f.proposed > f.desired and f.desired < f.charged else f for r, f in facts.items()}
     try:
         capacity = snap.group.gpu_capacity if snap.group is not None else None
         result = plan(facts, Budget(planning_limit(limit, unenforced, minimum), snap.budget.max_gpus,
