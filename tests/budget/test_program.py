@@ -128,13 +128,14 @@ def test_one_evaluation_derives_the_power_inputs_once(monkeypatch):
     assert calls == ["llama"]
 
 
-def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_and_left_alone():
+def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_and_shrinks():
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
-    # it draws 2 x 700 + 2,400 = 3,800 W; the group allows it 3,100 W (its minimum footprint)
+    # it draws 2 x 700 + 2,400 = 3,800 W; the group allows it 3,100 W (its minimum footprint):
+    # a role without a proposal shrinks from its desired count too (issue 30 route 1)
     res = evaluate(snap(disagg(status=settled()), admitted=admitted,
                         group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)))
-    assert res.replicas == {} and "power_over_budget_unremedied" in res.status["reasons"]
-    assert res.status["settledWatts"] == 3800 > res.status["powerLimitWatts"] == 3100
+    assert res.replicas == {"prefill": 1} and "power_over_budget_shrink" in res.status["reasons"], res.status
+    assert res.status["settledWatts"] == 3100 == res.status["powerLimitWatts"]  # once shrunk
     assert res.status["chargeBasis"] == {"prefill": "requested_cap", "decode": "requested_cap"}
     assert res.status_events[0].reason == "Planned"
     # over its share: the status says by how much, and one Warning event marks the transition

@@ -39,9 +39,13 @@ def test_pod_gpus_count_native_sidecars_and_the_larger_init_phase():
     assert pod_gpus({"containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": 1}}}]}) == 1
 
 
-def test_a_pod_is_charged_its_cap_else_fresh_enforced_limits_else_the_max_settable_limit():
+def test_a_pod_is_charged_the_larger_of_its_cap_and_fresh_enforced_limits_else_the_max_settable_limit():
     fresh = [GpuReport("GPU-a", "pod-1", 400, 310.0, at=100.0), GpuReport("GPU-b", "pod-1", 450, 300.0, at=100.0)]
-    assert pod_charge("pod-1", 2, 300, {"n": fresh}, "n", 120.0, 90.0, 1000) == Charge(600, "requested_cap")
+    # each GPU at the larger of its annotation and its fresh enforced limit (issue 30 route 6)
+    assert pod_charge("pod-1", 2, 300, {"n": fresh}, "n", 120.0, 90.0, 1000) == Charge(850, "enforced")
+    assert pod_charge("pod-1", 2, 420, {"n": fresh}, "n", 120.0, 90.0, 1000) == Charge(870, "enforced")
+    assert pod_charge("pod-1", 2, 500, {"n": fresh}, "n", 120.0, 90.0, 1000) == Charge(1000, "requested_cap")
+    assert pod_charge("pod-1", 2, 300, {"n": fresh}, "n", 200.0, 90.0, 1000) == Charge(600, "requested_cap")
     got = pod_charge("pod-1", 2, None, {"n": fresh}, "n", 120.0, 90.0, 1000)
     assert (got.watts, got.basis) == (850, "enforced")
     stale = pod_charge("pod-1", 2, None, {"n": fresh}, "n", 200.0, 90.0, 1000)  # reports 100 s old, fresh for 90

@@ -7,8 +7,9 @@ its deployment never settles. So each tick, per budgeted group:
 - a node's free GPUs = its allocatable ``nvidia.com/gpu`` - the GPUs requested by every pod on it
   that holds them (any owner, Pending-but-bound and Terminating included; Succeeded/Failed not);
   usable by a deployment only in whole pods (``free // GPUs per pod``, its smallest pod);
-- the group's room = its free GPUs - the GPUs of every listed deployment's replicas that hold no
-  node yet and may land there (a not yet created or unscheduled pod will take free GPUs first);
+- the group's room = its free GPUs - the GPUs of every listed deployment's replicas and every other
+  tenant's pod that hold no node yet and may land there (a not yet created or unscheduled pod will
+  take free GPUs first);
 - the room is shared max-min fair among the deployments that want to grow there (their wanted
   GPUs beyond what they hold: the same water-fill as the watts, budget/groups.py);
 - a deployment may then hold what it is charged now plus what its groups grant it (a grant on
@@ -75,9 +76,12 @@ def free_gpus(node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod]) -> di
 
 
 def gpu_ceilings(needs: Mapping[str, GpuNeed], groups: Mapping[str, Collection[str]],
-                 group_nodes: Mapping[str, Sequence[str]], free: Mapping[str, int | None]) -> dict[str, int]:
+                 group_nodes: Mapping[str, Sequence[str]], free: Mapping[str, int | None],
+                 tenants_unplaced: Mapping[str, int] | None = None) -> dict[str, int]:
     """deployment -> the GPUs it may hold (absent: no ceiling). ``groups``: deployment -> the
-    budgeted groups it may land on; ``group_nodes``: group -> its nodes; ``free``: node -> free GPUs."""
+    budgeted groups it may land on; ``group_nodes``: group -> its nodes; ``free``: node -> free GPUs;
+    ``tenants_unplaced``: group -> GPUs of other tenants' pods holding no node that may land there."""
+    tenants_unplaced = tenants_unplaced or {}
     known = {g for g, ns in group_nodes.items() if all(free.get(n) is not None for n in ns)}
     on: dict[str, list[str]] = defaultdict(list)
     for k, gs in groups.items():
@@ -89,7 +93,7 @@ def gpu_ceilings(needs: Mapping[str, GpuNeed], groups: Mapping[str, Collection[s
         members = on.get(g, [])
         if not members:
             continue
-        pending = sum(needs[k].unplaced for k in members)
+        pending = sum(needs[k].unplaced for k in members) + tenants_unplaced.get(g, 0)
         room = sum(free[n] or 0 for n in group_nodes[g]) - pending
         want = {k: max(0, needs[k].wanted - needs[k].charged) for k in members}
         for k, got in water_fill(want, room).items():

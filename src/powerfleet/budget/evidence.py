@@ -11,6 +11,8 @@ write or readback failed: no evidence) and ``draw_w`` the measured draw. A repor
 Because the agent's hash expires by itself, "no hash" cannot tell "no agent here" from "the agent
 died": the reader remembers, in ``powerfleet:budget:reporting-nodes``, every node whose agent has
 published once; such a node without a fresh report for a GPU is stale evidence, never "no agents".
+That set is lost with Redis (a flush, a failover to a replica that missed the write), so each tick
+also re-derives it from the cluster: every node an agent pod is bound to is a reporting node.
 """
 
 from __future__ import annotations
@@ -35,17 +37,35 @@ class GpuReport:
     at: float
 
 
+# The agent DaemonSet's pods (the chart's labels): a node running one has an agent, reported or not
+AGENT_POD_LABELS = {"app.kubernetes.io/part-of": "powerfleet", "app.kubernetes.io/component": "agent"}
+
+
 class EnforcementReports(Protocol):
-    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+    def reports(self, nodes: Iterable[str], agents: Iterable[str] = ()) -> dict[str, list[GpuReport]]:
         """node -> its GPUs' readable reports. A node is present when its agent publishes or has
-        published before (an empty list: its reports are gone); absent: no agent ever reported there."""
+        published before, or is in ``agents`` (an empty list: its reports are gone); absent: no
+        agent ever reported there."""
 
 
 class NoReports:
     """No agent publishes reports yet: every GPU without a cap is charged its maximum settable limit."""
 
-    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+    def reports(self, nodes: Iterable[str], agents: Iterable[str] = ()) -> dict[str, list[GpuReport]]:
         return {}
+
+
+def agent_nodes(pods: Iterable[object]) -> set[str]:
+    """The nodes an agent pod (``AGENT_POD_LABELS``) is bound to and not terminal on: each has an
+    agent whether or not its reports survived in Redis (a flush or a failover loses them)."""
+    out: set[str] = set()
+    for p in pods:
+        labels = getattr(p, "labels", None) or {}
+        node = getattr(p, "node_name", None)
+        if node and getattr(p, "phase", None) not in ("Succeeded", "Failed") and all(
+                labels.get(k) == v for k, v in AGENT_POD_LABELS.items()):
+            out.add(node)
+    return out
 
 
 def parse_report(gpu_uuid: str, raw: str | bytes) -> GpuReport | None:
@@ -73,8 +93,11 @@ class RedisReports:
         self._r = client
         self._now = now  # recorded as the first-seen time (informative only)
 
-    def reports(self, nodes: Iterable[str]) -> dict[str, list[GpuReport]]:
+    def reports(self, nodes: Iterable[str], agents: Iterable[str] = ()) -> dict[str, list[GpuReport]]:
+        """``agents``: nodes known to run an agent (``agent_nodes``): remembered as reporting nodes
+        now, so the set is re-derived from the cluster after Redis lost it."""
         names = list(dict.fromkeys(nodes))
+        deployed = set(agents)
         if not names:
             return {}
         pipe = self._r.pipeline(transaction=False)  # type: ignore[attr-defined]
@@ -90,8 +113,10 @@ class RedisReports:
                           if (r := parse_report(k.decode() if isinstance(k, bytes) else str(k), v)) is not None]
                 if was is None:
                     first_seen[n] = self._now
-            elif was is not None:
-                out[n] = []  # it published before and stopped: its GPUs have no fresh evidence
+            elif was is not None or n in deployed:
+                out[n] = []  # it published before (or its agent pod runs) and does not: no fresh evidence
+                if was is None:
+                    first_seen[n] = self._now
         if first_seen:
             self._r.hset(REPORTING_NODES_KEY, mapping=first_seen)  # type: ignore[attr-defined]
         return out
@@ -105,14 +130,17 @@ class Charge:
 
 def pod_charge(pod_uid: str, gpus: int, cap_w: int | None, reports: Mapping[str, Iterable[GpuReport]] | None,
                node: str | None, now: float, fresh_s: float, max_settable_w: int) -> Charge:
-    """What one GPU pod is charged: its annotation's cap where it has one; else the enforced limits
-    of its GPUs where every one of them has a fresh report for this pod; else the maximum settable
-    limit per GPU."""
+    """What one GPU pod no listed deployment owns is charged. With its annotation's cap: each GPU
+    at the larger of the cap and its fresh enforced limit for this pod (an annotation is a request,
+    the enforced limit what the GPU may draw). Without: the enforced limits where every one of its
+    GPUs has a fresh report for this pod, else the maximum settable limit per GPU."""
+    mine = sorted((r.enforced_w for r in (reports or {}).get(node or "", [])
+                   if r.pod_uid == pod_uid and now - r.at <= fresh_s), reverse=True)[:gpus]
     if cap_w is not None:
-        return Charge(cap_w * gpus, "requested_cap")
-    mine = [r for r in (reports or {}).get(node or "", []) if r.pod_uid == pod_uid and now - r.at <= fresh_s]
+        per_gpu = [max(cap_w, mine[i]) if i < len(mine) else cap_w for i in range(gpus)]
+        return Charge(sum(per_gpu), "enforced" if sum(per_gpu) > cap_w * gpus else "requested_cap")
     if gpus and len(mine) >= gpus:
-        return Charge(sum(sorted((r.enforced_w for r in mine), reverse=True)[:gpus]), "enforced")
+        return Charge(sum(mine), "enforced")
     return Charge(max_settable_w * gpus, "max_settable")
 
 

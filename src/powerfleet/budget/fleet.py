@@ -8,7 +8,9 @@ node that replica may be scheduled on (``reachable_groups``). A group is charged
 are charged (Terminating and surge pods included, on the evaluation's evidence basis) plus every
 charged replica of it that holds no node yet (the scheduler may put it on any of its groups). One
 that has no placed pod and names no group while group budgets exist gets no allowance: its
-scale-ups are blocked until its pods are placed.
+scale-ups are blocked until its pods are placed. One whose live pods are all on nodes in no
+budgeted group, and whose new pods may be scheduled on a budgeted group's node, gets no allowance
+either (``UNGROUPED``): its scale-ups wait, with that reason, until its pods are on a group.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from powerfleet.cluster.power import PowerConfig, resolve_power_config
 from powerfleet.cluster.settlement import partition_pods
 
 UNPLACED = "(unplaced)"
+UNGROUPED = "(pods on nodes in no group)"  # its new replicas may land on a budgeted group: scale-ups wait
 
 
 @dataclass(frozen=True)
@@ -99,27 +102,43 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
         out.add(pinned)
     if not out and budgets and not any(p.node_name for p in own):
         out.add(UNPLACED)
+    elif not out and budgets and _may_reach_a_group(own, node_groups, budgets, node_labels):
+        out.add(UNGROUPED)  # its pods are on nodes in no group, its new ones may land on one: scale-ups wait
     elif node_labels is not None:
         out |= reachable_groups(view, node_groups, budgets, node_labels)
     return out
 
 
+def _may_reach_a_group(own: Sequence[PodInfo], node_groups: Mapping[str, str], budgets: Mapping[str, int],
+                       node_labels: Mapping[str, Mapping[str, str]] | None) -> bool:
+    """Whether a new pod like its live ones may be scheduled on a budgeted group's node (without the
+    nodes' labels, or a pod's placement not read: it may)."""
+    live = [p for p in own if p.is_running_or_starting]
+    if node_labels is None or any(getattr(p, "placement", None) is None for p in live):
+        return bool(live)
+    return any(p.placement.admits(n, node_labels.get(n, {}))  # type: ignore[attr-defined]
+               for p in live for n, g in node_groups.items() if g in budgets)
+
+
 def reachable_groups(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
                      node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
-    """The budgeted groups with a node that a role's replica holding no node yet may be scheduled
-    on (its pods' nodeSelector and required node affinity, cluster/placement.py): the scheduler, not
-    the racks it is on now, decides where it lands. A role none of whose pods carries its
+    """The budgeted groups with a node that a role's replica holding no node yet, or one its
+    proposal adds, may be scheduled on (its pods' nodeSelector and required node affinity,
+    cluster/placement.py): the scheduler, not the racks it is on now, decides where it lands, so a
+    scale-up is shared by every group it may land on. A role none of whose pods carries its
     constraints (not read, or no pod created yet) adds none."""
     power = power_of(view)
     if power is None:
         return set()
     by_comp = partition_pods(view.dgd, view.pods)
+    proposal = live_proposal(view)
     out: set[str] = set()
-    for rp in power.roles.values():
+    for role, rp in power.roles.items():
         pods = by_comp.get(rp.component, [])
         charged = role_counts(view.dgd, rp, pods).charged
-        if charged * rp.node_count <= sum(1 for p in pods if p.is_running_or_starting and p.node_name):
-            continue  # every charged replica holds a node
+        growing = proposal.get(role.value, 0) > charged
+        if not growing and charged * rp.node_count <= sum(1 for p in pods if p.is_running_or_starting and p.node_name):
+            continue  # every charged replica holds a node, and none is to be added
         placements: list[Placement] = []
         for p in pods:  # the pods of one template: mostly one placement
             if (pl := getattr(p, "placement", None)) is not None and pl not in placements:
@@ -187,7 +206,7 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
             out[k] = GroupLimit(group=None, limit_w=None)
             continue
         f = prints[k]
-        limit = None if UNPLACED in touched[k] else racks.limits.get(k)
+        limit = None if touched[k] & {UNPLACED, UNGROUPED} else racks.limits.get(k)
         out[k] = GroupLimit(group=",".join(sorted(touched[k])), limit_w=limit, minimum_w=f.minimum_w,
                             current_w=f.current_w)
     return FleetLedger(out, racks.projected_w, racks.peak_w, touched)
@@ -199,5 +218,5 @@ def group_limits(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
     return fleet_ledger(views, node_groups, budgets, group_label, unmanaged_w).limits
 
 
-__all__ = ["UNMANAGED", "UNPLACED", "DeploymentView", "FleetLedger", "fleet_ledger", "footprint", "group_limits",
+__all__ = ["UNGROUPED", "UNMANAGED", "UNPLACED", "DeploymentView", "FleetLedger", "fleet_ledger", "footprint", "group_limits",
            "groups_of", "live_proposal", "member", "power_of", "reachable_groups", "unmanaged_member"]

@@ -8,6 +8,8 @@ transition. The rule (docs/budget.md):
    minimum footprint (it can always run); the rest of the budget is water-filled over what
    each deployment wants beyond that (its settled demand), so no deployment can starve another
    by asking for more, and what one does not want flows to the others.
+   When the minimum footprints (tenants included) exceed the budget, every deployment's limit is
+   its minimum footprint: it shrinks there and is reported over its share.
 2. **Growth only into free watts.** A deployment may grow only into watts that are free *now*
    (budget - what every deployment draws or may draw at its current counts), split max-min
    fair among the growers. A deployment above its share shrinks this evaluation; the watts it
@@ -87,9 +89,10 @@ def allocate(budget_w: int, members: Mapping[str, Member]) -> GroupResult:
     current = sum(m.current_w for m in members.values())
     minimum = sum(m.minimum_w for m in members.values())
     if minimum > budget_w:
-        # The minimum footprints do not fit: nobody grows; everyone keeps its current state at most.
-        allowances = {k: Allowance(share_w=m.minimum_w, growth_w=0, limit_w=min(m.own_limit_w, m.current_w))
-                      for k, m in members.items()}
+        # The minimum footprints do not fit: nobody grows and everyone shrinks to its minimum
+        # footprint (the most the group can still be brought down to; its evaluation reports it over).
+        allowances = {k: Allowance(share_w=m.minimum_w, growth_w=0,
+                                   limit_w=min(m.own_limit_w, m.current_w, m.minimum_w)) for k, m in members.items()}
         return GroupResult(budget_w, allowances, feasible=False, current_w=current)
     extra = water_fill({k: max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w) for k, m in members.items()},
                        budget_w - minimum)

@@ -173,7 +173,9 @@ def _admission(snap: Snapshot, previous: Mapping[str, Any]) -> tuple[AdmittedPow
         msg = "power inputs changed after admission (re-admit to resume): " + "; ".join(v.line() for v in violations)
         return None, False, _finish(snap, previous, Result(_status(snap, False, "PowerInputsChanged", msg)))
     if isinstance(power, DGDInputError):
-        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", str(power))))
+        # never invisible: the tick charges every GPU its pods hold at the maximum settable limit (budget/tenants.py)
+        msg = f"{power}; its pods' GPUs are charged at the maximum settable limit on their groups"
+        return None, False, _finish(snap, previous, Result(_status(snap, False, "InvalidPowerInputs", msg)))
     settlement = settle(dgd, snap.pods, power=power) if snap.pods is not None else None
     if settlement is None or settlement.state is SettlementState.PENDING:
         why = "pods could not be read" if settlement is None else "; ".join(settlement.reasons)
@@ -277,6 +279,17 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
     unenforced = sum(c.surplus_w for c in charges.values())
     minimum = sum(f.min_replicas * f.watts_per_replica for f in counted.values())
     facts = {r: replace(f, rolling=roll.rolling or hold_ups or bool(stale)) for r, f in counted.items()}
+    charged_w = sum(f.charged * f.watts_per_replica for f in counted.values()) + unenforced
+    if charged_w > limit:
+        # Over its share (a limit lowered, a tenant grown, the group's minimums not fitting): every
+        # role shrinks, a role without a proposal too, from its desired count toward its minimum.
+        facts = {r: f if f.proposed is not None else replace(f, proposed=f.desired) for r, f in facts.items()}
+    if any(f.rolling or f.in_flight for f in facts.values()):
+        # The planner holds scale-ups at the charge; the spec is never raised either while rolling: a
+        # count raised while pods terminate makes the operator create pods beside those still holding GPUs.
+        # (Only where the spec is below the charge: elsewhere the planner's hold at the charge is that.)
+        facts = {r: replace(f, proposed=f.desired) if f.proposed is not None and f.desired is not None
+                 and f.proposed > f.desired and f.desired < f.charged else f for r, f in facts.items()}
     try:
         capacity = snap.group.gpu_capacity if snap.group is not None else None
         result = plan(facts, Budget(planning_limit(limit, unenforced, minimum), snap.budget.max_gpus,
@@ -320,7 +333,6 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         chargeBasis={by_role[r]: c.basis for r, c in charges.items()})
     # Over its share: what it holds now (the ledger) is above the limit it plans against. Reported
     # in the status, by a transition event (once each way) and by a gauge (budget/metrics.py).
-    charged_w = sum(f.charged * f.watts_per_replica for f in counted.values()) + unenforced
     if charged_w > limit:
         res.status["overBudgetWatts"] = charged_w - limit
     res.status_events.extend(_over_budget_events(previous, res.status, charged_w, limit))

@@ -20,7 +20,8 @@ import redis
 from powerfleet.budget.evidence import Evidence, EvidenceSource
 from powerfleet.budget.persist import DgdStatus, StatusSink
 from powerfleet.budget.program import DeploymentBudget, Event, GroupLimit, Result, Snapshot, evaluate, rejected
-from powerfleet.budget.scale import NoAdapters, Owners, ScalingPort, other_writer, owned_counts, owners_of, write_replicas
+from powerfleet.budget.scale import (NoAdapters, Owners, PartialWrite, ScalingPort, other_writer, owned_counts,
+                                    owners_of, write_replicas)
 from powerfleet.budget.state import BudgetState
 from powerfleet.budget.tick import TickPlan, budget_of, tick_limits  # noqa: F401 - the tick's half, re-exported
 from powerfleet.clock import Clock
@@ -88,7 +89,12 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
         return res
     if res.replicas:
         try:
-            changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
+            try:
+                changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
+            except PartialWrite as partial:  # what landed is powerfleet's own (budget/scale.py)
+                out.replicas_written = partial.written
+                emitter.emit([e for e in res.scale_events if e.message.split(" ", 1)[0] in partial.written])
+                raise partial.cause from partial
         except Conflict:
             # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
             res.status["message"] = f"{res.status['message']}; replica write conflicted, re-planned next evaluation"
@@ -224,8 +230,10 @@ def evaluate_deployment(cluster: ClusterWriter, state: BudgetState, key: str, bu
                   settled_w=st.get("settledWatts"), peak_w=st.get("peakWatts"), gpus=st.get("gpus"),
                   limit_w=st.get("powerLimitWatts"), reasons=list(st.get("reasons") or []),
                   over_w=st.get("overBudgetWatts", 0) if "settledWatts" in st else None)
-    res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners, fence)
-    state.record_replicas(key, {**held, **out.replicas_written})
+    try:
+        res = _write(cluster, sink, obj, snap, res, previous, out, scaling, owners, fence)
+    finally:  # what was written is recorded even when a later write failed (a partial write)
+        state.record_replicas(key, {**held, **out.replicas_written})
     if out.skipped is not None:
         return out
     state.record_figures(key, {"reason": out.reason, "limit_w": out.limit_w, "settled_w": out.settled_w,

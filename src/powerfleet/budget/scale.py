@@ -61,19 +61,37 @@ def other_writer(last: Mapping[str, int] | None, now: Mapping[str, int]) -> str 
     return f"replicas changed by another writer since the last evaluation ({', '.join(moved)})" if moved else None
 
 
+class PartialWrite(Exception):
+    """Some counts were written before a later write failed (``cause``, a ClusterError such as a
+    409 on the DGD after an adapter's patch landed): ``written`` is what landed, to be recorded as
+    powerfleet's own, so it never reads as another writer's."""
+
+    def __init__(self, written: Mapping[str, int], cause: Exception) -> None:
+        super().__init__(f"wrote {dict(written)}, then: {cause}")
+        self.written, self.cause = dict(written), cause
+
+
 def write_replicas(cluster: ClusterWriter, scaling: ScalingPort, dgd: DGD, owners: Owners,
                    replicas: Mapping[str, int]) -> tuple[dict[str, int], str | None]:
     """Write each count through its owner; returns the counts that changed and the DGD's new
     resourceVersion (None: the DGD was not patched). Raises Conflict (the object changed since it
-    was read), Rejected (refused by the server) or ClusterError."""
+    was read), Rejected (refused by the server) or ClusterError, wrapped in PartialWrite when an
+    adapter's count was written before it."""
     held = owned_counts(dgd, owners, replicas)
     changed = {c: n for c, n in replicas.items() if held.get(c) != n}
     through_dgd = {c: n for c, n in changed.items() if c not in owners.adapters}
-    for c, n in changed.items():
-        if c in owners.adapters:
-            scaling.patch_adapter_replicas(owners.adapters[c], n)
+    written: dict[str, int] = {}
     version = None
-    if through_dgd:
-        version = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, through_dgd,
-                                             resource_version=dgd.resource_version, current=dgd).resource_version
+    try:
+        for c, n in changed.items():
+            if c in owners.adapters:
+                scaling.patch_adapter_replicas(owners.adapters[c], n)
+                written[c] = n
+        if through_dgd:
+            version = cluster.patch_dgd_replicas(dgd.namespace, dgd.name, through_dgd,
+                                                 resource_version=dgd.resource_version, current=dgd).resource_version
+    except Exception as exc:
+        if written:
+            raise PartialWrite(written, exc) from exc
+        raise
     return changed, version

@@ -16,16 +16,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, pod_charge
+from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, agent_nodes
 from powerfleet.budget.capacity import free_gpus, gpu_ceilings, need_of
-from powerfleet.budget.fleet import DeploymentView, fleet_ledger
+from powerfleet.budget.fleet import DeploymentView, fleet_ledger, power_of
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
 from powerfleet.budget.state import BudgetState
-from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME, POWER_ANNOTATION
-from powerfleet.cluster.errors import PowerInputError
+from powerfleet.budget.tenants import tenant_charges
+from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.gpu_pods import GpuPod
 from powerfleet.cluster.ports import ClusterError, ClusterReader
-from powerfleet.cluster.power import parse_power_annotation
 
 
 class GpuPodReader(Protocol):
@@ -64,6 +63,7 @@ class TickPlan:
     group_basis: dict[str, dict[str, int]] = field(default_factory=dict)  # unmanaged watts by charge basis
     group_measured: dict[str, float] = field(default_factory=dict)  # agent-reported draw (groups with reports)
     group_admission: dict[str, Any] = field(default_factory=dict)  # oversubscribed group -> power.admission.GroupCapacity
+    unresolved_w: dict[str, int] = field(default_factory=dict)  # listed DGD whose inputs do not resolve -> its charge
 
 
 def budget_of(cfg: Any) -> DeploymentBudget:
@@ -71,39 +71,15 @@ def budget_of(cfg: Any) -> DeploymentBudget:
                             min_replicas=dict(cfg.min_replicas), sole_writer=cfg.sole_writer)
 
 
-def _cap(pod: GpuPod) -> int | None:
-    raw = pod.annotations.get(POWER_ANNOTATION)
-    if raw is None:
-        return None
-    try:
-        return parse_power_annotation(raw).watts
-    except PowerInputError:
-        return None  # an unreadable cap is no cap: charged as unenforced
-
-
-def unmanaged(pods: Sequence[GpuPod], owned: set[str], node_groups: Mapping[str, str], budgets: Mapping[str, int],
-              reports: Mapping[str, Any], now: float, fresh_s: float, max_settable_w: int
-              ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """group -> watts of the GPU pods on it that no listed deployment owns, and the same by basis."""
-    watts: dict[str, int] = defaultdict(int)
-    basis: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for p in pods:
-        group = node_groups.get(p.node_name or "")
-        if group not in budgets or p.gpus <= 0 or not p.is_running_or_starting or p.uid in owned:
-            continue
-        charge = pod_charge(p.uid, p.gpus, _cap(p), reports, p.node_name, now, fresh_s, max_settable_w)
-        watts[group] += charge.watts
-        basis[group][charge.basis] += charge.watts
-    return dict(watts), {g: dict(b) for g, b in basis.items()}
-
-
 def _with_capacity(limits: Mapping[str, GroupLimit], views: Sequence[DeploymentView],
                    touched: Mapping[str, set[str]], group_nodes: Mapping[str, Sequence[str]],
-                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod]) -> dict[str, GroupLimit]:
+                   node_gpus: Mapping[str, int | None], pods: Sequence[GpuPod],
+                   unplaced: Mapping[str, int] | None = None) -> dict[str, GroupLimit]:
     """Each deployment's GroupLimit with the GPUs it may hold on its groups (budget/capacity.py).
-    ``touched``: deployment -> the groups it may land on (the ledger's)."""
+    ``touched``: deployment -> the groups it may land on (the ledger's); ``unplaced``: group -> the
+    GPUs of other tenants' pods holding no node that may land there."""
     needs = {v.key: n for v in views if (n := need_of(v)) is not None}
-    ceilings = gpu_ceilings(needs, touched, group_nodes, free_gpus(node_gpus, pods))
+    ceilings = gpu_ceilings(needs, touched, group_nodes, free_gpus(node_gpus, pods), unplaced)
     return {k: replace(gl, gpu_capacity=ceilings.get(k)) for k, gl in limits.items()}
 
 
@@ -149,23 +125,30 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
     # its whole charge, unenforced watts included, as its evaluation plans it).
     listed = {p.node_name for k, d in dgds.items() if k in deployments for p in by_dgd.get((d.namespace, d.name), [])
               if p.node_name}
-    got = (reports or NoReports()).reports(sorted({n for ns in group_nodes.values() for n in ns} | listed))
+    got = (reports or NoReports()).reports(sorted({n for ns in group_nodes.values() for n in ns} | listed),
+                                           agents=agent_nodes(pods))
     evidence = None if evidence_mode == "off" else Evidence(got, now, fresh_s, max_settable_w, evidence_mode)
-    views, skipped, owned = [], {}, set()
+    views, skipped, owned, unresolved = [], {}, set(), {}
     for key, cfg in deployments.items():
         dgd = dgds.get(key)
         if dgd is None:
             skipped[key] = "not found or unreadable"
             continue
         own = by_dgd.get((dgd.namespace, dgd.name), [])
-        owned.update(p.uid for p in own)
-        views.append(DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
-                                    proposal=proposals.get(key), pods=own,
-                                    claim_classes=classes.get(dgd.namespace), evidence=evidence))
-    tenants, basis = unmanaged(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w)
+        view = DeploymentView(key=key, dgd=dgd, admitted=admitted.get(key), budget=budget_of(cfg),
+                              proposal=proposals.get(key), pods=own,
+                              claim_classes=classes.get(dgd.namespace), evidence=evidence)
+        if power_of(view) is None:  # its inputs do not resolve: its pods are charged as tenants (budget/tenants.py)
+            unresolved.update({p.uid: key for p in own})
+        else:
+            owned.update(p.uid for p in own)
+        views.append(view)
+    labels = {n.name: n.labels for n in nodes}
+    charged = tenant_charges(pods, owned, node_groups, groups, got, now, fresh_s, max_settable_w,
+                             unresolved=unresolved, node_labels=labels if pods_reader is not None else None)
+    tenants, basis = charged.watts, charged.basis
     # Each group is charged what is physically on its nodes plus what may still land there
     # (budget/fleet.py): a deployment spread over racks is not charged whole to each.
-    labels = {n.name: n.labels for n in nodes}
     ledger = fleet_ledger(views, node_groups, groups, group_label, tenants, labels)
     current = {g: ledger.projected_w.get(g, tenants.get(g, 0)) for g in groups}
     admission: dict[str, Any] = {}
@@ -178,8 +161,8 @@ def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping
         limits = _with_admission(limits, ledger.groups, closed)
     if pods_reader is not None:  # every pod's GPUs are known: bound scale-ups by the GPUs that exist
         limits = _with_capacity(limits, views, ledger.groups, group_nodes,
-                                {n.name: n.gpu_allocatable for n in nodes}, pods)
+                                {n.name: n.gpu_allocatable for n in nodes}, pods, charged.unplaced_gpus)
     peak = {g: ledger.peak_w.get(g, tenants.get(g, 0)) for g in groups}
     measured = {g: sum(r.draw_w for n in ns for r in got.get(n, []) if now - r.at <= fresh_s)
                 for g, ns in group_nodes.items() if any(got.get(n) for n in ns)}
-    return TickPlan(limits, current, skipped, peak, tenants, basis, measured, admission)
+    return TickPlan(limits, current, skipped, peak, tenants, basis, measured, admission, charged.unresolved_w)
