@@ -38,7 +38,8 @@ def budget_env(fleet_env: dict[str, str], launcher: Launcher) -> dict[str, str]:
 
 def _sent_state(r: redis.Redis) -> set[bytes]:
     """What a send leaves in Redis: queues and result keys (a worker's bookkeeping keys aside)."""
-    return {k for k in r.keys() if not k.startswith((b"unacked", b"_kombu"))}
+    # (Flower's and the CLI's own worker inspections leave `<uuid>.reply.celery.pidbox` replies: no task.)
+    return {k for k in r.keys() if not k.startswith((b"unacked", b"_kombu")) and not k.endswith(b".reply.celery.pidbox")}
 
 
 @pytest.mark.parametrize(("task", "kwargs", "says"), [
@@ -46,7 +47,7 @@ def _sent_state(r: redis.Redis) -> set[bytes]:
     # The forged group limit of issue 29: no such field exists any more (the allowance is read from Redis).
     ("powerfleet.budget.evaluate", {"deployment": "ns/llm", "group": "rack-a", "group_limit_w": 16800,
                                     "group_gpu_capacity": 36, "from_tick": True},
-     "powerfleet.budget.evaluate: from_tick: unknown argument"),
+     "powerfleet.budget.evaluate: group: unknown argument"),
     ("powerfleet.budget.evaluate", {"deployment": "ns/llm", "generation": 10**15},
      "powerfleet.budget.evaluate: generation: set only by the fleet itself"),
     ("powerfleet.retune.harvest", {"sid": "nosuch"}, "powerfleet.retune.harvest: an internal task"),
@@ -127,7 +128,8 @@ def test_hostile_messages_through_trigger_and_flower(control_worker, launcher: L
             return
         assert out.returncode in (1, 2), (name, kwargs, out.returncode, out.stderr)
         _check_refused(app, name, kwargs, out.stderr)
-        assert _sent_state(r) == before, (name, kwargs, _sent_state(r) - before)
+        # Nothing queued and no result key: no key appeared (a worker's heartbeat may expire meanwhile).
+        assert _sent_state(r) <= before, (name, kwargs, _sent_state(r) - before)
 
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         wait_for(lambda: client.get("/healthcheck").status_code == 200, "flower to serve /healthcheck", 60)
@@ -144,7 +146,8 @@ def test_hostile_messages_through_trigger_and_flower(control_worker, launcher: L
                     return
                 assert answer.status_code == 400, (name, kwargs, answer.status_code, answer.text[:300])
                 _check_refused(app, name, kwargs, answer.text)
-                assert _sent_state(r) == before, (name, kwargs, _sent_state(r) - before)
+                # Nothing queued and no result key: no key appeared (a worker's heartbeat may expire meanwhile).
+                assert _sent_state(r) <= before, (name, kwargs, _sent_state(r) - before)
 
         through_flower()
         # The task list shows each result beside its state, its summary first (a skipped pass reads

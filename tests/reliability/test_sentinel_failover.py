@@ -172,8 +172,10 @@ def test_no_budget_evaluation_acts_on_state_from_before_the_master_was_killed(fl
     assert recorded_counts(stale).get("decode") == 1  # the replica a failover promotes lacks them
     settle(api, kube, "alpha", BUDGET_NODES)  # the operator rolled the second decode out
 
-    killed = api.once("GET", "/dynamographdeployments/alpha", lambda: sentinels.kill(old))
-    wait_for(killed.is_set, "a budget evaluation reading alpha (the master SIGKILLed there)", 30)
+    # A tick's evaluations run as one batch on one snapshot (budget/batch.py): its all-namespace LIST
+    # of the budget's status ConfigMaps is read by the batch alone, after the tick, mid-evaluation.
+    killed = api.once("GET", "/api/v1/configmaps", lambda: sentinels.kill(old))
+    wait_for(killed.is_set, "a budget evaluation batch reading the cluster (the master SIGKILLed there)", 30)
     assert sentinels.wait_new_master(old) == stale
     carries_on(fleet, time.time())
     propose(decode=3)
