@@ -29,7 +29,7 @@ from powerfleet.clock import SystemClock
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from powerfleet.twin.podresources import PodResourcesServers
+from powerfleet.twin.gpus.podresources import PodResourcesServers
 
 
 def _pod(k: int, cap: int, ready: bool) -> dict[str, Any]:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from powerfleet.twin.runtime import Twin, TwinOptions  # noqa: E402
-from powerfleet.twin.topology import TwinSpec  # noqa: E402
+from powerfleet.twin.cluster.topology import TwinSpec  # noqa: E402
 
 
 def measure(nodes: int, seconds: float) -> dict[str, float]:

@@ -14,7 +14,7 @@ from powerfleet.agent.nvml import NvmlBackend
 from powerfleet.agent.podresources import Allocation, PodResourcesClient
 from powerfleet.agent.simnvml import SimulatedNvml
 from powerfleet.agent.simulated import SimulatedGpus, parse_devices, write_proc_entry
-from powerfleet.twin.podresources import PodResourcesServers
+from powerfleet.twin.gpus.podresources import PodResourcesServers
 from tests.agent.conftest import Bench, device
 
 MIG0 = ["MIG-0000-a", "MIG-0000-b", "MIG-0000-c"]  # three slices of GPU 0; GPU 1 has no MIG

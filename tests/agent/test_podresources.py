@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from powerfleet.agent.podresources import Allocation, PodResourcesClient, api_pb2, gpu_allocations
 from powerfleet.agent.simulated import write_proc_entry
 from powerfleet.cluster.dgd import POWER_ANNOTATION
-from powerfleet.twin.podresources import PodResourcesServers
+from powerfleet.twin.gpus.podresources import PodResourcesServers
 from tests.agent.conftest import Bench
 
 
@@ -85,9 +85,9 @@ def test_a_time_sliced_device_id_names_its_gpu_and_every_pod_sharing_it() -> Non
 
 
 def test_the_twin_serves_each_nodes_allocations_with_its_gpu_uuids(tmp_path) -> None:
-    from powerfleet.twin.operator import pod_gpus
+    from powerfleet.twin.cluster.operator import pod_gpus
     from powerfleet.twin.runtime import Twin, TwinOptions
-    from powerfleet.twin.topology import TwinSpec
+    from powerfleet.twin.cluster.topology import TwinSpec
     from tests.waiting import wait_for
 
     twin = Twin(TwinOptions(spec=TwinSpec(nodes=1), root=tmp_path / "twin", window_s=10)).start()

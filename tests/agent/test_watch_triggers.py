@@ -18,7 +18,7 @@ from powerfleet.agent.watcher import PodState, cap_relevant_change, change_reaso
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from powerfleet.twin.podresources import PodResourcesServers
+from powerfleet.twin.gpus.podresources import PodResourcesServers
 from tests.agent.conftest import Bench
 from tests.waiting import wait_for
 
@@ -131,7 +131,7 @@ def test_the_agents_own_report_annotation_never_asks_for_a_pass() -> None:
 
 def test_the_twins_kubelet_reports_the_container_start_and_the_ready_flip_the_watch_acts_on(tmp_path: Path) -> None:
     from powerfleet.agent.watcher import pod_state
-    from powerfleet.twin.kubelet import next_status
+    from powerfleet.twin.cluster.kubelet import next_status
 
     with ApiServer() as api:
         p = kpod()

@@ -9,7 +9,7 @@ import redis
 from PIL import Image
 
 from powerfleet.budget.state import GROUP_HISTORY, GROUP_HISTORY_LEN, BudgetState
-from powerfleet.twin.ledger_plot import LEDGER_DATA, LEDGER_IMAGE, ledger_series, plot_ledger
+from powerfleet.twin.demo.ledger_plot import LEDGER_DATA, LEDGER_IMAGE, ledger_series, plot_ledger
 from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
 
 

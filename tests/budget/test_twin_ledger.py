@@ -1,5 +1,5 @@
 """The ledger on the faithful twin (issue 18, Tests): real Redis, a real control worker, and the
-twin's own operator (twin/writer.py) over the loopback API server, which prunes DGD status as a
+twin's own operator (twin/cluster/writer.py) over the loopback API server, which prunes DGD status as a
 real server does. Pods start after a startup delay, deleted pods stay Terminating (holding their
 GPUs) for their grace period, each rack carries an unmanaged tenant with a cap and one without,
 and llm-agg's worker is owned by a Dynamo scaling adapter (powerfleet scales it through it).
@@ -24,13 +24,13 @@ from celery.result import AsyncResult
 from powerfleet.budget.state import BudgetState
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import GPU_RESOURCE, POWER_ANNOTATION
-from powerfleet.twin.adapters import ADAPTER_KIND, adapter_name
+from powerfleet.twin.cluster.adapters import ADAPTER_KIND, adapter_name
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.fidelity import OperatorSettings
-from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
-from powerfleet.twin.tenants import TENANT_LABEL, tenant_pods
-from powerfleet.twin.topology import GPU_MAX_W, RACK_LABEL, TwinSpec, node_objects
-from powerfleet.twin.writer import OperatorLoop
+from powerfleet.twin.cluster.manifests import AGG, DISAGG, dgd_manifests
+from powerfleet.twin.cluster.tenants import TENANT_LABEL, tenant_pods
+from powerfleet.twin.cluster.topology import GPU_MAX_W, RACK_LABEL, TwinSpec, node_objects
+from powerfleet.twin.cluster.writer import OperatorLoop
 from tests.budget.stand_in_operator import budget_status
 from tests.integration.conftest import wait_worker
 
@@ -155,7 +155,7 @@ def test_no_rack_projects_above_its_limit_at_any_step_on_the_faithful_twin(tmp_p
         assert {"rollout_scale_up_held", "power_budget_clamped"} <= reasons_seen, reasons_seen
         assert reasons_seen & {"power_rebalance_staged", "gpu_rebalance_staged"}, reasons_seen
         # and nothing was planned beyond the GPUs: every pod of the fleet's DGDs got a node (the
-        # Pending tenant, twin/tenants.py, waits for a pool no node is in)
+        # Pending tenant, twin/cluster/tenants.py, waits for a pool no node is in)
         assert not [p["metadata"]["name"] for p in api.list("v1", "Pod") if not p["spec"].get("nodeName")
                     and TENANT_LABEL not in p["metadata"].get("labels", {})]
         # the growth stopped at a limit: a rack came within one decode replica of its watts, or (on

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.twin.apiserver.conversion import DGD_KEY, convert
-from powerfleet.twin.manifests import DISAGG, dgd_manifests
-from powerfleet.twin.topology import TwinSpec
+from powerfleet.twin.cluster.manifests import DISAGG, dgd_manifests
+from powerfleet.twin.cluster.topology import TwinSpec
 
 ALPHA, BETA = "nvidia.com/v1alpha1", "nvidia.com/v1beta1"
 KIND = "DynamoGraphDeployment"

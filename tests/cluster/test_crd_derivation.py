@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from powerfleet.twin.apiserver.crds import crds
-from powerfleet.twin.dgdstatus import CRD_STATUS_KEYS
+from powerfleet.twin.cluster.dgdstatus import CRD_STATUS_KEYS
 
 CRDS = Path(__file__).parent / "fixtures" / "crds"
 

@@ -11,11 +11,11 @@ import pytest
 
 from powerfleet.cli.demo_cmd import config_env
 from powerfleet.config import load_config
-from powerfleet.twin.nodes import GpuSample
-from powerfleet.twin.oversubscribe import OversubscribeScenario, fleet_values, group_limit, requested_w, twin_spec
-from powerfleet.twin.oversubscribe_checks import (CapChange, excursion_runs, fallback_check, no_long_excursion,
+from powerfleet.twin.gpus.nodes import GpuSample
+from powerfleet.twin.demo.oversubscribe import OversubscribeScenario, fleet_values, group_limit, requested_w, twin_spec
+from powerfleet.twin.demo.oversubscribe_checks import (CapChange, excursion_runs, fallback_check, no_long_excursion,
                                                   reaction_times, safe_bound_at, throttled)
-from powerfleet.twin.report import summary, write_report
+from powerfleet.twin.demo.report import summary, write_report
 from powerfleet.twin.runtime import Sample, Twin, TwinOptions
 
 NODES = ["n0", "n1"]
@@ -107,7 +107,7 @@ def test_the_report_gains_its_section_plot_and_html(tmp_path: Path) -> None:
     data = summary(samples=samples, windows=[], checks=[], rack_budget_w={"rack-a": LIMIT}, fleet_budget_w=LIMIT,
                    extra={"scenario": "oversubscribe"})
     write_report(tmp_path, data, samples, [], {"rack-a": LIMIT})
-    from powerfleet.twin.oversubscribe_report import IMAGE, extend
+    from powerfleet.twin.demo.oversubscribe_report import IMAGE, extend
 
     extend(tmp_path, data, samples, sc)
     stored = json.loads((tmp_path / "summary.json").read_text())

@@ -16,7 +16,7 @@ from powerfleet.clock import FakeClock
 from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
 from powerfleet.testing.retune_world import START_POLICY, frontend_pod
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
 
 pytestmark = pytest.mark.integration

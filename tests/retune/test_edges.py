@@ -14,7 +14,7 @@ from powerfleet.retune import control
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, leader_lease_name, state_lease_name
 from powerfleet.retune.state import DecisionRecord, dump_state
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
 from tests.retune.test_leadership import DECIDED, T0, _applied
 from powerfleet.testing.retune_world import dgd_object, frontend_pod

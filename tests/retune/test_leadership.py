@@ -21,7 +21,7 @@ from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_
 from powerfleet.retune.live import actuate
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.testing.retune_world import frontend_pod
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 from tests.retune.conftest import make_ports, retune_config
 
 T0 = 1_800_000_000.0

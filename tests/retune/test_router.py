@@ -15,7 +15,7 @@ from powerfleet.retune.leadership import Fenced, Term
 from powerfleet.retune.premises import Frontend
 from powerfleet.retune.state import RetuneState
 from powerfleet.sim.policy import RouterPolicy
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 
 DESIRED = {**RouterPolicy().model_dump(), "temperature": 0.0, "prefill_load_scale": 4.0}
 

@@ -20,8 +20,8 @@ from powerfleet.retune.settings import SettingsError, dgd_overrides, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState, StateCorrupt, dump_state, parse_state
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.testing.retune_world import dgd_object
-from powerfleet.twin.manifests import dgd_manifests
-from powerfleet.twin.topology import TwinSpec
+from powerfleet.twin.cluster.manifests import dgd_manifests
+from powerfleet.twin.cluster.topology import TwinSpec
 from tests.retune.conftest import make_ports, retune_config
 
 POLICY = RouterPolicy().model_dump()

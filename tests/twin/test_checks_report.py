@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from powerfleet.twin import checks as C
-from powerfleet.twin.frontends import WindowTtft
-from powerfleet.twin.nodes import GpuSample
-from powerfleet.twin.report import summary, write_report
+from powerfleet.twin.demo import checks as C
+from powerfleet.twin.serving.frontends import WindowTtft
+from powerfleet.twin.gpus.nodes import GpuSample
+from powerfleet.twin.demo.report import summary, write_report
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.view import PlainView, ViewState, clock, make_view, tick_news
+from powerfleet.twin.demo.view import PlainView, ViewState, clock, make_view, tick_news
 
 
 def _sample(t: float, cap: float, want: float | None, rack_w: float = 1000.0) -> Sample:
@@ -157,7 +157,7 @@ def test_index_html_renders_in_a_headless_browser(tmp_path: Path) -> None:
 def test_rich_view_renders_every_panel() -> None:
     from rich.console import Console
 
-    from powerfleet.twin.view import render
+    from powerfleet.twin.demo.view import render
 
     console = Console(file=io.StringIO(), width=120, color_system=None)
     state = ViewState(elapsed_s=12, duration_s=180, flower_url="http://127.0.0.1:5555", fleet_w=900,

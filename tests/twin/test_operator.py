@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from powerfleet.cluster.dgd import LABEL_COMPONENT, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.apiserver.options import ServerOptions
-from powerfleet.twin.dgdstatus import CRD_STATUS_KEYS
+from powerfleet.twin.cluster.dgdstatus import CRD_STATUS_KEYS
 from powerfleet.twin.fidelity import OperatorSettings
-from powerfleet.twin.manifests import AGG, DISAGG, dgd_manifests
-from powerfleet.twin.operator import GPUS_ANNOTATION, HASH_LABEL, components, pod_gpus, reconcile
-from powerfleet.twin.topology import TwinSpec, node_objects
-from powerfleet.twin.writer import OperatorLoop
+from powerfleet.twin.cluster.manifests import AGG, DISAGG, dgd_manifests
+from powerfleet.twin.cluster.operator import GPUS_ANNOTATION, HASH_LABEL, components, pod_gpus, reconcile
+from powerfleet.twin.cluster.topology import TwinSpec, node_objects
+from powerfleet.twin.cluster.writer import OperatorLoop
 
 SPEC = TwinSpec(nodes=2)
 NODES = {n: 8 for n in SPEC.node_names}

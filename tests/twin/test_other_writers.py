@@ -12,14 +12,14 @@ from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.settlement import partition_pods
-from powerfleet.twin.adapters import ADAPTER_PLURAL
+from powerfleet.twin.cluster.adapters import ADAPTER_PLURAL
 from powerfleet.twin.apiserver import ApiServer
-from powerfleet.twin.manifests import AGG, dgd_manifests
-from powerfleet.twin.operator import pod_gpus
-from powerfleet.twin.planner import StandInPlanner
-from powerfleet.twin.tenants import TENANT_LABEL, tenant_pods
-from powerfleet.twin.topology import TwinSpec, node_objects
-from powerfleet.twin.writer import OperatorLoop
+from powerfleet.twin.cluster.manifests import AGG, dgd_manifests
+from powerfleet.twin.cluster.operator import pod_gpus
+from powerfleet.twin.cluster.planner import StandInPlanner
+from powerfleet.twin.cluster.tenants import TENANT_LABEL, tenant_pods
+from powerfleet.twin.cluster.topology import TwinSpec, node_objects
+from powerfleet.twin.cluster.writer import OperatorLoop
 
 SPEC = TwinSpec(nodes=2)
 

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from powerfleet.agent.cgroup import pod_uid_for_pid
 from powerfleet.agent.simulated import SimulatedGpus
 from powerfleet.sim.trace import read_trace
-from powerfleet.twin.frontends import TwinFrontend
-from powerfleet.twin.nodes import SYSTEM_PID, NodeSim
-from powerfleet.twin.power import IDLE_W, gpu_power
-from powerfleet.twin.topology import TwinSpec
-from powerfleet.twin.traffic import TrafficSource, synthetic_requests
+from powerfleet.twin.serving.frontends import TwinFrontend
+from powerfleet.twin.gpus.nodes import SYSTEM_PID, NodeSim
+from powerfleet.twin.gpus.power import IDLE_W, gpu_power
+from powerfleet.twin.cluster.topology import TwinSpec
+from powerfleet.twin.serving.traffic import TrafficSource, synthetic_requests
 
 
 @settings(max_examples=500, deadline=None)
@@ -120,7 +120,7 @@ def test_spec_bounds_and_racks() -> None:
 
 
 def test_shared_proc_root_links_every_node_with_unique_pids(tmp_path: Path) -> None:
-    from powerfleet.twin.nodes import pid_base
+    from powerfleet.twin.gpus.nodes import pid_base
 
     a = NodeSim("twin-gpu-00", 2, tmp_path, first_pid=pid_base(0))
     b = NodeSim("twin-gpu-01", 2, tmp_path, first_pid=pid_base(1))

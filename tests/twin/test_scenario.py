@@ -1,4 +1,4 @@
-"""A scenario's events (twin/scenario_events.py) against a real twin, the fleet behind a recording
+"""A scenario's events (twin/demo/scenario_events.py) against a real twin, the fleet behind a recording
 port: a capability this build lacks is a failed event with its reason, a refused send fails only
 its event, and each event holds only on what the twin shows."""
 
@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from powerfleet.twin.runtime import Twin, TwinOptions
-from powerfleet.twin.scenario_events import ScenarioRun
-from powerfleet.twin.scenario_load import load, parse
-from powerfleet.twin.scenario_twin import resized, twin_parts
+from powerfleet.twin.demo.scenario_events import ScenarioRun
+from powerfleet.twin.demo.scenario_load import load, parse
+from powerfleet.twin.demo.scenario_twin import resized, twin_parts
 
 
 class Fleet:

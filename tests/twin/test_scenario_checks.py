@@ -1,13 +1,13 @@
-"""A scenario's own checks (twin/scenario_checks.py), pure: each rack's physical watts against its
+"""A scenario's own checks (twin/demo/scenario_checks.py), pure: each rack's physical watts against its
 limit at the time, and each deployment's SLA attainment or the cause that bound it."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from powerfleet.twin.nodes import GpuSample
+from powerfleet.twin.gpus.nodes import GpuSample
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.scenario_checks import no_rack_over_limit, retune_applied, slo
+from powerfleet.twin.demo.scenario_checks import no_rack_over_limit, retune_applied, slo
 
 RACKS = {"n0": "rack-a", "n1": "rack-b"}
 
@@ -78,7 +78,7 @@ def test_retune_applied_needs_an_applied_window() -> None:
 
 
 def test_a_retune_line_never_calls_a_worse_candidate_best() -> None:
-    from powerfleet.twin.view import decision_text
+    from powerfleet.twin.demo.view import decision_text
 
     worse = decision_text("keep: best 1269.76 vs probe 1255.58 ms (mean TTFT) (minimize), -1.129 % is worse than the probe")
     assert worse == ("keep: no candidate beat the current settings (top candidate 1269.76 vs current 1255.58 ms "
@@ -94,7 +94,7 @@ def test_a_retune_line_never_calls_a_worse_candidate_best() -> None:
 
 
 def test_abandoned_windows_carry_their_reason_into_the_check() -> None:
-    from powerfleet.twin.checks import windows_decided
+    from powerfleet.twin.demo.checks import windows_decided
 
     check = windows_decided({("a", 1), ("a", 2)}, {("a", 1): "keep", ("a", 2): "abandoned"}, (), ("keep",),
                             {("a", 2): "a window 10:00:20-10:00:30: blocked: dgd-unsettled"})
@@ -103,7 +103,7 @@ def test_abandoned_windows_carry_their_reason_into_the_check() -> None:
 
 
 def test_a_deployment_on_two_racks_is_not_said_to_have_a_share_of_each() -> None:
-    from powerfleet.twin.report import budget_event
+    from powerfleet.twin.demo.report import budget_event
 
     status = {"reason": "Planned", "powerLimitWatts": 10020, "ownLimitWatts": 22400, "group": "rack-a,rack-b",
               "settledWatts": 8000}
@@ -118,9 +118,9 @@ def test_a_traffic_multiplier_plays_the_trace_that_many_times_as_fast_from_then_
     import yaml
 
     from powerfleet.sim.trace import TraceRequest
-    from powerfleet.twin.scenario_load import parse
-    from powerfleet.twin.scenario_twin import multiplier_at
-    from powerfleet.twin.traffic import TrafficSource
+    from powerfleet.twin.demo.scenario_load import parse
+    from powerfleet.twin.demo.scenario_twin import multiplier_at
+    from powerfleet.twin.serving.traffic import TrafficSource
 
     reqs = [TraceRequest(float(ms), 100, 10, (1,)) for ms in range(0, 1_000_000, 100)]  # 10 a trace second
     source = TrafficSource.from_requests("d", reqs, speedup=1)

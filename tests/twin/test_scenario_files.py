@@ -1,4 +1,4 @@
-"""Scenario files (twin/scenario_model.py, scenario_load.py): the shipped ones match the shipped JSON
+"""Scenario files (twin/demo/scenario_model.py, scenario_load.py): the shipped ones match the shipped JSON
 Schema, and hostile input is refused with one line naming the key path, never read forever,
 never a traceback."""
 
@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerfleet.twin.scenario_load import SCHEMA_PATH, ScenarioError, load, parse, schema_text, shipped
+from powerfleet.twin.demo.scenario_load import SCHEMA_PATH, ScenarioError, load, parse, schema_text, shipped
 
 MINIMAL = {"version": 1, "name": "mine",
            "topology": {"racks": {"rack-a": {"limit_w": 9000, "nodes": [{"count": 2, "gpus": 8}]}}},
@@ -48,7 +48,7 @@ def _error(data: object) -> str:
 
 
 def test_the_shipped_schema_is_generated_from_the_models() -> None:
-    assert SCHEMA_PATH.read_text() == schema_text(), "regenerate: python -m powerfleet.twin.scenario_load --schema"
+    assert SCHEMA_PATH.read_text() == schema_text(), "regenerate: python -m powerfleet.twin.demo.scenario_load --schema"
 
 
 @pytest.mark.parametrize("name", shipped())
@@ -197,7 +197,7 @@ def test_twin_runs_a_scenarios_cluster_and_says_its_events_are_not_run(tmp_path:
 
 
 def test_the_oversubscribe_file_gives_the_guards_plan() -> None:
-    from powerfleet.twin.oversubscribe import GuardPlan, group_limit, plan_of, twin_spec
+    from powerfleet.twin.demo.oversubscribe import GuardPlan, group_limit, plan_of, twin_spec
 
     scenario, _ = load("oversubscribe")
     plan = plan_of(scenario)

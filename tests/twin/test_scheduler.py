@@ -1,4 +1,4 @@
-"""The twin's scheduler (twin/scheduler.py) filters as kube-scheduler does: cordons, nodeSelector,
+"""The twin's scheduler (twin/cluster/scheduler.py) filters as kube-scheduler does: cordons, nodeSelector,
 required node affinity, taints and tolerations, allocatable nvidia.com/gpu; a pod that fits
 nowhere stays Pending with PodScheduled=False (Unschedulable) and is bound once room appears."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerfleet.twin.operator import GPUS_ANNOTATION, reconcile
-from powerfleet.twin.scheduler import NodeView, Scheduler, node_view, pod_gpu_indices, tolerates
+from powerfleet.twin.cluster.operator import GPUS_ANNOTATION, reconcile
+from powerfleet.twin.cluster.scheduler import NodeView, Scheduler, node_view, pod_gpu_indices, tolerates
 from tests.twin.test_operator import _apply
 
 RACK = "powerfleet.io/rack"

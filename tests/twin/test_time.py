@@ -13,10 +13,10 @@ from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, RolloutPhase
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.fidelity import OperatorSettings
-from powerfleet.twin.manifests import AGG, dgd_manifests
-from powerfleet.twin.operator import pod_gpus
-from powerfleet.twin.topology import TwinSpec, node_objects
-from powerfleet.twin.writer import OperatorLoop
+from powerfleet.twin.cluster.manifests import AGG, dgd_manifests
+from powerfleet.twin.cluster.operator import pod_gpus
+from powerfleet.twin.cluster.topology import TwinSpec, node_objects
+from powerfleet.twin.cluster.writer import OperatorLoop
 
 SPEC = TwinSpec(nodes=2)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from powerfleet.twin.report import budget_event
+from powerfleet.twin.demo.report import budget_event
 
 RACKS = {"rack-a": 5060, "rack-b": 5060}
 BASE = {"reason": "Planned", "ownLimitWatts": 11200, "group": "rack-a,rack-b", "settledWatts": 3300,
@@ -44,7 +44,7 @@ def test_an_evaluation_without_a_limit_gives_its_verdict_only() -> None:
 
 def test_a_retune_reason_names_its_windows_as_clock_times() -> None:
     from powerfleet.cli.demo_run import _reason_text
-    from powerfleet.twin.view import window_span  # the demo's one clock (local time)
+    from powerfleet.twin.demo.view import window_span  # the demo's one clock (local time)
 
     text = _reason_text("keep", "keep: +5.6 % beats the probe, but prefill_load_scale moved at window 179612439 (1 -> 4)", 10)
     assert text == f" - +5.6 % beats the probe, but prefill_load_scale moved at window {window_span(179612439, 10)} (1 -> 4)"

@@ -3,7 +3,7 @@
 What runs: the twin in this process (API server, operator, GPU nodes, frontends, traffic);
 an embedded Redis; beat, a control worker, two sweep workers, one agent per twin node and
 Flower as child processes configured (through POWERFLEET_* variables) to use the twin's
-kubeconfig, GPU files, proc roots and trace directory. The scenario (powerfleet.twin.scenario)
+kubeconfig, GPU files, proc roots and trace directory. The scenario (powerfleet.twin.demo.scenario)
 starts once every worker answers a ping; checks and the report come at the end.
 """
 
@@ -22,7 +22,7 @@ import typer
 from powerfleet.cli.context import fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.cli.demo_env import agent_env, config_env, fleet_env, planner_group_budgets, twin_fleet_env
-from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+from powerfleet.twin.cluster.topology import MAX_NODES, MIN_NODES
 
 __all__ = ["agent_env", "config_env", "demo", "fleet_env", "planner_group_budgets", "twin_fleet_env"]
 
@@ -85,7 +85,7 @@ def demo(
         port = flower_port or free_loopback_port()
         env = fleet_env(twin, window_s, port, plan[0])
         if "power_guard" in plan[0].checks:  # the live guard on its oversubscribed rack (docs/power.md)
-            from powerfleet.twin.oversubscribe import fleet_values, plan_of
+            from powerfleet.twin.demo.oversubscribe import fleet_values, plan_of
 
             env.update(config_env(fleet_values(twin, 1.0, plan_of(plan[0]))))
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
@@ -129,8 +129,8 @@ def demo(
 def load_scenario(source: str, duration: float | None, nodes: int | None) -> tuple[Any, Path]:
     """The validated scenario (exit 2 with one line naming the key path when it is not), resized
     to ``--nodes`` for the default scenario."""
-    from powerfleet.twin.scenario_load import ScenarioError, load
-    from powerfleet.twin.scenario_twin import resized
+    from powerfleet.twin.demo.scenario_load import ScenarioError, load
+    from powerfleet.twin.demo.scenario_twin import resized
 
     try:
         plan, path = load(source, duration_s=duration)
@@ -145,7 +145,7 @@ def load_scenario(source: str, duration: float | None, nodes: int | None) -> tup
 
 def scenario_options(options: Any, plan: Any, path: Path, seed: int) -> Any:
     """The twin's options for a scenario file: its topology, DGDs, tenants, limits and traffic."""
-    from powerfleet.twin.scenario_twin import twin_parts
+    from powerfleet.twin.demo.scenario_twin import twin_parts
 
     try:
         parts = twin_parts(plan, path, seed=seed)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.config import FleetConfig
-from powerfleet.twin.manifests import AGG, DISAGG
-from powerfleet.twin.power import IDLE_W
-from powerfleet.twin.topology import GPU_MAX_W, RACK_LABEL
+from powerfleet.twin.cluster.manifests import AGG, DISAGG
+from powerfleet.twin.gpus.power import IDLE_W
+from powerfleet.twin.cluster.topology import GPU_MAX_W, RACK_LABEL
 
 
 def _known(path: str) -> bool:
@@ -37,9 +37,9 @@ def planner_group_budgets(twin: Any) -> dict[str, int]:
     which no cap covers. Reserving that for every GPU keeps measured rack power within the
     rack budget whatever the placement.
     """
-    # A tenant's GPU (twin/tenants.py) is not idle: the ledger charges its pod (at its cap, or at
+    # A tenant's GPU (twin/cluster/tenants.py) is not idle: the ledger charges its pod (at its cap, or at
     # the card's maximum settable limit), so no idle reserve is kept for it as well.
-    from powerfleet.twin.operator import pod_gpus
+    from powerfleet.twin.cluster.operator import pod_gpus
 
     tenant_gpus: dict[str, int] = {}
     for pod in twin.tenant_pods:
@@ -63,7 +63,7 @@ def twin_fleet_env(twin: Any, window_s: int, scenario: Any = None) -> dict[str, 
 
     Short beat intervals and the twin's own retune window, so that something visible happens
     within seconds, and the budgets its deployments need (without them the planner never runs).
-    With a scenario (twin/scenario_model.py), its deployments, their budget and retune settings
+    With a scenario (twin/demo/scenario_model.py), its deployments, their budget and retune settings
     and its racks' limits.
     """
     nodes = twin.spec.node_names
@@ -107,7 +107,7 @@ def twin_fleet_env(twin: Any, window_s: int, scenario: Any = None) -> dict[str, 
                                               "sole_writer: true}" for d in (DISAGG, AGG)) + "}",
     }
     if scenario is not None:
-        from powerfleet.twin.scenario_twin import fleet_values
+        from powerfleet.twin.demo.scenario_twin import fleet_values
 
         values.update(fleet_values(scenario, twin.spec, planner_group_budgets(twin)))
     env = config_env(values)

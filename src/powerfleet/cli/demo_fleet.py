@@ -1,4 +1,4 @@
-"""The demo's fleet as a scenario's events reach it (twin/scenario_events.py ``FleetPort``).
+"""The demo's fleet as a scenario's events reach it (twin/demo/scenario_events.py ``FleetPort``).
 
 Tasks go through the task API; a rack's new limit reaches the budget the way an operator's
 config change does (the control worker restarted with the new ``budget.groups``); an agent
@@ -23,7 +23,7 @@ class DemoFleet:
     launcher: Any
     twin: Any
     work: Path
-    plan: Any = None  # the scenario (twin/scenario_model.py)
+    plan: Any = None  # the scenario (twin/demo/scenario_model.py)
     ports: dict[str, dict[str, str]] = field(default_factory=dict)
     killed: dict[str, int] = field(default_factory=dict)  # node -> the killed agent's exit status
 

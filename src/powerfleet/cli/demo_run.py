@@ -14,13 +14,13 @@ import redis
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, node_queue
-from powerfleet.twin import checks as C
-from powerfleet.twin import scenario_checks as SC
-from powerfleet.twin.report import summary as build_summary
-from powerfleet.twin.report import write_report
+from powerfleet.twin.demo import checks as C
+from powerfleet.twin.demo import scenario_checks as SC
+from powerfleet.twin.demo.report import summary as build_summary
+from powerfleet.twin.demo.report import write_report
 from powerfleet.twin.runtime import Twin
-from powerfleet.twin.scenario import DECIDED
-from powerfleet.twin.view import ViewState, clock, decision_text, make_view, tick_news, window_span
+from powerfleet.twin.demo.scenario import DECIDED
+from powerfleet.twin.demo.view import ViewState, clock, decision_text, make_view, tick_news, window_span
 
 FLEET_UP_TIMEOUT_S = 120.0
 
@@ -50,7 +50,7 @@ class DemoRun:
     _decisions_seen: set[tuple[str, int, str]] = field(default_factory=set)
     _launched: set[tuple[str, int]] = field(default_factory=set)
     ledger: list[dict[str, Any]] | None = None  # the budget ticks' group figures, read at the end of the run
-    plan: Any = None  # the scenario file (twin/scenario_model.py)
+    plan: Any = None  # the scenario file (twin/demo/scenario_model.py)
     ports: dict[str, dict[str, str]] = field(default_factory=dict)  # each process's metrics port settings
     reasons_seen: dict[str, set[str]] = field(default_factory=dict)  # deployment -> the budget's reasons seen
 
@@ -62,12 +62,12 @@ class DemoRun:
         self.ticklog = TickLog(self.redis)
         if "power_guard" not in self.plan.checks:
             from powerfleet.cli.demo_fleet import DemoFleet
-            from powerfleet.twin.scenario_events import ScenarioRun
+            from powerfleet.twin.demo.scenario_events import ScenarioRun
 
             fleet = DemoFleet(self.app, self.redis, self.launcher, self.twin, self.work, self.plan, self.ports)
             self.scenario: Any = ScenarioRun(self.plan, self.twin, fleet, self._decision)
-        else:  # issue 22 item 6 (twin/oversubscribe.py): the guard's own steps and checks
-            from powerfleet.twin.oversubscribe import OversubscribeScenario, plan_of
+        else:  # issue 22 item 6 (twin/demo/oversubscribe.py): the guard's own steps and checks
+            from powerfleet.twin.demo.oversubscribe import OversubscribeScenario, plan_of
 
             self.scenario = OversubscribeScenario(self.twin, self.redis, self._decision,
                                                   self.config.power.guard_period_s, plan_of(self.plan))
@@ -206,7 +206,7 @@ class DemoRun:
     def _budget_news(self) -> None:
         """A budget evaluation whose verdict or limit changed: the clamp, the limit and what it leaves."""
         from powerfleet.budget.state import BudgetState
-        from powerfleet.twin.report import budget_event
+        from powerfleet.twin.demo.report import budget_event
 
         for dgd, fig in sorted(BudgetState(self.redis).figures().items()):
             status = self._budget_status(dgd)
@@ -252,7 +252,7 @@ class DemoRun:
         budgets = self.twin.budgets
         # One reconcile interval, plus the twin's sampling period either side and a pass's own time.
         lag = self.config.beat.reconcile_interval_s + 2 * self.twin.options.tick_s + 2.0
-        if hasattr(self.scenario, "checks"):  # a scenario with its own checks (twin/oversubscribe.py)
+        if hasattr(self.scenario, "checks"):  # a scenario with its own checks (twin/demo/oversubscribe.py)
             return [*self.scenario.checks(samples), C.no_task_failures(self._log_lines())]
         history = self.scenario.retune_history()
         outcomes = {(d, int(h["window"])): str(h.get("outcome")) for d, hs in history.items() for h in hs
@@ -267,7 +267,7 @@ class DemoRun:
         rack_of = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         racks_of = {d: set(rack_of.values()) for d in self.plan.deployments}
         slas = {d: float(x.sla.ttft_ms) for d, x in self.plan.deployments.items() if x.sla is not None}
-        from powerfleet.twin.scenario_model import at_s
+        from powerfleet.twin.demo.scenario_model import at_s
 
         since = {d: (self.fleet_up_at or 0.0) + at_s(x.sla.judged_from, self.plan.duration_s)
                  for d, x in self.plan.deployments.items() if x.sla is not None}
@@ -308,7 +308,7 @@ class DemoRun:
                                      rack_budget_w=self.twin.budgets, fleet_budget_w=sum(self.twin.budgets.values()),
                                      extra=extra, events=self.timeline)
         if hasattr(self.scenario, "at_s"):  # a ScenarioRun (the guard's scenario has its own section)
-            from powerfleet.twin.scenario_report import scenario_result
+            from powerfleet.twin.demo.scenario_report import scenario_result
 
             self.summary["scenario_result"] = scenario_result(
                 self.plan, self.meta.get("scenario_file"), self.scenario.steps, self.scenario.at_s, checks,
@@ -317,7 +317,7 @@ class DemoRun:
         index = write_report(out, self.summary, samples, windows, self.twin.budgets, racks,
                              ledger=self.ledger)
         if "power_guard" in self.plan.checks:
-            from powerfleet.twin.oversubscribe_report import extend
+            from powerfleet.twin.demo.oversubscribe_report import extend
 
             extend(out, self.summary, samples, self.scenario)
         return index

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import typer
 
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
-from powerfleet.twin.topology import MAX_NODES, MIN_NODES
+from powerfleet.twin.cluster.topology import MAX_NODES, MIN_NODES
 
 
 def fleet_settings(tw: Any, window_s: int, scenario: Any = None) -> dict[str, str]:
@@ -75,7 +75,7 @@ def _run(tw: Any, plan: Any, stop: threading.Event, duration: float) -> None:
     if plan is None:
         stop.wait(duration if duration > 0 else None)
         return
-    from powerfleet.twin.scenario_twin import multiplier_at
+    from powerfleet.twin.demo.scenario_twin import multiplier_at
 
     started = time.monotonic()
     while not stop.is_set() and (duration <= 0 or time.monotonic() - started < duration):
@@ -104,7 +104,7 @@ def twin(
     printed POWERFLEET_* settings (or --kubeconfig where a command takes one). Ctrl-C stops it.
     """
     from powerfleet.twin.runtime import Twin, TwinOptions
-    from powerfleet.twin.topology import TwinSpec
+    from powerfleet.twin.cluster.topology import TwinSpec
 
     if traces is not None and not traces.is_dir():
         fail(f"--traces: {traces} is not a directory")

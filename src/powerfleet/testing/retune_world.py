@@ -16,7 +16,7 @@ from typing import Any
 from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME
 from powerfleet.retune.premises import ROUTER_URL_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 
 INTERVAL = 60
 BASE_K = 29_000_000  # window index of the tests' first window (epoch ~1.74e9 s: closed in real time too)

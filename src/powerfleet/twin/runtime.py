@@ -29,18 +29,18 @@ from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.fidelity import DEMO_STARTUP_DELAY_S, OperatorSettings
-from powerfleet.twin.frontends import TwinFrontend, WindowTtft
-from powerfleet.twin.kubelet import serving, terminating
-from powerfleet.twin.manifests import dgd_manifests
-from powerfleet.twin.nodes import GpuSample, NodeSim, pid_base
-from powerfleet.twin.operator import pod_gpus
-from powerfleet.twin.planner import StandInPlanner
-from powerfleet.twin.podresources import PodResourcesServers
-from powerfleet.twin.power import gpu_power, load_of
-from powerfleet.twin.tenants import tenant_loads, tenant_pods
-from powerfleet.twin.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
-from powerfleet.twin.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
-from powerfleet.twin.writer import OperatorLoop
+from powerfleet.twin.serving.frontends import TwinFrontend, WindowTtft
+from powerfleet.twin.cluster.kubelet import serving, terminating
+from powerfleet.twin.cluster.manifests import dgd_manifests
+from powerfleet.twin.gpus.nodes import GpuSample, NodeSim, pid_base
+from powerfleet.twin.cluster.operator import pod_gpus
+from powerfleet.twin.cluster.planner import StandInPlanner
+from powerfleet.twin.gpus.podresources import PodResourcesServers
+from powerfleet.twin.gpus.power import gpu_power, load_of
+from powerfleet.twin.cluster.tenants import tenant_loads, tenant_pods
+from powerfleet.twin.cluster.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
+from powerfleet.twin.serving.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
+from powerfleet.twin.cluster.writer import OperatorLoop
 
 log = logging.getLogger(__name__)
 # Read by retune's premise checks (powerfleet.retune.premises) to find each frontend's router.
@@ -69,7 +69,7 @@ class TwinOptions:
     # A stand-in planner rewriting worker replicas every this many seconds (planner.py); off by
     # default: it reverts the budget's scale-ups, which is the conflict it exists to show.
     planner_period_s: float | None = None
-    # A scenario's cluster (twin/scenario_twin.py): the DGDs to seed (None: manifests.dgd_manifests),
+    # A scenario's cluster (twin/demo/scenario_twin.py): the DGDs to seed (None: manifests.dgd_manifests),
     # the tenant pods (None: tenants.tenant_pods when ``tenants``), each tenant pod's load, the
     # racks' limits (a rack absent: the budget rule above) and each deployment's traffic
     # (None: traffic.load_sources).

@@ -34,13 +34,13 @@ from typing import Any
 
 from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import REPORT_KEY
-from powerfleet.twin.checks import Check
-from powerfleet.twin.manifests import AGG, DISAGG, INITIAL_CAPS, initial_replicas
-from powerfleet.twin.oversubscribe_checks import (TOLERANCE_W, CapChange, fallback_check, guarded_draw,
+from powerfleet.twin.demo.checks import Check
+from powerfleet.twin.cluster.manifests import AGG, DISAGG, INITIAL_CAPS, initial_replicas
+from powerfleet.twin.demo.oversubscribe_checks import (TOLERANCE_W, CapChange, fallback_check, guarded_draw,
                                                   no_long_excursion, safe_bound_at)
 from powerfleet.twin.runtime import Sample, Twin
-from powerfleet.twin.scenario import Step
-from powerfleet.twin.topology import GPU_MAX_W, GPU_MIN_W, TwinSpec
+from powerfleet.twin.demo.scenario import Step
+from powerfleet.twin.cluster.topology import GPU_MAX_W, GPU_MIN_W, TwinSpec
 
 NAME = "oversubscribe"
 GROUP = "rack-a"
@@ -71,7 +71,7 @@ class GuardPlan:
 def plan_of(scenario: Any) -> GuardPlan:
     """The guard's plan from a scenario file whose checks include ``power_guard`` (its one
     oversubscribed rack, its one ``set_load`` and one ``telemetry_fault``: scenario_model.py)."""
-    from powerfleet.twin.scenario_model import at_s
+    from powerfleet.twin.demo.scenario_model import at_s
 
     group, rack = next((g, r) for g, r in scenario.topology.racks.items() if r.oversubscription > 1)
     d = float(scenario.duration_s)
@@ -126,7 +126,7 @@ class Record:
 
 
 class OversubscribeScenario:
-    """The same driving interface as ``twin.scenario.Scenario`` (tick, finish, states, steps)."""
+    """The same driving interface as ``twin.demo.scenario.Scenario`` (tick, finish, states, steps)."""
 
     def __init__(self, twin: Twin, redis_client: Any, log: Callable[[str], None], period_s: float = 1.0,
                  plan: GuardPlan = GuardPlan()) -> None:

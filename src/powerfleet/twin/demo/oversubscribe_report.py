@@ -1,7 +1,7 @@
 """The oversubscription demo's part of the report: ``summary.json``'s ``oversubscribe`` section,
 ``oversubscribe.png`` and a section of ``index.html`` (docs/power.md, "The twin scenario").
 
-It extends what ``twin.report.write_report`` wrote (one call from the demo run), so the default
+It extends what ``twin.demo.report.write_report`` wrote (one call from the demo run), so the default
 report is unchanged: the measured (guarded) draw against the limit over time with the surge and
 the telemetry loss marked, who the guard throttled and by how much, the guard's reaction times,
 the excursions and the fallback.
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from powerfleet.twin.oversubscribe import T2, OversubscribeScenario
-from powerfleet.twin.oversubscribe_checks import excursion_runs, guarded_draw, reaction_times, throttled
+from powerfleet.twin.demo.oversubscribe import T2, OversubscribeScenario
+from powerfleet.twin.demo.oversubscribe_checks import excursion_runs, guarded_draw, reaction_times, throttled
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.view import clock
+from powerfleet.twin.demo.view import clock
 
 IMAGE = "oversubscribe.png"
 
@@ -99,7 +99,7 @@ t2 to a lowered cap): {react_text}. Telemetry loss on {html.escape(str(loss['nod
 
 
 def extend(out: Path, summary: dict[str, Any], samples: Sequence[Sample], sc: OversubscribeScenario) -> None:
-    """Add the section to a report ``twin.report.write_report`` has written in ``out``."""
+    """Add the section to a report ``twin.demo.report.write_report`` has written in ``out``."""
     sec = section(sc, samples)
     summary["oversubscribe"] = sec
     summary["images"] = [*summary.get("images", []), IMAGE]

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from powerfleet.sim.profile import CapCurve
-from powerfleet.twin.topology import GPU_DEFAULT_W
+from powerfleet.twin.cluster.topology import GPU_DEFAULT_W
 
 IDLE_W = 70.0
 # Draw at full load, uncapped, per role (W).

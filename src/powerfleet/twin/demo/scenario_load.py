@@ -7,7 +7,7 @@ examples: ``scenarios/<name>.yaml`` in this package) or a path, and returns the 
 directory or a file over 1 MiB is refused without being read; a trace path is resolved against
 the scenario file's directory and must be a regular file.
 
-``python -m powerfleet.twin.scenario_load --schema`` prints the JSON Schema shipped as
+``python -m powerfleet.twin.demo.scenario_load --schema`` prints the JSON Schema shipped as
 ``scenarios/schema.json``.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from powerfleet.twin.scenario_model import TRACES, Scenario
+from powerfleet.twin.demo.scenario_model import TRACES, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 SCHEMA_PATH = SCENARIO_DIR / "schema.json"
@@ -123,7 +123,7 @@ def first_error(exc: ValidationError) -> str:
 
 def _is_union_tag(part: Any) -> bool:
     # pydantic names the union member it tried (an event's kind, "int", "function-after[...]"): not a key.
-    from powerfleet.twin.scenario_model import EVENT_KINDS
+    from powerfleet.twin.demo.scenario_model import EVENT_KINDS
 
     return isinstance(part, str) and (part in ("int", "float", "str") or part in EVENT_KINDS or "[" in part)
 
@@ -165,4 +165,4 @@ if __name__ == "__main__":  # pragma: no cover - the generator of scenarios/sche
     if sys.argv[1:] == ["--schema"]:
         sys.stdout.write(schema_text())
     else:
-        sys.exit("usage: python -m powerfleet.twin.scenario_load --schema")
+        sys.exit("usage: python -m powerfleet.twin.demo.scenario_load --schema")

@@ -1,11 +1,11 @@
-"""A scenario's tenants (twin/scenario_model.py ``Tenant``): their pods, and the scheduler's part
+"""A scenario's tenants (twin/demo/scenario_model.py ``Tenant``): their pods, and the scheduler's part
 for the ones that arrive without a node (pure).
 
 A tenant is a pod of a workload the fleet does not manage (no DGD labels, so no DGD, budget or
 retune reads it): its GPUs are taken, it draws power at its steady load, and with ``power_w``
 it carries the power annotation its node's agent enforces. Bound to a node (``node``, or its
 ``rack``'s first node) it runs on that node's last free GPUs; with neither it is created
-``Pending`` with ``PodScheduled=False Unschedulable``; the twin's scheduler (twin/scheduler.py,
+``Pending`` with ``PodScheduled=False Unschedulable``; the twin's scheduler (twin/cluster/scheduler.py,
 run by the operator's passes) binds it when a node has room, as kube-scheduler would.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, POWER_ANNOTATION
-from powerfleet.twin.operator import GPUS_ANNOTATION, pod_gpus
-from powerfleet.twin.tenants import TENANT_LABEL
-from powerfleet.twin.topology import TwinSpec
+from powerfleet.twin.cluster.operator import GPUS_ANNOTATION, pod_gpus
+from powerfleet.twin.cluster.tenants import TENANT_LABEL
+from powerfleet.twin.cluster.topology import TwinSpec
 
 PENDING = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                                "message": "0 nodes have the free nvidia.com/gpu it requests"}]}

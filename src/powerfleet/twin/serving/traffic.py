@@ -30,7 +30,7 @@ def find_traces(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     candidates = [explicit, os.environ.get("POWERFLEET_TWIN_TRACES")]
     here = Path(__file__).resolve()
     candidates += [Path.cwd() / "../shared/traces", Path.cwd() / "shared/traces"]
-    candidates += [p / "shared/traces" for p in here.parents[:6]]
+    candidates += [p / "shared/traces" for p in here.parents[:7]]
     for c in candidates:
         if c and (Path(c) / TRACE_FILES["conversation"]).exists():
             return Path(c).resolve()
@@ -108,7 +108,7 @@ class TrafficSource:
 
 def load_sources(traces: Path | None, *, speedup: float, seed: int) -> tuple[str, dict[str, TrafficSource]]:
     """(source description, {deployment: TrafficSource}) for the twin's two deployments."""
-    from powerfleet.twin.manifests import AGG, DISAGG
+    from powerfleet.twin.cluster.manifests import AGG, DISAGG
 
     if traces is None:
         reqs = synthetic_requests(seed)

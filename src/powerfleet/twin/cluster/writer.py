@@ -24,10 +24,10 @@ from kubernetes.client.exceptions import ApiException
 from powerfleet.clock import Clock, SystemClock
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, DGD_VERSION
 from powerfleet.twin.fidelity import OperatorSettings
-from powerfleet.twin.operator import GPUS_ANNOTATION, Event, Plan, reconcile
-from powerfleet.twin.scheduler import NodeView, node_view
-from powerfleet.twin.other_writers import OtherWriters, OtherWrites
-from powerfleet.twin.planner import StandInPlanner
+from powerfleet.twin.cluster.operator import GPUS_ANNOTATION, Event, Plan, reconcile
+from powerfleet.twin.cluster.scheduler import NodeView, node_view
+from powerfleet.twin.cluster.other_writers import OtherWriters, OtherWrites
+from powerfleet.twin.cluster.planner import StandInPlanner
 
 log = logging.getLogger(__name__)
 _TIMEOUT = 10.0
@@ -72,7 +72,7 @@ class OperatorLoop:
                                                          _request_timeout=_TIMEOUT)["items"]
         san = self.api_client.sanitize_for_serialization
         pods = [san(p) for p in self.core.list_namespaced_pod(self.namespace, _request_timeout=_TIMEOUT).items]
-        # What the scheduler reads of each node: labels, taints, cordon, allocatable GPUs (twin/scheduler.py).
+        # What the scheduler reads of each node: labels, taints, cordon, allocatable GPUs (twin/cluster/scheduler.py).
         nodes = sorted((node_view(san(n)) for n in self.core.list_node(_request_timeout=_TIMEOUT).items),
                        key=lambda v: v.name)
         return dgds, pods, nodes

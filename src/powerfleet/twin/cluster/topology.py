@@ -18,7 +18,7 @@ GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """One node of a scenario's topology (twin/scenario_model.py): its rack, GPUs, card and labels."""
+    """One node of a scenario's topology (twin/demo/scenario_model.py): its rack, GPUs, card and labels."""
 
     rack: str
     gpus: int = 8

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, POWER_ANNOTATION
-from powerfleet.twin.topology import TwinSpec
+from powerfleet.twin.cluster.topology import TwinSpec
 
 DISAGG, AGG = "llm-disagg", "llm-agg"
 IMAGE = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.1"

@@ -28,7 +28,7 @@ from powerfleet.sim.disagg import Pools, replay_batches
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.replay import prepare
 from powerfleet.sim.trace import TraceRequest
-from powerfleet.twin.frontend import LoopbackFrontend
+from powerfleet.twin.serving.frontend import LoopbackFrontend
 
 SEGMENT_S = 10
 

@@ -10,8 +10,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL
-from powerfleet.twin.adapters import ADAPTER_PLURAL, reconcile_adapters
-from powerfleet.twin.planner import StandInPlanner
+from powerfleet.twin.cluster.adapters import ADAPTER_PLURAL, reconcile_adapters
+from powerfleet.twin.cluster.planner import StandInPlanner
 
 MERGE = "application/merge-patch+json"
 _TIMEOUT = 10.0

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from powerfleet.twin.adapters import adapter_name, enabled_components
+from powerfleet.twin.cluster.adapters import adapter_name, enabled_components
 
 WORKER_LIKE = frozenset({"worker", "prefill", "decode"})
 

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 import httpx
 
 from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, POWER_ANNOTATION
-from powerfleet.twin import scenario_model as M
+from powerfleet.twin.demo import scenario_model as M
 from powerfleet.twin.apiserver.errors import ApiError
-from powerfleet.twin.kubelet import terminating
+from powerfleet.twin.cluster.kubelet import terminating
 from powerfleet.twin.runtime import Twin
-from powerfleet.twin.scenario import WAIT, Probe, Step, StepRunner
-from powerfleet.twin.scenario_tenants import tenant_pod
-from powerfleet.twin.scenario_twin import multiplier_at
+from powerfleet.twin.demo.scenario import WAIT, Probe, Step, StepRunner
+from powerfleet.twin.demo.scenario_tenants import tenant_pod
+from powerfleet.twin.demo.scenario_twin import multiplier_at
 
 CLAMPS = ("gpu_capacity",)
 LOAD_WINDOW_TICKS = 600  # the served token rates kept per deployment (one a tick)
@@ -229,7 +229,7 @@ class ScenarioRun(StepRunner, Probe):
         t = e.tenant
 
         def start() -> str | None:
-            from powerfleet.twin.scenario_tenants import free_gpus
+            from powerfleet.twin.demo.scenario_tenants import free_gpus
 
             node = t.node or (self.twin.spec.racks[t.rack][0] if t.rack else None)
             pods = self.twin.api.list("v1", "Pod", self.twin.spec.namespace)

@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from powerfleet.twin.checks import Check
-from powerfleet.twin.manifests import AGG, DISAGG
-from powerfleet.twin.view import clock
-from powerfleet.twin.frontends import WindowTtft
+from powerfleet.twin.demo.checks import Check
+from powerfleet.twin.cluster.manifests import AGG, DISAGG
+from powerfleet.twin.demo.view import clock
+from powerfleet.twin.serving.frontends import WindowTtft
 from powerfleet.twin.runtime import Sample
 
 SCHEMA = "powerfleet.demo-report/v1"
@@ -298,7 +298,7 @@ def write_report(out: Path, data: dict[str, Any], samples: Sequence[Sample], win
     images = _plots(out, samples, windows, rack_budget_w, racks or {}, int(data.get("window_s") or 0))
     assert tuple(images) == IMAGES, images
     if ledger is not None:
-        from powerfleet.twin.ledger_plot import plot_ledger
+        from powerfleet.twin.demo.ledger_plot import plot_ledger
 
         images.append(plot_ledger(out, ledger, samples[0].t if samples else 0.0, limits_of(samples, rack_budget_w)))
         data["images"] = list(images)

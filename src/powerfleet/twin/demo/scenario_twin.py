@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.cluster.dgd import POWER_ANNOTATION
-from powerfleet.twin.manifests import dgd_manifests
-from powerfleet.twin.scenario_model import Scenario
-from powerfleet.twin.scenario_tenants import tenant_pod
-from powerfleet.twin.topology import GPU_MAX_W, NodeLayout, TwinSpec
-from powerfleet.twin.traffic import TRACE_FILES, TrafficSource, find_traces, synthetic_requests
+from powerfleet.twin.cluster.manifests import dgd_manifests
+from powerfleet.twin.demo.scenario_model import Scenario
+from powerfleet.twin.demo.scenario_tenants import tenant_pod
+from powerfleet.twin.cluster.topology import GPU_MAX_W, NodeLayout, TwinSpec
+from powerfleet.twin.serving.traffic import TRACE_FILES, TrafficSource, find_traces, synthetic_requests
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def traffic(scenario: Scenario, file: Path, seed: int, speedup: float,
     """(description, {deployment: source}); a deployment the traffic section leaves out gets the
     conversation trace. Without the shipped traces, the synthetic stand-in (the report says so)."""
     from powerfleet.sim.trace import read_trace
-    from powerfleet.twin.scenario_load import trace_path
+    from powerfleet.twin.demo.scenario_load import trace_path
 
     found = find_traces(traces)
     out: dict[str, TrafficSource] = {}
@@ -101,7 +101,7 @@ def traffic(scenario: Scenario, file: Path, seed: int, speedup: float,
 
 def multiplier_at(scenario: Scenario, deployment: str, t_s: float) -> float:
     """The rate multiplier in force at ``t_s`` seconds into the run (1 before the first)."""
-    from powerfleet.twin.scenario_model import at_s
+    from powerfleet.twin.demo.scenario_model import at_s
 
     tr = scenario.traffic.get(deployment)
     x = 1.0

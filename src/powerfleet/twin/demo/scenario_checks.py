@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from powerfleet.twin.checks import Check
+from powerfleet.twin.demo.checks import Check
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.topology import GPU_MIN_W
+from powerfleet.twin.cluster.topology import GPU_MIN_W
 
 SLO_ATTAINMENT = 0.9  # within its SLA: at least this share of its windows at or under the TTFT target
 BINDING = ("power_", "gpu_capacity")  # budget reasons that say the budget or the GPUs bound its scale
@@ -98,7 +98,7 @@ def slo(windows: Iterable[Any], slas: Mapping[str, float], reasons: Mapping[str,
 
 def retune_applied(history: Mapping[str, Sequence[Mapping[str, Any]]]) -> Check:
     applied = [(d, h.get("window")) for d, hs in history.items() for h in hs if h.get("outcome") == "apply"]
-    from powerfleet.twin.scenario import DECIDED
+    from powerfleet.twin.demo.scenario import DECIDED
 
     decided = sum(1 for hs in history.values() for h in hs if h.get("outcome") in DECIDED)
     return Check("retune_applied", bool(applied), f"{decided} windows decided, {len(applied)} applied")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.agent.simulated import SimDevice, SimulatedGpus, write_proc_entry
-from powerfleet.twin.operator import pod_gpus
-from powerfleet.twin.topology import GPU_DEFAULT_W, GPU_MAX_W, GPU_MIN_W, gpu_uuid
+from powerfleet.twin.cluster.operator import pod_gpus
+from powerfleet.twin.cluster.topology import GPU_DEFAULT_W, GPU_MAX_W, GPU_MIN_W, gpu_uuid
 
 SYSTEM_PID = 812  # nvidia-persistenced: a process outside Kubernetes
 PIDS_PER_NODE = 60_000  # 64 ranges of 60,000 from 10,000 stay under Linux's pid_max (4,194,304)

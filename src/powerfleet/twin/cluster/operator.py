@@ -5,15 +5,15 @@ read-only snapshot (the DGDs, every pod, the nodes) and returns a ``Plan``: the 
 and delete, each pod's next status (the kubelet's part: Pending -> Running -> Ready, one step
 per pass), and each DGD's complete desired status (observedGeneration, per-component replica
 counts, rollout phase, the Ready condition) together with the status-transition events that
-belong to it. It performs no I/O; ``powerfleet.twin.writer`` is the one writer that persists
+belong to it. It performs no I/O; ``powerfleet.twin.cluster.writer`` is the one writer that persists
 a plan and emits events only after a write that changed something.
 
 Time comes in as ``now`` (the injected clock): pods turn Ready after their component's startup
 delay, and a deleted pod stays Terminating (GPUs held, not counted as a replica) until its
-deadline, when the plan removes it (``twin/kubelet.py``). The status is rendered in Dynamo's
-field names by ``twin/dgdstatus.py``; ``OperatorSettings`` (``twin/fidelity.py``) holds the knobs.
+deadline, when the plan removes it (``twin/cluster/kubelet.py``). The status is rendered in Dynamo's
+field names by ``twin/cluster/dgdstatus.py``; ``OperatorSettings`` (``twin/fidelity.py``) holds the knobs.
 
-It also schedules (twin/scheduler.py, as kube-scheduler filters: cordons, nodeSelector and required
+It also schedules (twin/cluster/scheduler.py, as kube-scheduler filters: cordons, nodeSelector and required
 node affinity, taints and tolerations, allocatable ``nvidia.com/gpu``): a new pod goes to the
 fitting node with the most free GPUs (spreading the two racks), and is given concrete GPU indices
 (the device plugin's part), recorded in the pod annotation ``twin.powerfleet.io/gpus``; one that
@@ -32,10 +32,10 @@ from typing import Any
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, LABEL_COMPONENT, LABEL_DGD_NAME
 from powerfleet.cluster.gpu_pods import pod_gpus as spec_gpus
-from powerfleet.twin.dgdstatus import ComponentCounts, render, was_ready
+from powerfleet.twin.cluster.dgdstatus import ComponentCounts, render, was_ready
 from powerfleet.twin.fidelity import OperatorSettings
-from powerfleet.twin.kubelet import expired, is_ready, next_status, terminating
-from powerfleet.twin.scheduler import GPUS_ANNOTATION, NodeView, Scheduler, pod_gpu_indices, unschedulable
+from powerfleet.twin.cluster.kubelet import expired, is_ready, next_status, terminating
+from powerfleet.twin.cluster.scheduler import GPUS_ANNOTATION, NodeView, Scheduler, pod_gpu_indices, unschedulable
 
 Obj = dict[str, Any]
 HASH_LABEL = "twin.powerfleet.io/template-hash"
@@ -135,7 +135,7 @@ def components(dgd: Mapping[str, Any]) -> list[ComponentSpec]:
 
 
 _ready = is_ready
-pod_gpus = pod_gpu_indices  # the GPU indices a pod was given (twin/scheduler.py)
+pod_gpus = pod_gpu_indices  # the GPU indices a pod was given (twin/cluster/scheduler.py)
 _SCHEDULING = ("nodeSelector", "affinity", "tolerations")  # what a pod template says of where it may run
 
 
@@ -189,7 +189,7 @@ def reconcile(dgds: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any
     """The whole desired state for one pass. ``nodes``: the nodes in scheduling order (NodeViews,
     or node name -> GPU count). Terminating pods hold their GPUs (the scheduler counts them) until
     their deadline. A pod no DGD owns (another tenant's) is scheduled and stepped too: bound once
-    it fits (twin/scheduler.py), then started by the kubelet."""
+    it fits (twin/cluster/scheduler.py), then started by the kubelet."""
     plan = Plan()
     sched = Scheduler(nodes, pods)
     by_dgd: dict[str, list[Mapping[str, Any]]] = {}

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from powerfleet.twin.view import clock
+from powerfleet.twin.demo.view import clock
 
 LEDGER_IMAGE = "ledger.png"
 LEDGER_DATA = "ledger.json"  # the plotted series, for a reader who wants the figures
@@ -60,7 +60,7 @@ def plot_ledger(out: Path, history: Sequence[Mapping[str, Any]], t0: float, limi
         ax.text(0.5, 0.5, "no budget tick recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(f"seconds since {clock(t0)} (the live view's clock)")
     ax.set_ylabel("GPU power (W)")
-    from powerfleet.twin.power import IDLE_W
+    from powerfleet.twin.gpus.power import IDLE_W
 
     ax.set_title("Budget per rack: projected (the ledger) and measured against the limit\n(the planner keeps its "
                  f"projection under the limit less {IDLE_W:.0f} W for each GPU no pod holds: their idle draw)",

@@ -10,7 +10,7 @@ load, so a rack's measured power includes what the fleet does not plan.
 A third, ``queued-train`` (2 GPUs, capped at 400 W), is **Pending**: it asks for nodes labelled
 ``powerfleet.io/twin-pool=training`` and no node has that label, so the twin's scheduler leaves it
 unbound with ``PodScheduled=False``, reason ``Unschedulable``, as kube-scheduler does; label a
-node (with 2 GPUs free) and the next operator pass binds it there (twin/scheduler.py).
+node (with 2 GPUs free) and the next operator pass binds it there (twin/cluster/scheduler.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, POWER_ANNOTATION
-from powerfleet.twin.operator import GPUS_ANNOTATION
-from powerfleet.twin.topology import TwinSpec
+from powerfleet.twin.cluster.operator import GPUS_ANNOTATION
+from powerfleet.twin.cluster.topology import TwinSpec
 
 TENANT_LABEL = "powerfleet.io/twin-tenant"
 
@@ -67,7 +67,7 @@ def tenant_pods(spec: TwinSpec) -> list[dict[str, Any]]:
 
 def pending_tenant_pod(spec: TwinSpec) -> dict[str, Any]:
     """The tenant that fits nowhere yet: Pending, with the condition kube-scheduler writes."""
-    from powerfleet.twin.scheduler import unschedulable
+    from powerfleet.twin.cluster.scheduler import unschedulable
 
     n = spec.nodes
     return {

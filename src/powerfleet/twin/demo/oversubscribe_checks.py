@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from powerfleet.twin.checks import Check
+from powerfleet.twin.demo.checks import Check
 from powerfleet.twin.runtime import Sample
 
 TOLERANCE_W = 0.5  # NVML limits are whole milliwatts; the agent rounds to whole watts

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from powerfleet.twin.checks import Check
+from powerfleet.twin.demo.checks import Check
 
 
 def _s(t: float | None, t0: float) -> float | None:

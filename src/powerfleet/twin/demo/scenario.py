@@ -6,8 +6,8 @@ API, PATCH a router by hand) and judges only by what the cluster, the GPUs and t
 show afterwards. A step whose capability is not in this build (its task is not registered)
 fails at once with that reason: it is never skipped silently or faked.
 
-``StepRunner`` drives a list of ``Step``s (the scenario file's events, twin/scenario_events.py;
-the oversubscription scenario's own, twin/oversubscribe.py); ``Probe`` reads what the steps
+``StepRunner`` drives a list of ``Step``s (the scenario file's events, twin/demo/scenario_events.py;
+the oversubscription scenario's own, twin/demo/oversubscribe.py); ``Probe`` reads what the steps
 judge by: DGDs, pods, the budget's persisted status, retune's decision history.
 """
 

@@ -4,7 +4,7 @@ A scenario describes a cluster (racks with limits, GPU nodes), the deployments o
 other tenants, the traffic, the events at their times and the checks to judge. Every model
 refuses unknown keys and coerces nothing (``"8"`` is not a GPU count); numbers are bounded so
 that a typo cannot ask the twin for a million nodes. ``scenarios/schema.json`` is generated
-from these models (``python -m powerfleet.twin.scenario_load --schema``).
+from these models (``python -m powerfleet.twin.demo.scenario_load --schema``).
 
 What the twin cannot really do is refused here with the reason, never accepted and ignored:
 taints (its scheduler does not read them), ITL targets (its frontends measure TTFT only),
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from powerfleet.agent.catalog import product_range_w
-from powerfleet.twin.topology import GPU_MAX_W, GPU_MIN_W, GPU_PRODUCT, MAX_NODES
+from powerfleet.twin.cluster.topology import GPU_MAX_W, GPU_MIN_W, GPU_PRODUCT, MAX_NODES
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # a DNS label, as Kubernetes names racks' label values and pods
 Name = Annotated[str, Field(pattern=NAME)]
@@ -67,7 +67,7 @@ class NodeGroup(_Strict):
     @field_validator("labels")
     @classmethod
     def _no_reserved(cls, v: dict[str, str]) -> dict[str, str]:
-        from powerfleet.twin.topology import RACK_LABEL
+        from powerfleet.twin.cluster.topology import RACK_LABEL
 
         if RACK_LABEL in v:
             raise ValueError(f"{RACK_LABEL} is set from the rack the node is listed under")
@@ -112,7 +112,7 @@ class Budget(_Strict):
 
 class Deployment(_Strict):
     builtin: Literal["llm-disagg", "llm-agg"] = Field(
-        description="which of the twin's DynamoGraphDeployments (twin/manifests.py) this is")
+        description="which of the twin's DynamoGraphDeployments (twin/cluster/manifests.py) this is")
     replicas: dict[Literal["frontend", "planner", "prefill", "decode", "worker"],
                    Annotated[StrictInt, Field(ge=0, le=256)]] = Field(default_factory=dict)
     caps_w: dict[Literal["prefill", "decode", "worker"], Annotated[StrictInt, Field(ge=GPU_MIN_W, le=GPU_MAX_W)]] = \
@@ -331,7 +331,7 @@ class Scenario(_Strict):
 
 
     def _guard_contract(self) -> None:
-        """``power_guard`` (twin/oversubscribe.py, docs/power.md) judges the live power guard on one
+        """``power_guard`` (twin/demo/oversubscribe.py, docs/power.md) judges the live power guard on one
         oversubscribed rack through one demand surge and one node's telemetry loss: its own checks."""
         over = [g for g, r in self.topology.racks.items() if r.oversubscription > 1]
         kinds = sorted(e.kind for e in self.events)

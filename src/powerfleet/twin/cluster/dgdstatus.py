@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from powerfleet.twin.kubelet import rfc3339
+from powerfleet.twin.cluster.kubelet import rfc3339
 
 Obj = dict[str, Any]
 # Every status property of Dynamo's DGD CRD (both versions); anything else is foreign.

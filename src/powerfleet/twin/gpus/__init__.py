@@ -1,0 +1,1 @@
+"""powerfleet.twin.gpus"""
