@@ -113,6 +113,19 @@ class EmbeddedRedis:
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()
 
+    def kill(self) -> int:
+        """SIGKILL the server, as a crash would (its exit status); ``start()`` brings it back on the
+        same port, empty (nothing is saved)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        return code
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -2,7 +2,8 @@
 
 Tasks go through the task API; a rack's new limit reaches the budget the way an operator's
 config change does (the control worker restarted with the new ``budget.groups``); an agent
-is killed with SIGKILL and started again with the same settings; Redis is flushed.
+is killed with SIGKILL and started again with the same settings; Redis is flushed, or killed
+(SIGKILL) and started again on its port.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class DemoFleet:
     plan: Any = None  # the scenario (twin/demo/scenario_model.py)
     ports: dict[str, dict[str, str]] = field(default_factory=dict)
     killed: dict[str, int] = field(default_factory=dict)  # node -> the killed agent's exit status
+    answering_before_kill: int = 0  # workers that answered a ping just before kill_broker
 
     def send(self, name: str, kwargs: dict[str, Any]) -> None:
         self.app.send_task(name, kwargs=kwargs)
@@ -90,3 +92,22 @@ class DemoFleet:
 
     def flush_redis(self) -> None:
         self.redis.flushall()
+
+    def _answering(self) -> int:
+        try:
+            return len(self.app.control.ping(timeout=1.0) or [])
+        except Exception:  # noqa: BLE001 - the broker is down or the workers have not reconnected yet
+            return 0
+
+    def kill_broker(self) -> int:
+        """SIGKILL the demo's private redis-server (its exit status); ``start_broker`` starts it again."""
+        self.answering_before_kill = self._answering()
+        return self.launcher.redis.kill()
+
+    def start_broker(self) -> None:
+        """The redis-server again on the same port, empty: the fleet's processes reconnect to it."""
+        self.launcher.redis.start()
+
+    def workers_answering(self) -> tuple[int, int]:
+        """(workers answering a ping now, workers that answered before the broker was killed)."""
+        return self._answering(), self.answering_before_kill

@@ -267,6 +267,8 @@ class DemoRun:
         rack_of = {n: self.twin.spec.rack_of(n) for n in self.twin.spec.node_names}
         racks_of = {d: set(rack_of.values()) for d in self.plan.deployments}
         slas = {d: float(x.sla.ttft_ms) for d, x in self.plan.deployments.items() if x.sla is not None}
+        itl = {d: float(x.sla.itl_ms) for d, x in self.plan.deployments.items()
+               if x.sla is not None and x.sla.itl_ms is not None}
         from powerfleet.twin.demo.scenario_model import at_s
 
         since = {d: (self.fleet_up_at or 0.0) + at_s(x.sla.judged_from, self.plan.duration_s)
@@ -280,7 +282,7 @@ class DemoRun:
             "retune_windows_decided": lambda: C.windows_decided(self._launched, outcomes, running, DECIDED, abandoned),
             "retune_applied": lambda: SC.retune_applied(history),
             "no_unexpected_task_failures": lambda: C.no_task_failures(self._log_lines()),
-            "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since),
+            "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since, itl),
         }
         checks = [made[name]() for name in self.plan.checks if name in made]
         if "events" in self.plan.checks:

@@ -26,17 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.clock import Clock, SystemClock
-from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_COMPONENT, LABEL_DGD_NAME, POWER_ANNOTATION
+from powerfleet.cluster.dgd import DGD_API_VERSION, DGD_KIND, LABEL_DGD_NAME, POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.twin.fidelity import DEMO_STARTUP_DELAY_S, OperatorSettings
 from powerfleet.twin.serving.frontends import TwinFrontend, WindowTtft
-from powerfleet.twin.cluster.kubelet import serving, terminating
+from powerfleet.twin.cluster.kubelet import terminating
 from powerfleet.twin.cluster.manifests import dgd_manifests
 from powerfleet.twin.gpus.nodes import GpuSample, NodeSim, pid_base
 from powerfleet.twin.cluster.operator import pod_gpus
 from powerfleet.twin.cluster.planner import StandInPlanner
 from powerfleet.twin.gpus.podresources import PodResourcesServers
-from powerfleet.twin.gpus.power import gpu_power, load_of
+from powerfleet.twin.gpus.power import gpu_power
+from powerfleet.twin.serving.load import window_inputs, worker_loads
+from powerfleet.twin.cluster.roles import component_roles, pod_role
 from powerfleet.twin.cluster.tenants import tenant_loads, tenant_pods
 from powerfleet.twin.cluster.topology import GPU_DEFAULT_W, TwinSpec, gpu_uuid, node_objects
 from powerfleet.twin.serving.traffic import DEFAULT_SPEEDUP, TrafficSource, find_traces, load_sources
@@ -46,9 +48,6 @@ log = logging.getLogger(__name__)
 # Read by retune's premise checks (powerfleet.retune.premises) to find each frontend's router.
 ROUTER_URL_ANNOTATION = "powerfleet.nvidia.com/router-url"
 METRICS_URL_ANNOTATION = "powerfleet.nvidia.com/metrics-url"
-# What one GPU processes at full load (tokens/s): sets how the trace's rate becomes utilisation.
-PREFILL_CAPACITY_TPS = 25_000.0
-DECODE_CAPACITY_TPS = 1_000.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +118,9 @@ class Twin:
         self._t0 = 0.0
         self._rng = random.Random(self.spec.seed)
         self._ema: dict[str, tuple[float, float]] = {}  # dgd -> (input tok/s, output tok/s)
+        # (dgd, component) -> role (twin/cluster/roles.py), refreshed when a DGD's generation changes
+        self._roles: dict[tuple[str, str], str] = {}
+        self._roles_of: dict[str, tuple[Any, dict[str, str]]] = {}
         # dgd -> factor on its workers' load (a demand surge; the oversubscription demo's lever)
         self.load_scale: dict[str, float] = {}
         self.kubeconfig = self.root / "kubeconfig"
@@ -262,7 +264,8 @@ class Twin:
             old = self._ema.get(dgd, (isl, osl))
             a = min(1.0, dt / 3.0)
             self._ema[dgd] = (old[0] + a * (isl - old[0]), old[1] + a * (osl - old[1]))
-        loads = self._worker_loads(pods) | tenant_loads(pods) | {
+        self._refresh_roles()
+        loads = worker_loads(pods, self.role_of, self._ema, self.load_scale) | tenant_loads(pods) | {
             n: w for n, w in self.tenant_load.items() if any(p["metadata"]["name"] == n for p in pods)}
         samples: list[GpuSample] = []
         annotated: dict[str, float | None] = {}
@@ -272,7 +275,7 @@ class Twin:
             if node:
                 by_node.setdefault(node, []).append(p)
         def draw(index: int, cap: float, pod: Mapping[str, Any] | None) -> tuple[float, bool]:
-            role = None if pod is None else _role(pod)
+            role = None if pod is None else self.role_of(pod)
             load = 0.0 if pod is None else loads.get(pod["metadata"]["name"], 0.0)
             gp = gpu_power(role, load, cap, self._rng)
             return gp.draw_w, gp.capped
@@ -294,31 +297,8 @@ class Twin:
             self.samples.append(sample)
         return sample
 
-    def _worker_loads(self, pods: list[dict[str, Any]]) -> dict[str, float]:
-        """Each ready worker pod's utilisation: its deployment's token rate split over its ready peers."""
-        ready: dict[tuple[str, str], list[str]] = {}
-        for p in pods:
-            labels = p["metadata"].get("labels") or {}
-            role = labels.get(LABEL_COMPONENT)
-            if role in ("prefill", "decode", "worker") and _is_ready(p):
-                ready.setdefault((labels.get(LABEL_DGD_NAME, ""), role), []).append(p["metadata"]["name"])
-        out: dict[str, float] = {}
-        for (dgd, role), names in ready.items():
-            isl, osl = self._ema.get(dgd, (0.0, 0.0))
-            n = len(names) * 2 if role != "worker" else len(names)  # disaggregated pods have 2 GPUs
-            if role == "prefill":
-                load = load_of(isl / n, PREFILL_CAPACITY_TPS)
-            elif role == "decode":
-                load = load_of(osl / n, DECODE_CAPACITY_TPS)
-            else:
-                load = min(1.0, load_of(isl / n, PREFILL_CAPACITY_TPS) * 0.6 + load_of(osl / n, DECODE_CAPACITY_TPS) * 0.6)
-            for name in names:
-                out[name] = min(1.0, load * self.load_scale.get(dgd, 1.0))
-        return out
-
     def _sync_frontends(self, pods: list[dict[str, Any]]) -> None:
-        running = {p["metadata"]["name"]: p for p in pods
-                   if (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "frontend"
+        running = {p["metadata"]["name"]: p for p in pods if self.role_of(p) == "frontend"
                    and (p.get("status") or {}).get("phase") == "Running" and not terminating(p)}
         changed = False
         for name in [n for n in self.frontends if n not in running]:
@@ -344,25 +324,28 @@ class Twin:
             self.api.apply(obj)
 
     def _close_windows(self, now: float, pods: list[dict[str, Any]], gpus: list[GpuSample]) -> None:
+        caps: dict[str, list[float]] = {}
+        for g in gpus:
+            if g.pod is not None:
+                caps.setdefault(g.pod, []).append(g.cap_w)
         for fe in list(self.frontends.values()):
-            workers = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == fe.dgd
-                       and (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) in ("decode", "worker")
-                       and _is_ready(p)]
-            names = {p["metadata"]["name"] for p in workers}
-            caps = [g.cap_w for g in gpus if g.pod in names]
-            cap_fraction = (sum(caps) / len(caps) / GPU_DEFAULT_W) if caps else 1.0
-            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_DGD_NAME) == fe.dgd and _is_ready(p)]
-            roles = [(p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) for p in mine]
-            prefill = pre_cap = None
-            if "prefill" in roles or "decode" in roles:  # disaggregated: the prefill pool at its own cap
-                pre = {p["metadata"]["name"] for p, role in zip(mine, roles) if role == "prefill"}
-                prefill = len(pre)
-                pre_caps = [g.cap_w for g in gpus if g.pod in pre]
-                pre_cap = sum(pre_caps) / len(pre_caps) / GPU_DEFAULT_W if pre_caps else None
-            done = fe.close_windows(now, len(workers), cap_fraction, prefill, pre_cap)
+            w = window_inputs(fe.dgd, pods, self.role_of, caps)
+            done = fe.close_windows(now, w.workers, w.cap_fraction, w.prefill, w.prefill_cap_fraction)
             if done is not None:
                 with self._lock:
                     self.windows.append(done)
+
+    def _refresh_roles(self) -> None:
+        seen: dict[str, tuple[Any, dict[str, str]]] = {}
+        for d in self.api.list(DGD_API_VERSION, DGD_KIND, self.spec.namespace):
+            name, gen = d["metadata"]["name"], d["metadata"].get("generation")
+            old = self._roles_of.get(name)
+            seen[name] = old if old is not None and old[0] == gen else (gen, component_roles(d))
+        self._roles_of = seen
+        self._roles = {(d, c): r for d, (_, m) in seen.items() for c, r in m.items()}
+
+    def role_of(self, pod: Mapping[str, Any]) -> str:
+        return pod_role(pod, self._roles)
 
     # -- the scenario's levers (what a user would do with kubectl) --
 
@@ -385,14 +368,6 @@ class Twin:
     def snapshot_windows(self) -> list[WindowTtft]:
         with self._lock:
             return list(self.windows)
-
-
-# A terminating pod is out of its service's endpoints: it gets no traffic, though it still runs.
-_is_ready = serving
-
-
-def _role(pod: Mapping[str, Any]) -> str:
-    return str((pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT, "worker"))
 
 
 def _annotated_cap(pods: list[Mapping[str, Any]], name: str | None) -> float | None:

@@ -227,6 +227,11 @@ def _schedule_unowned(pod: Mapping[str, Any], sched: Scheduler, plan: Plan, now:
     placed = sched.place(spec, spec_gpus(spec))
     if isinstance(placed, tuple):
         plan.placements[name] = placed
+        return
+    # As kube-scheduler does: the reason it fits nowhere (an untolerated taint, too few GPUs), written once.
+    cond = unschedulable(placed)
+    if cond not in (_map(pod.get("status")).get("conditions") or []):
+        plan.pod_status[name] = {"phase": "Pending", "conditions": [cond]}
 
 
 def _reconcile_dgd(dgd: Mapping[str, Any], pods: list[Mapping[str, Any]], held: list[Mapping[str, Any]],

@@ -24,6 +24,7 @@ class NodeLayout:
     gpus: int = 8
     model: str = GPU_PRODUCT
     labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect): the Node's spec.taints
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def node_object(spec: TwinSpec, name: str) -> dict[str, Any]:
                 TWIN_LABEL: "true",
             },
         },
-        "spec": {},
+        "spec": {"taints": [{"key": k, "value": v, "effect": e} if v else {"key": k, "effect": e}
+                            for k, v, e in layout.taints]} if layout.taints else {},
         "status": {
             "capacity": {"nvidia.com/gpu": gpus, "cpu": "128", "memory": "2Ti"},
             "allocatable": {"nvidia.com/gpu": gpus, "cpu": "126", "memory": "1984Gi"},

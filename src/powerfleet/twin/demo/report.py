@@ -48,7 +48,10 @@ def cap_group(pod: str | None, role: str | None) -> str:
     """``<deployment>/<role>`` of a GPU's pod, or ``idle`` for a GPU without one."""
     if pod is None:
         return "idle"
-    dgd = next((d for d in sorted((DISAGG, AGG), key=len, reverse=True) if pod.startswith(d + "-")), pod)
+    # A DGD's pod is named <dgd>-<component>-<template hash>-<ordinal> (twin/cluster/operator.py).
+    m = re.match(rf"^(.+)-{re.escape(role.lower())}-[0-9a-f]{{6}}-\d+$", pod) if role else None
+    dgd = m.group(1) if m else next((d for d in sorted((DISAGG, AGG), key=len, reverse=True)
+                                     if pod.startswith(d + "-")), pod)
     return f"{dgd}/{role or 'pod'}"
 
 

@@ -56,41 +56,55 @@ def no_rack_over_limit(samples: Sequence[Sample], rack_of: Mapping[str, str],
 
 
 def slo(windows: Iterable[Any], slas: Mapping[str, float], reasons: Mapping[str, Iterable[str]],
-        racks_of: Mapping[str, Iterable[str]], since: Mapping[str, float] | None = None) -> Check:
-    """Each deployment with an SLA within it (at least SLO_ATTAINMENT of its windows' mean TTFT at
-    or under the target, counting the windows that start at or after ``since``), or the budget's
-    reason that bound it named, with what would lift it."""
+        racks_of: Mapping[str, Iterable[str]], since: Mapping[str, float] | None = None,
+        itl: Mapping[str, float] | None = None) -> Check:
+    """Each deployment with an SLA within it (at least SLO_ATTAINMENT of its windows at or under the
+    TTFT target (``slas``) and, where it has one, the ITL target (``itl``), each the window's mean,
+    counting the windows that start at or after ``since``), or the budget's reason that bound it
+    named, with what would lift it. A window whose ITL was not measured (no request decoded past its
+    first token) is judged by its TTFT alone."""
     name = "slo"
-    by_dgd: dict[str, list[float]] = {}
+    by_dgd: dict[str, list[tuple[float, float | None]]] = {}
     for w in windows:
         if w.ttft_ms_current is not None and w.start >= (since or {}).get(w.dgd, float("-inf")):
-            by_dgd.setdefault(w.dgd, []).append(float(w.ttft_ms_current))
+            by_dgd.setdefault(w.dgd, []).append((float(w.ttft_ms_current), getattr(w, "itl_ms_current", None)))
     figures: dict[str, dict[str, Any]] = {}
     parts, bad = [], []
     for dgd, target in sorted(slas.items()):
-        ttfts = by_dgd.get(dgd, [])
-        within = sum(1 for t in ttfts if t <= target)
-        att = within / len(ttfts) if ttfts else None
+        seen = by_dgd.get(dgd, [])
+        ttfts = [t for t, _ in seen]
+        itls = [i for _, i in seen if i is not None]
+        itl_target = (itl or {}).get(dgd)
+        within = sum(1 for t, i in seen if t <= target and (itl_target is None or i is None or i <= itl_target))
+        att = within / len(seen) if seen else None
         binding = sorted({r for r in reasons.get(dgd, ()) if r.startswith(BINDING)})
-        f = {"ttft_ms_target": target, "windows": len(ttfts), "attainment": None if att is None else round(att, 3),
-             "ttft_ms_mean": round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
-             "ttft_ms_worst": round(max(ttfts), 1) if ttfts else None, "binding": binding}
+        f: dict[str, Any] = {"ttft_ms_target": target, "windows": len(ttfts),
+                             "attainment": None if att is None else round(att, 3),
+                             "ttft_ms_mean": round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
+                             "ttft_ms_worst": round(max(ttfts), 1) if ttfts else None, "binding": binding}
+        if itl_target is not None:
+            f.update(itl_ms_target=itl_target, itl_windows=len(itls),
+                     itl_ms_mean=round(sum(itls) / len(itls), 2) if itls else None,
+                     itl_ms_worst=round(max(itls), 2) if itls else None)
         figures[dgd] = f
+        goal = f"{target:g} ms" + (f" TTFT and {itl_target:g} ms ITL" if itl_target is not None else "")
+        worst = f"worst {f['ttft_ms_worst']:.0f} ms" if ttfts else ""
+        over = f", {f['ttft_ms_worst'] - target:.0f} ms over" if ttfts else ""
+        worst_itl = f", worst ITL {f['itl_ms_worst']:.1f} ms" if itl_target is not None and itls else ""
         if att is None:
             bad.append(f"{dgd}: no window measured its TTFT")
         elif att >= SLO_ATTAINMENT:
-            parts.append(f"{dgd} {att:.0%} of {len(ttfts)} windows within {target:g} ms")
+            parts.append(f"{dgd} {att:.0%} of {len(seen)} windows within {goal}")
         elif binding:
             lever = ("raise the limit of " + "/".join(sorted(racks_of.get(dgd, ()))) + " or lower other "
                      "deployments' caps") if any(b.startswith("power_") for b in binding) else \
                 "add GPUs to its racks or free the tenants' GPUs"
             f["operator_could"] = lever
-            parts.append(f"{dgd} {att:.0%} within {target:g} ms (worst {f['ttft_ms_worst']:.0f} ms, "
-                         f"{f['ttft_ms_worst'] - target:.0f} ms over): bound by "
-                         f"{', '.join(binding)}; {lever}")
+            parts.append(f"{dgd} {att:.0%} within {goal} ({worst}{over}{worst_itl}): bound by {', '.join(binding)}; "
+                         f"{lever}")
         else:
-            bad.append(f"{dgd} {att:.0%} of {len(ttfts)} windows within {target:g} ms (worst "
-                       f"{f['ttft_ms_worst']:.0f} ms) and nothing bound its scale")
+            bad.append(f"{dgd} {att:.0%} of {len(seen)} windows within {goal} ({worst}{worst_itl}) and nothing bound "
+                       "its scale")
     if not slas:
         return Check(name, False, "no deployment has an SLA", {"deployments": figures})
     return Check(name, not bad, "; ".join(bad + parts), {"deployments": figures})

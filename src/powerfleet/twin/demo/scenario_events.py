@@ -6,8 +6,9 @@ and then holds once the twin or the fleet shows it took effect; ``Outcome.starte
 refused send or a probe that never holds is that event's failed check, with the reason.
 
 The fleet's processes are reached through a ``FleetPort`` (cli/demo_run.py): tasks through the
-task API, and the processes themselves (the control worker restarted with a rack's new limit,
-an agent killed with SIGKILL and started again, Redis flushed).
+task API, and the processes themselves (the control worker restarted with a rack's new limit;
+the failures of twin/demo/scenario_faults.py: an agent killed and started again, Redis flushed,
+the broker killed and started again).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from powerfleet.twin.apiserver.errors import ApiError
 from powerfleet.twin.cluster.kubelet import terminating
 from powerfleet.twin.runtime import Twin
 from powerfleet.twin.demo.scenario import WAIT, Probe, Step, StepRunner
+from powerfleet.twin.demo.scenario_faults import FaultEvents
 from powerfleet.twin.demo.scenario_tenants import tenant_pod
 from powerfleet.twin.demo.scenario_twin import multiplier_at
 
@@ -42,19 +44,23 @@ class FleetPort(Protocol):
     def restart_agent(self, node: str) -> None: ...
     def agent_answers(self, node: str) -> bool: ...
     def flush_redis(self) -> None: ...
+    def kill_broker(self) -> int: ...
+    def start_broker(self) -> None: ...
+    def workers_answering(self) -> tuple[int, int]: ...
 
 
 def retune_applied_at(probe: Probe) -> bool:
     return any(h.get("outcome") == "apply" for hs in probe.retune_history().values() for h in hs)
 
 
-class ScenarioRun(StepRunner, Probe):
+class ScenarioRun(StepRunner, Probe, FaultEvents):
     """The events of ``scenario`` as steps, plus its traffic multipliers, applied each tick."""
 
     def __init__(self, scenario: M.Scenario, twin: Twin, fleet: FleetPort, log: Callable[[str], None]) -> None:
         Probe.__init__(self, twin)
         self.scenario, self.fleet, self.log = scenario, fleet, log
         self._last_load: dict[str, tuple[float, dict[str, int]]] = {}  # dgd -> (sent at, replicas) of propose_load
+        self.roles = {n: d.roles(n) for n, d in scenario.deployments.items()}  # dgd -> role -> component
         self.steps = [self._step(i, e) for i, e in enumerate(scenario.events)]
         self.at_s = {s.name: M.at_s(e.at, scenario.duration_s) for s, e in zip(self.steps, scenario.events)}
         self._rates: dict[str, float] = {}
@@ -94,7 +100,9 @@ class ScenarioRun(StepRunner, Probe):
         return f"{self.twin.spec.namespace}/{name}"
 
     def _replicas(self, dgd: str) -> dict[str, int]:
-        return {c: int(s.get("replicas", 1)) for c, s in self.dgd(dgd)["spec"]["services"].items()}
+        """Replicas by component name and by role (a manifest's components have names of their own)."""
+        by_comp = {c: int(s.get("replicas", 1)) for c, s in self.dgd(dgd)["spec"]["services"].items()}
+        return {**by_comp, **{r: by_comp[c] for r, c in self.roles.get(dgd, {}).items() if c in by_comp}}
 
     # -- set_limit: the rack's limit changes; the control worker restarts with it --
 
@@ -206,14 +214,16 @@ class ScenarioRun(StepRunner, Probe):
     # -- set_annotation: a component's power annotation (the operator rolls its pods) --
 
     def _set_annotation(self, e: M.SetAnnotation) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
+        component = self.roles[e.deployment][e.component]
+
         def start() -> str | None:
-            self.twin.set_component_cap(e.deployment, e.component, e.watts)
-            self.log(f"scenario: {e.deployment}/{e.component} power annotation -> {e.watts} W (the operator rolls "
+            self.twin.set_component_cap(e.deployment, component, e.watts)
+            self.log(f"scenario: {e.deployment}/{component} power annotation -> {e.watts} W (the operator rolls "
                      "its pods)")
             return None
 
         def poll() -> tuple[bool, str]:
-            pods = [p for p in self.pods(e.deployment, e.component) if not terminating(p)]
+            pods = [p for p in self.pods(e.deployment, component) if not terminating(p)]
             names = {p["metadata"]["name"] for p in pods}
             annotated = all((p["metadata"].get("annotations") or {}).get(POWER_ANNOTATION) == str(e.watts)
                             for p in pods)
@@ -236,7 +246,7 @@ class ScenarioRun(StepRunner, Probe):
             taken = {n: set(range(self.twin.spec.gpus_of(n))) - f for n, f in free_gpus(self.twin.spec, pods).items()}
             self.twin.tenant_load[t.name] = float(t.load)
             self.twin.api.apply(tenant_pod(self.twin.spec, t.name, t.gpus, t.power_w, node=node, taken=taken,
-                                           grace_s=t.grace_s))
+                                           grace_s=t.grace_s, tolerations=[x.as_k8s() for x in t.tolerations]))
             self.log(f"scenario: tenant {t.name} arrives ({t.gpus} GPUs" + (f", {t.power_w} W" if t.power_w else "")
                      + (f", on {node})" if node else ", unbound: the scheduler places it)"))
             return None
@@ -305,77 +315,6 @@ class ScenarioRun(StepRunner, Probe):
             state = (obj.get("status") or {}).get("state")
             return state == "successful", f"created again; state {state}"
         return start, poll
-
-    # -- the fleet's processes --
-
-    def _kill_agent(self, e: M.NodeEvent) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
-        if e.kind == "restart_agent":
-            def start() -> str | None:
-                self.fleet.restart_agent(e.node)
-                self.log(f"scenario: the agent of {e.node} starts again")
-                return None
-            return start, lambda: (self.fleet.agent_answers(e.node), f"agent of {e.node} answers a ping: "
-                                                                      f"{self.fleet.agent_answers(e.node)}")
-        code: list[int] = []
-
-        def kill() -> str | None:
-            code.append(self.fleet.kill_agent(e.node))
-            self.log(f"scenario: the agent of {e.node} is killed (SIGKILL)")
-            return None
-        return kill, lambda: (True, f"agent of {e.node} exited {code[0] if code else '?'}")
-
-    _restart_agent = _kill_agent
-
-    def _flush_redis(self, e: M.FlushRedis) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
-        def start() -> str | None:
-            self.fleet.flush_redis()
-            self.log("scenario: Redis flushed (every queue, result, lock and record lost)")
-            return None
-        return start, lambda: (True, "flushed")
-
-    def _kill_broker(self, e: Any) -> Any:  # refused by the model; never reached
-        raise AssertionError("kill_broker is refused when the scenario is loaded")
-
-    def _telemetry_fault(self, e: M.TelemetryFault) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
-        began: list[float] = []
-
-        def start() -> str | None:
-            self.twin.nodes[e.node].telemetry_lost = True
-            began.append(time.time())
-            self.log(f"scenario: {e.node}'s power telemetry is lost for {self._span(e):g} s (NVML's power reading "
-                     "fails)")
-            return None
-
-        def poll() -> tuple[bool, str]:
-            if time.time() - began[0] < self._span(e):
-                return False, "telemetry lost"
-            self.twin.nodes[e.node].telemetry_lost = False
-            self.log(f"scenario: {e.node}'s power telemetry is back")
-            return True, f"lost for {self._span(e):g} s, back"
-        return start, poll
-
-    def _set_load(self, e: M.SetLoad) -> tuple[Callable[[], str | None], Callable[[], tuple[bool, str]]]:
-        began: list[float] = []
-        targets = [e.deployment] if e.deployment else list(self.scenario.deployments)
-
-        def start() -> str | None:
-            self.twin.load_scale.update({d: float(e.x) for d in targets})
-            began.append(time.time())
-            self.log(f"scenario: demand surge: the workers' load of {', '.join(targets)} x{e.x:g} for "
-                     f"{self._span(e):g} s")
-            return None
-
-        def poll() -> tuple[bool, str]:
-            if time.time() - began[0] < self._span(e):
-                return False, f"load x{e.x:g}"
-            for d in targets:
-                self.twin.load_scale.pop(d, None)
-            self.log("scenario: the surge ends")
-            return True, f"load x{e.x:g} for {self._span(e):g} s, then back"
-        return start, poll
-
-    def _span(self, e: M.TelemetryFault | M.SetLoad) -> float:
-        return M.at_s(e.duration_s, self.scenario.duration_s)
 
     # -- patch_router: a router changed by hand --
 

@@ -4,8 +4,8 @@
 examples: ``scenarios/<name>.yaml`` in this package) or a path, and returns the validated
 ``Scenario``, or raises ``ScenarioError`` whose message is one line naming the key path
 (``events.2.limit_w: Input should be greater than or equal to 1``). A FIFO, a device, a
-directory or a file over 1 MiB is refused without being read; a trace path is resolved against
-the scenario file's directory and must be a regular file.
+directory or a file over 1 MiB is refused without being read; a trace path and a deployment's
+``manifest_file`` are resolved against the scenario file's directory and must be regular files.
 
 ``python -m powerfleet.twin.demo.scenario_load --schema`` prints the JSON Schema shipped as
 ``scenarios/schema.json``.
@@ -88,7 +88,8 @@ def _depth(obj: Any, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
-def parse(text: str, what: str = "scenario", *, duration_s: float | None = None) -> Scenario:
+def parse(text: str, what: str = "scenario", *, duration_s: float | None = None, base: Path | None = None) -> Scenario:
+    """``base``: the directory a ``manifest_file`` is relative to (the scenario file's; None: the working one)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -105,7 +106,7 @@ def parse(text: str, what: str = "scenario", *, duration_s: float | None = None)
     if duration_s is not None:
         data = {**data, "duration_s": duration_s}
     try:
-        return Scenario.model_validate(data)
+        return Scenario.model_validate(data, context={"base": base})
     except ValidationError as exc:
         raise ScenarioError(f"{what}: {first_error(exc)}") from None
 
@@ -131,7 +132,8 @@ def _is_union_tag(part: Any) -> bool:
 def load(source: str, *, duration_s: float | None = None) -> tuple[Scenario, Path]:
     """The validated scenario and its file; every trace path it names checked to be a regular file."""
     path = resolve(source)
-    scenario = parse(read_bounded(path, "scenario"), f"scenario {path.name}", duration_s=duration_s)
+    scenario = parse(read_bounded(path, "scenario"), f"scenario {path.name}", duration_s=duration_s,
+                     base=path.parent)
     for name, tr in scenario.traffic.items():
         if tr.trace not in TRACES:
             trace = trace_path(path, tr.trace)

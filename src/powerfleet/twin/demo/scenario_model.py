@@ -6,19 +6,20 @@ refuses unknown keys and coerces nothing (``"8"`` is not a GPU count); numbers a
 that a typo cannot ask the twin for a million nodes. ``scenarios/schema.json`` is generated
 from these models (``python -m powerfleet.twin.demo.scenario_load --schema``).
 
+A deployment is one of the twin's two built-in DGDs or the operator's own manifest (inline or
+by path: twin/demo/scenario_manifests.py checks it against the DGD schema and the fleet's reading).
 What the twin cannot really do is refused here with the reason, never accepted and ignored:
-taints (its scheduler does not read them), ITL targets (its frontends measure TTFT only),
-``kill_broker`` (the fleet's workers would need the broker back at the same address, which
-the embedded Redis does not promise) and card models outside the H100 family (its power
-model and simulated GPUs are an H100's).
+card models outside the H100 family (its power model and simulated GPUs are an H100's).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator,
+                      model_validator)
 
 from powerfleet.agent.catalog import product_range_w
 from powerfleet.twin.cluster.topology import GPU_MAX_W, GPU_MIN_W, GPU_PRODUCT, MAX_NODES
@@ -31,6 +32,8 @@ MAX_EVENTS = 200
 MAX_DURATION_S = 86_400
 ROLES = ("prefill", "decode", "worker")
 BUILTINS = ("llm-disagg", "llm-agg")
+BUILTIN_ROLES = {"llm-disagg": {"frontend": "frontend", "planner": "planner", "prefill": "prefill", "decode": "decode"},
+                 "llm-agg": {"frontend": "frontend", "planner": "planner", "worker": "worker"}}
 TRACES = ("conversation", "synthetic")
 _AT = re.compile(r"^(\d{1,3}(\.\d+)?)%$")
 
@@ -42,6 +45,29 @@ class _Strict(BaseModel):
 # -- topology --
 
 
+class Taint(_Strict):
+    """A node taint, as Kubernetes writes it: pods that do not tolerate a ``NoSchedule`` or
+    ``NoExecute`` taint are not scheduled there (``PreferNoSchedule`` only scores)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$")]
+    value: Annotated[str, Field(max_length=63)] = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Toleration(_Strict):
+    """A pod's toleration (Kubernetes' fields): ``Exists`` matches any value; no key with ``Exists``
+    tolerates every taint; no effect matches every effect."""
+
+    key: Annotated[str, Field(max_length=253)] = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: Annotated[str, Field(max_length=63)] = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    def as_k8s(self) -> dict[str, str]:
+        out = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect or ""}
+        return {k: v for k, v in out.items() if v}
+
+
 class NodeGroup(_Strict):
     """``count`` identical nodes; named ``twin-gpu-NN`` in file order across racks."""
 
@@ -50,8 +76,8 @@ class NodeGroup(_Strict):
     model: str = GPU_PRODUCT
     labels: dict[Annotated[str, Field(max_length=253)], Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict, max_length=32)
-    taints: list[dict[str, Any]] = Field(default_factory=list, max_length=0,
-                                         description="refused: the twin's scheduler does not read taints")
+    taints: list[Taint] = Field(default_factory=list, max_length=16,
+                                description="the nodes' taints; the twin's scheduler keeps untolerating pods off")
 
     @field_validator("model")
     @classmethod
@@ -101,7 +127,8 @@ class Sla(_Strict):
     judged_from: Union[StrictFloat, StrictInt, str] = Field(
         0, description="windows starting before this time (seconds, or '40%') are not judged: the time a "
                        "planner following the load needs")
-    itl_ms: None = Field(None, description="refused: the twin's frontends measure TTFT only")
+    itl_ms: Annotated[Union[StrictFloat, StrictInt], Field(gt=0, le=3_600_000)] | None = Field(
+        None, description="mean inter-token latency per window (ms); a window is within the SLA when both hold")
 
 
 class Budget(_Strict):
@@ -111,8 +138,16 @@ class Budget(_Strict):
 
 
 class Deployment(_Strict):
-    builtin: Literal["llm-disagg", "llm-agg"] = Field(
-        description="which of the twin's DynamoGraphDeployments (twin/cluster/manifests.py) this is")
+    builtin: Literal["llm-disagg", "llm-agg"] | None = Field(
+        None, description="one of the twin's DynamoGraphDeployments (twin/cluster/manifests.py); or give manifest "
+                          "or manifest_file")
+    manifest: dict[str, Any] | None = Field(
+        None, description="a DynamoGraphDeployment manifest (nvidia.com/v1alpha1 or v1beta1), checked against the "
+                          "DGD schema; metadata.name is the deployment's key")
+    manifest_file: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        None, description="a YAML file holding one DynamoGraphDeployment (relative to the scenario file)")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16,
+                                          description="added to every component's pods (tainted nodes)")
     replicas: dict[Literal["frontend", "planner", "prefill", "decode", "worker"],
                    Annotated[StrictInt, Field(ge=0, le=256)]] = Field(default_factory=dict)
     caps_w: dict[Literal["prefill", "decode", "worker"], Annotated[StrictInt, Field(ge=GPU_MIN_W, le=GPU_MAX_W)]] = \
@@ -120,6 +155,37 @@ class Deployment(_Strict):
     budget: Budget = Budget()
     retune: StrictBool = True
     sla: Sla | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_file(cls, data: Any, info: ValidationInfo) -> Any:
+        """``manifest_file`` read (relative to the scenario file's directory) into ``manifest``."""
+        if isinstance(data, dict) and isinstance(data.get("manifest_file"), str):
+            if data.get("manifest") is not None:
+                raise ValueError("give manifest or manifest_file, not both")
+            from powerfleet.twin.demo.scenario_manifests import read_manifest
+
+            base = (info.context or {}).get("base") if isinstance(info.context, dict) else None
+            path = Path(data["manifest_file"])
+            data = {**data, "manifest": read_manifest(path if path.is_absolute() or base is None else Path(base) / path)}
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Deployment":
+        if (self.builtin is None) == (self.manifest is None):
+            raise ValueError("give one of builtin, manifest or manifest_file")
+        if self.manifest is not None:
+            self.roles()  # checked here; its name against the deployment's key by the scenario
+        return self
+
+    def roles(self, name: str | None = None) -> dict[str, str]:
+        """Role (prefill, decode, worker, frontend, planner) -> component name."""
+        if self.builtin is not None:
+            return dict(BUILTIN_ROLES[self.builtin])
+        from powerfleet.twin.demo.scenario_manifests import check_manifest
+
+        assert self.manifest is not None
+        return check_manifest(self.manifest, name)
 
 
 # -- tenants --
@@ -135,6 +201,8 @@ class Tenant(_Strict):
     power_w: Annotated[StrictInt, Field(ge=GPU_MIN_W, le=GPU_MAX_W)] | None = None
     load: Fraction = 0.5
     grace_s: Annotated[StrictInt, Field(ge=0, le=3600)] = Field(30, description="terminationGracePeriodSeconds")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16,
+                                          description="what the scheduler lets it run beside (tainted nodes)")
 
     @model_validator(mode="after")
     def _one_place(self) -> "Tenant":
@@ -218,11 +286,8 @@ class FlushRedis(_Event):
 
 class KillBroker(_Event):
     kind: Literal["kill_broker"]
-
-    @model_validator(mode="after")
-    def _refused(self) -> "KillBroker":
-        raise ValueError("kill_broker is refused: the embedded Redis cannot come back at the same address "
-                         "for the running workers (use flush_redis to lose the broker's state)")
+    down_s: Annotated[Union[StrictFloat, StrictInt], Field(ge=0, le=60)] = Field(
+        2, description="how long the broker stays down before it starts again on its port (empty)")
 
 
 class TelemetryFault(_Event):
@@ -271,7 +336,7 @@ class Scenario(_Strict):
     description: Annotated[str, Field(max_length=4000)] = ""
     duration_s: Annotated[Union[StrictFloat, StrictInt], Field(ge=30, le=MAX_DURATION_S)] = 180
     topology: Topology
-    deployments: dict[Name, Deployment] = Field(min_length=1, max_length=2)
+    deployments: dict[Name, Deployment] = Field(min_length=1, max_length=8)
     tenants: list[Tenant] = Field(default_factory=list, max_length=64)
     traffic: dict[Name, Traffic] = Field(default_factory=dict)
     events: list[Event] = Field(default_factory=list, max_length=MAX_EVENTS)
@@ -281,13 +346,21 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> "Scenario":
-        builtins = [d.builtin for d in self.deployments.values()]
         for name, d in self.deployments.items():
-            if name != d.builtin:
-                raise ValueError(f"deployments.{name}: the name must be its builtin's ({d.builtin}): the twin's "
-                                 "traffic and frontends know its deployments by these names")
-        if len(set(builtins)) != len(builtins):
-            raise ValueError("deployments: a builtin is named twice")
+            if d.builtin is not None and name != d.builtin:
+                raise ValueError(f"deployments.{name}: a builtin deployment is named by its builtin ({d.builtin}); "
+                                 "give your own DGD as manifest or manifest_file")
+            if d.manifest is not None:
+                ns = (d.manifest.get("metadata") or {}).get("namespace")
+                if ns not in (None, self.topology.namespace):
+                    raise ValueError(f"deployments.{name}.manifest.metadata.namespace: {ns!r} is not the topology's "
+                                     f"namespace {self.topology.namespace!r}")
+        roles = {}
+        for name, d in self.deployments.items():
+            try:
+                roles[name] = d.roles(name)
+            except ValueError as exc:
+                raise ValueError(f"deployments.{name}: {exc}") from None
         for name in self.traffic:
             if name not in self.deployments:
                 raise ValueError(f"traffic.{name}: no such deployment")
@@ -313,9 +386,15 @@ class Scenario(_Strict):
             at_s(e.at, self.duration_s, f"{where}.at")
             if isinstance(e, (TelemetryFault, SetLoad)):
                 at_s(e.duration_s, self.duration_s, f"{where}.duration_s")
-            for key in ("deployment",):
-                if getattr(e, key, None) is not None and getattr(e, key) not in self.deployments:
-                    raise ValueError(f"{where}.{key}: {getattr(e, key)} is not a deployment of the scenario")
+            dep = getattr(e, "deployment", None)
+            if dep is not None and dep not in self.deployments:
+                raise ValueError(f"{where}.deployment: {dep} is not a deployment of the scenario")
+            asked = list(getattr(e, "replicas", None) or getattr(e, "target_per_replica", None) or {}) + (
+                [e.component] if isinstance(e, SetAnnotation) else [])
+            for role in asked:
+                if dep is not None and role not in roles[dep]:
+                    raise ValueError(f"{where}: {dep} has no {role} role (it has "
+                                     f"{', '.join(r for r in sorted(roles[dep]) if r in ROLES)})")
             if hasattr(e, "rack") and e.rack not in self.topology.racks:
                 raise ValueError(f"{where}.rack: {e.rack} is not a rack of the topology")
             node = getattr(e, "node", None) or (e.tenant.node if isinstance(e, AddTenant) else None)

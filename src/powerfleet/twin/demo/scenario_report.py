@@ -32,6 +32,7 @@ def scenario_result(plan: Any, file: str | None, steps: Sequence[Any], at_s: Map
                 racks[rack]["planning_limit_w"] = g.get("limit_w")
     slo = by_name.get("slo")
     deployments = {d: {"sla_ttft_ms": None if x.sla is None else x.sla.ttft_ms,
+                       "sla_itl_ms": None if x.sla is None else x.sla.itl_ms,
                        **((slo.figures.get("deployments") or {}).get(d, {}) if slo else {})}
                    for d, x in plan.deployments.items()}
     events = []

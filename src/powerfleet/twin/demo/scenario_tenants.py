@@ -40,8 +40,11 @@ def free_gpus(spec: TwinSpec, pods: Sequence[Mapping[str, Any]]) -> dict[str, se
 
 
 def tenant_pod(spec: TwinSpec, name: str, gpus: int, power_w: int | None, *, node: str | None,
-               taken: dict[str, set[int]] | None = None, grace_s: int = 30) -> dict[str, Any]:
-    """The pod of one tenant; ``taken``: GPUs already given on each node (updated)."""
+               taken: dict[str, set[int]] | None = None, grace_s: int = 30,
+               tolerations: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """The pod of one tenant; ``taken``: GPUs already given on each node (updated). ``tolerations``:
+    the scheduler's part only: a tenant given its node is bound there as with ``nodeName`` (Kubernetes
+    does not filter a bound pod by taints either)."""
     annotations: dict[str, str] = {}
     if power_w is not None:
         annotations[POWER_ANNOTATION] = str(power_w)
@@ -54,6 +57,8 @@ def tenant_pod(spec: TwinSpec, name: str, gpus: int, power_w: int | None, *, nod
                                  "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]},
         "status": PENDING,
     }
+    if tolerations:
+        pod["spec"]["tolerations"] = [dict(t) for t in tolerations]
     if node is None:
         return pod
     used = (taken or {}).get(node, set())

@@ -33,7 +33,8 @@ class TwinParts:
 
 
 def layout(scenario: Scenario) -> tuple[NodeLayout, ...]:
-    return tuple(NodeLayout(rack, g.gpus, g.model, tuple(sorted(g.labels.items())))
+    return tuple(NodeLayout(rack, g.gpus, g.model, tuple(sorted(g.labels.items())),
+                            tuple((t.key, t.value, t.effect) for t in g.taints))
                  for rack, r in scenario.topology.racks.items() for g in r.nodes for _ in range(g.count))
 
 
@@ -43,7 +44,8 @@ def twin_parts(scenario: Scenario, file: Path, *, seed: int = 0, traces: Path | 
     pods = []
     for t in scenario.tenants:
         node = t.node or (spec.racks[t.rack][0] if t.rack else None)
-        pods.append(tenant_pod(spec, t.name, t.gpus, t.power_w, node=node, taken=taken, grace_s=t.grace_s))
+        pods.append(tenant_pod(spec, t.name, t.gpus, t.power_w, node=node, taken=taken, grace_s=t.grace_s,
+                               tolerations=[x.as_k8s() for x in t.tolerations]))
     loads = {t.name: float(t.load) for t in scenario.tenants}
     limits = {rack: float(r.limit_w) for rack, r in scenario.topology.racks.items() if r.limit_w is not None}
     return TwinParts(spec, tuple(manifests(scenario, spec)), tuple(pods), loads, limits,
@@ -51,26 +53,52 @@ def twin_parts(scenario: Scenario, file: Path, *, seed: int = 0, traces: Path | 
 
 
 def manifests(scenario: Scenario, spec: TwinSpec) -> list[dict[str, Any]]:
-    """The twin's DGDs the scenario names, with its replicas and caps over the built-in sizes."""
+    """The scenario's DGDs: the twin's built-in ones it names and its own manifests, with its replicas,
+    caps and tolerations over them (a key of ``replicas``/``caps_w`` is a role: the component that plays
+    it, as the fleet reads the layout), in the topology's namespace, labelled for the budget and retune."""
+    builtin = {obj["metadata"]["name"]: obj for obj in dgd_manifests(spec)}
     out = []
-    for obj in dgd_manifests(spec):
-        d = scenario.deployments.get(obj["metadata"]["name"])
-        if d is None:
-            continue
-        obj = copy.deepcopy(obj)
-        services = obj["spec"]["services"]
-        for comp, n in d.replicas.items():
-            if comp not in services:
-                raise ValueError(f"deployments.{obj['metadata']['name']}.replicas.{comp}: {d.builtin} has no "
-                                 f"component {comp} (it has {', '.join(sorted(services))})")
-            services[comp]["replicas"] = n
-        for comp, w in d.caps_w.items():
-            if comp not in services:
-                raise ValueError(f"deployments.{obj['metadata']['name']}.caps_w.{comp}: {d.builtin} has no "
-                                 f"component {comp}")
-            services[comp].setdefault("extraPodMetadata", {}).setdefault("annotations", {})[POWER_ANNOTATION] = str(w)
+    for name, d in scenario.deployments.items():
+        obj = copy.deepcopy(builtin[d.builtin] if d.builtin is not None else d.manifest)
+        assert obj is not None
+        roles = d.roles(name)
+        meta = obj.setdefault("metadata", {})
+        meta.update(name=name, namespace=spec.namespace)
+        meta.setdefault("labels", {}).update({"powerfleet.io/power-aware": "true",
+                                              "powerfleet.io/retune": str(d.retune).lower()})
+        services = _services(obj)
+        for role, n in d.replicas.items():
+            services[_component(roles, role, name, "replicas")]["replicas"] = n
+        for role, w in d.caps_w.items():
+            svc = services[_component(roles, role, name, "caps_w")]
+            svc.setdefault("extraPodMetadata", {}).setdefault("annotations", {})[POWER_ANNOTATION] = str(w)
+        if d.tolerations:
+            for svc in services.values():
+                pod = svc.setdefault("extraPodSpec", {})
+                pod["tolerations"] = list(pod.get("tolerations") or []) + [t.as_k8s() for t in d.tolerations]
         out.append(obj)
     return out
+
+
+def _component(roles: Mapping[str, str], role: str, name: str, key: str) -> str:
+    if role not in roles:
+        raise ValueError(f"deployments.{name}.{key}.{role}: {name} has no {role} component (it has "
+                         f"{', '.join(sorted(roles))})")
+    return roles[role]
+
+
+def _services(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services of a DGD in the v1alpha1 form; a v1beta1 manifest's components are converted by the
+    twin's API server (twin/apiserver/conversion.py) on the way in and served back in this form."""
+    spec = obj.setdefault("spec", {})
+    if "services" in spec:
+        return spec["services"]
+    from powerfleet.twin.apiserver.conversion import DGD_KEY, convert
+
+    converted = convert(DGD_KEY, obj, "v1alpha1")
+    obj.clear()
+    obj.update(converted)
+    return obj["spec"]["services"]
 
 
 def traffic(scenario: Scenario, file: Path, seed: int, speedup: float,

@@ -11,7 +11,8 @@ Each ``TwinFrontend`` composes the retune fixture ``LoopbackFrontend`` (``GET/PA
   simulator's router and engine model twice, with its current router policy and with the
   default policy, over the deployment's ready workers at their current cap (a disaggregated
   deployment as its prefill and decode pools): the TTFT of "retuned" against "fixed default
-  settings" on the same window (the report's plot).
+  settings" on the same window (the report's plot), and the window's mean inter-token latency
+  under its current policy (a scenario's ITL target).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class WindowTtft:
     ttft_ms_current: float | None  # the frontend's policy during the window
     ttft_ms_default: float | None  # RouterPolicy() defaults, same requests, same seed
     policy: dict[str, float]
+    itl_ms_current: float | None = None  # mean inter-token latency under the frontend's policy (None: not measured)
 
 
 @dataclass
@@ -192,14 +194,16 @@ class TwinFrontend:
             done, self._window = self._window, k
         policy = self.router.policy
         reqs = [TraceRequest((t - start) * 1000.0, r.input_length, r.output_length, r.hash_ids) for t, r in batch]
-        current = default = None
+        current = default = itl = None
         if reqs and workers > 0 and prefill != 0:
             cap = min(max(cap_fraction, 0.2), 1.0)
             arr = prepare(reqs, seed=self.seed + done)
             pre_cap = None if prefill_cap_fraction is None else min(max(prefill_cap_fraction, 0.2), 1.0)
             pools = workers if prefill is None else Pools(prefill, workers, prefill_cap_fraction=pre_cap)
-            current = replay_batches(arr, pools, policy, self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
+            summary = replay_batches(arr, pools, policy, self.seed + done, cap_fraction=cap)[0]
+            current = summary.ttft_ms.mean
+            itl = summary.itl_ms.mean  # None: no request decoded past its first token
             default = replay_batches(arr, pools, RouterPolicy(), self.seed + done, cap_fraction=cap)[0].ttft_ms.mean
-        out = WindowTtft(self.dgd, done, start, len(reqs), workers, current, default, policy.model_dump())
+        out = WindowTtft(self.dgd, done, start, len(reqs), workers, current, default, policy.model_dump(), itl)
         self.windows.append(out)
         return out
