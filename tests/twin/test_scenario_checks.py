@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from powerfleet.twin.gpus.nodes import GpuSample
 from powerfleet.twin.runtime import Sample
-from powerfleet.twin.demo.scenario_checks import no_rack_over_limit, retune_applied, slo
+from powerfleet.twin.demo.scenario_checks import no_rack_over_limit, reasons_during, retune_applied, slo
 
 RACKS = {"n0": "rack-a", "n1": "rack-b"}
 
@@ -69,6 +69,35 @@ def test_slo_fails_when_missed_and_nothing_bound_it_or_nothing_was_measured() ->
     unmeasured = slo([], {"a": 500.0}, {}, {})
     assert not unmeasured.ok and "a: no window measured its TTFT" in unmeasured.detail, unmeasured
     assert not slo([], {}, {}, {}).ok
+
+
+def test_slo_judges_itl_beside_ttft_and_a_window_without_itl_by_its_ttft() -> None:
+    ws = [SimpleNamespace(dgd="a", start=float(i), ttft_ms_current=100.0, itl_ms_current=itl)
+          for i, itl in enumerate([10.0] * 8 + [80.0, None])]
+    held = slo(ws, {"a": 500.0}, {}, {}, itl={"a": 50.0})
+    f = held.figures["deployments"]["a"]
+    assert held.ok and f["attainment"] == 0.9 and f["itl_windows"] == 9 and f["itl_ms_worst"] == 80.0, held
+    assert "a 90% of 10 windows within 500 ms TTFT and 50 ms ITL" in held.detail, held
+    missed = slo(ws, {"a": 500.0}, {}, {}, itl={"a": 5.0})
+    assert not missed.ok and "within 500 ms TTFT and 5 ms ITL (worst 100 ms, worst ITL 80.0 ms)" in missed.detail, \
+        missed
+
+
+def test_a_clamp_explains_a_miss_only_while_it_was_in_force() -> None:
+    changes = [(0.0, ["power_budget_clamped"]), (100.0, []), (300.0, ["gpu_capacity"])]
+    assert reasons_during(changes, 50.0, 70.0) == {"power_budget_clamped"}
+    assert reasons_during(changes, 90.0, 110.0) == {"power_budget_clamped"}
+    assert reasons_during(changes, 150.0, 170.0) == set()
+    assert reasons_during(changes, 290.0, 310.0) == {"gpu_capacity"}
+    # A miss at 200 s, long after the clamp was lifted at 100 s, is not explained by it.
+    ws = _windows("a", [900.0] * 2)
+    ws = [SimpleNamespace(**{**w.__dict__, "start": 200.0 + 20 * i}) for i, w in enumerate(ws)]
+    late = slo(ws, {"a": 500.0}, {"a": {"power_budget_clamped"}}, {"a": ["rack-a"]}, reasons_at={"a": changes},
+               window_s=20.0)
+    assert not late.ok and "nothing bound its scale" in late.detail, late
+    early = slo(ws, {"a": 500.0}, {}, {"a": ["rack-a"]}, reasons_at={"a": [(0.0, ["power_budget_clamped"])]},
+                window_s=20.0)
+    assert early.ok and "bound by power_budget_clamped" in early.detail, early
 
 
 def test_retune_applied_needs_an_applied_window() -> None:
@@ -137,3 +166,11 @@ def test_a_traffic_multiplier_plays_the_trace_that_many_times_as_fast_from_then_
         "traffic": {"llm-agg": {"multipliers": [{"at": "50%", "x": 2}, {"at": 75, "x": 1}]}}}), "m")
     assert [multiplier_at(scenario, "llm-agg", t) for t in (0, 49.9, 50, 74, 75, 99)] == [1, 1, 2, 2, 1, 1]
     assert multiplier_at(scenario, "llm-disagg", 60) == 1.0
+
+
+def test_samples_before_the_agents_first_pass_are_counted_not_judged() -> None:
+    boot = _sample(1.0, [("n0", 700.0, 300.0)] * 3, 1000.0)  # default limits: 2100 W physical
+    capped = _sample(5.0, [("n0", 300.0, 300.0)] * 3, 1000.0)
+    judged = no_rack_over_limit([boot, capped], RACKS, {"rack-a": 1000.0}, since=5.0)
+    assert judged.ok and "1 samples before the agents' first pass (not judged)" in judged.detail, judged
+    assert not no_rack_over_limit([boot, capped], RACKS, {"rack-a": 1000.0}).ok

@@ -53,6 +53,7 @@ class DemoRun:
     plan: Any = None  # the scenario file (twin/demo/scenario_model.py)
     ports: dict[str, dict[str, str]] = field(default_factory=dict)  # each process's metrics port settings
     reasons_seen: dict[str, set[str]] = field(default_factory=dict)  # deployment -> the budget's reasons seen
+    reasons_at: dict[str, list[tuple[float, list[str]]]] = field(default_factory=dict)  # ... and when each changed
 
     def __post_init__(self) -> None:
         from powerfleet.workers.app import create_app
@@ -215,8 +216,9 @@ class DemoRun:
             if self._budget_seen.get(dgd) == seen:
                 continue
             self._budget_seen[dgd] = seen
-            self.reasons_seen.setdefault(dgd.partition("/")[2] or dgd, set()).update(
-                r for r in status.get("reasons") or () if isinstance(r, str))
+            now_reasons = [r for r in status.get("reasons") or () if isinstance(r, str)]
+            self.reasons_seen.setdefault(dgd.partition("/")[2] or dgd, set()).update(now_reasons)
+            self.reasons_at.setdefault(dgd.partition("/")[2] or dgd, []).append((time.time(), now_reasons))
             if status.get("powerLimitWatts") is not None:  # the persisted evaluation: limit and share
                 self._decision(budget_event(dgd, status, self.twin.budgets))
                 continue
@@ -275,14 +277,18 @@ class DemoRun:
                  for d, x in self.plan.deployments.items() if x.sla is not None}
         made = {
             "power_within_budget": lambda: C.power_within_budget(samples, budgets, sum(budgets.values())),
-            "no_rack_over_limit": lambda: SC.no_rack_over_limit(samples, rack_of, budgets),
+            # Judged once the agents had their first pass (a reconcile tick and its lag): before it, a GPU
+            # runs at its default limit whatever its pod asks, and no agent has been asked to act.
+            "no_rack_over_limit": lambda: SC.no_rack_over_limit(
+                samples, rack_of, budgets, since=(self.first_reconcile_at or self.fleet_up_at or 0.0) + lag),
             # Judged from the first reconcile tick: before it no agent has been asked to act.
             "caps_match_annotations": lambda: C.caps_match_annotations(
                 samples, lag, since=self.first_reconcile_at or self.fleet_up_at),
             "retune_windows_decided": lambda: C.windows_decided(self._launched, outcomes, running, DECIDED, abandoned),
             "retune_applied": lambda: SC.retune_applied(history),
             "no_unexpected_task_failures": lambda: C.no_task_failures(self._log_lines()),
-            "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since, itl),
+            "slo": lambda: SC.slo(self.twin.snapshot_windows(), slas, self.reasons_seen, racks_of, since, itl,
+                                  self.reasons_at, float(self.window_s)),
         }
         checks = [made[name]() for name in self.plan.checks if name in made]
         if "events" in self.plan.checks:

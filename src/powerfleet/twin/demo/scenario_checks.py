@@ -16,12 +16,17 @@ BINDING = ("power_", "gpu_capacity")  # budget reasons that say the budget or th
 
 
 def no_rack_over_limit(samples: Sequence[Sample], rack_of: Mapping[str, str],
-                       limits: Mapping[str, float]) -> Check:
+                       limits: Mapping[str, float], since: float | None = None) -> Check:
     """Every rack's physical watts (every pod on its nodes at the larger of its annotation and its
-    enforced limit) at or under the rack's limit in every sample where the pods' minimums fit."""
+    enforced limit) at or under the rack's limit in every sample where the pods' minimums fit, from
+    ``since`` (the agents' first pass: before it a GPU still has its default limit; those samples are
+    counted, not judged)."""
     name = "no_rack_over_limit"
+    early = sum(1 for s in samples if since is not None and s.t < since)
+    samples = [s for s in samples if since is None or s.t >= since]
     if not samples:
-        return Check(name, False, "no power samples were taken")
+        return Check(name, False, "no power samples were taken" + (f" after the agents' first pass ({early} before)"
+                                                                    if early else ""))
     worst: tuple[float, str, float] | None = None
     excused = 0
     figures: dict[str, dict[str, float | None]] = {}
@@ -48,6 +53,8 @@ def no_rack_over_limit(samples: Sequence[Sample], rack_of: Mapping[str, str],
                 elif worst is None or phys - limit > worst[0]:
                     worst = (phys - limit, rack, s.t)
     note = f"; {excused} rack samples where the pods' minimums exceeded the limit (not judged)" if excused else ""
+    if early:
+        note += f"; {early} samples before the agents' first pass (not judged)"
     if worst is not None:
         return Check(name, False, f"rack {worst[1]} {worst[0]:.0f} W over its limit at t={worst[2]:.0f}{note}",
                      {"racks": figures})
@@ -55,29 +62,53 @@ def no_rack_over_limit(samples: Sequence[Sample], rack_of: Mapping[str, str],
     return Check(name, True, f"{len(samples)} samples; physical peak {peaks}{note}", {"racks": figures})
 
 
+def reasons_during(changes: Sequence[tuple[float, Iterable[str]]], start: float, end: float) -> set[str]:
+    """The budget's reasons in force at any time in [start, end): ``changes`` is (time, reasons) at each
+    change of a deployment's persisted reasons, in time order."""
+    out: set[str] = set()
+    before = [r for t, r in changes if t <= start]
+    if before:
+        out.update(before[-1])
+    for t, r in changes:
+        if start < t < end:
+            out.update(r)
+    return out
+
+
 def slo(windows: Iterable[Any], slas: Mapping[str, float], reasons: Mapping[str, Iterable[str]],
         racks_of: Mapping[str, Iterable[str]], since: Mapping[str, float] | None = None,
-        itl: Mapping[str, float] | None = None) -> Check:
+        itl: Mapping[str, float] | None = None,
+        reasons_at: Mapping[str, Sequence[tuple[float, Iterable[str]]]] | None = None,
+        window_s: float | None = None) -> Check:
     """Each deployment with an SLA within it (at least SLO_ATTAINMENT of its windows at or under the
     TTFT target (``slas``) and, where it has one, the ITL target (``itl``), each the window's mean,
     counting the windows that start at or after ``since``), or the budget's reason that bound it
     named, with what would lift it. A window whose ITL was not measured (no request decoded past its
-    first token) is judged by its TTFT alone."""
+    first token) is judged by its TTFT alone. With ``reasons_at`` (each deployment's reasons as they
+    changed) and ``window_s``, a reason binds only where it was in force during a missed window: a
+    clamp earlier in the run does not explain a miss while the deployment was at what it asked for."""
     name = "slo"
-    by_dgd: dict[str, list[tuple[float, float | None]]] = {}
+    by_dgd: dict[str, list[tuple[float, float | None, float]]] = {}
     for w in windows:
         if w.ttft_ms_current is not None and w.start >= (since or {}).get(w.dgd, float("-inf")):
-            by_dgd.setdefault(w.dgd, []).append((float(w.ttft_ms_current), getattr(w, "itl_ms_current", None)))
+            by_dgd.setdefault(w.dgd, []).append((float(w.ttft_ms_current), getattr(w, "itl_ms_current", None),
+                                                 float(w.start)))
     figures: dict[str, dict[str, Any]] = {}
     parts, bad = [], []
     for dgd, target in sorted(slas.items()):
         seen = by_dgd.get(dgd, [])
-        ttfts = [t for t, _ in seen]
-        itls = [i for _, i in seen if i is not None]
+        ttfts = [t for t, _, _ in seen]
+        itls = [i for _, i, _ in seen if i is not None]
         itl_target = (itl or {}).get(dgd)
-        within = sum(1 for t, i in seen if t <= target and (itl_target is None or i is None or i <= itl_target))
-        att = within / len(seen) if seen else None
-        binding = sorted({r for r in reasons.get(dgd, ()) if r.startswith(BINDING)})
+        missed = [s0 for t, i, s0 in seen if t > target or (itl_target is not None and i is not None and i > itl_target)]
+        att = (len(seen) - len(missed)) / len(seen) if seen else None
+        if reasons_at is not None and window_s is not None:
+            during: set[str] = set()
+            for s0 in missed:
+                during |= reasons_during(reasons_at.get(dgd, ()), s0, s0 + window_s)
+            binding = sorted(r for r in during if r.startswith(BINDING))
+        else:
+            binding = sorted({r for r in reasons.get(dgd, ()) if r.startswith(BINDING)})
         f: dict[str, Any] = {"ttft_ms_target": target, "windows": len(ttfts),
                              "attainment": None if att is None else round(att, 3),
                              "ttft_ms_mean": round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
