@@ -54,6 +54,18 @@ class Fleet:
     def flush_redis(self) -> None:
         self.calls.append(("flush_redis", None))
 
+    answering = (0, 3)  # (workers answering now, before the kill)
+
+    def kill_broker(self) -> int:
+        self.calls.append(("kill_broker", None))
+        return -9
+
+    def start_broker(self) -> None:
+        self.calls.append(("start_broker", None))
+
+    def workers_answering(self) -> tuple[int, int]:
+        return self.answering
+
 
 def _twin(tmp_path: Path, scenario: Any, file: Path) -> Twin:
     parts = twin_parts(scenario, file)
@@ -201,3 +213,24 @@ def test_propose_load_proposes_from_the_served_token_rates(default) -> None:
     (name, kwargs), = fleet.sent
     assert name == "powerfleet.budget.propose_load" and kwargs["deployment"] == "default/llm-agg", kwargs
     assert kwargs["target_per_replica"] == {"worker": 8000.0} and kwargs["load"]["worker"] > 0, kwargs
+
+
+def test_kill_broker_starts_it_again_and_holds_once_every_worker_answers_again(default) -> None:
+    scenario, twin = default
+    plan = parse(yaml.safe_dump({**scenario.model_dump(mode="json", exclude_none=True),
+                                 "events": [{"at": "50%", "kind": "kill_broker", "name": "broker", "down_s": 0}]}), "t")
+    fleet = Fleet(set())
+    run = ScenarioRun(plan, twin, fleet, lambda line: None)
+    run.tick(0.4)
+    assert fleet.calls == [] and run.states()["broker"] == "pending"
+    run.tick(0.5)  # killed, down for 0 s: started again on the same poll; two of three workers are back
+    fleet.answering = (2, 3)
+    run.tick(0.55)
+    assert fleet.calls == [("kill_broker", None), ("start_broker", None)], fleet.calls
+    assert run.states()["broker"] == "running", run.steps[0].outcome
+    fleet.answering = (3, 3)
+    run.tick(0.6)
+    outcome = run.steps[0].outcome
+    assert outcome.state == "ok" and "redis-server exited -9, back on its port" in outcome.detail, outcome
+    assert "3 of the 3 workers that answered before answer a ping" in outcome.detail, outcome
+    assert fleet.calls.count(("start_broker", None)) == 1, fleet.calls
