@@ -222,3 +222,12 @@ def test_the_twin_runs_the_manifest_on_the_tainted_node_it_tolerates(tmp_path: P
                  "its worker to draw power under its load", 60)
     finally:
         twin.stop()
+
+
+def test_the_report_groups_a_manifests_gpus_by_its_deployment_and_component() -> None:
+    from powerfleet.twin.demo.report import cap_group
+
+    assert cap_group("team-c-chat-vllmworker-0a1b2c-3", "VllmWorker") == "team-c-chat/VllmWorker"
+    assert cap_group("llm-disagg-prefill-560966-0", "prefill") == "llm-disagg/prefill"
+    assert cap_group("batch-a", "worker") == "batch-a/worker"  # a tenant: its own name
+    assert cap_group(None, None) == "idle"
