@@ -166,6 +166,12 @@ def test_a_manifest_file_that_is_missing_a_fifo_two_dgds_or_a_repeated_key_is_re
     (tmp_path / "chat.yaml").write_text("kind: A\nkind: B\n")
     with pytest.raises(ScenarioError, match="duplicate key 'kind'"):
         load(str(path))
+    (tmp_path / "chat.yaml").write_text("a: " + "[" * 100_000)
+    with pytest.raises(ScenarioError, match="manifest_file .*(nested|line)"):
+        load(str(path))
+    (tmp_path / "chat.yaml").write_text("a: " + "[" * 40 + "]" * 40)
+    with pytest.raises(ScenarioError, match="nested deeper than 32 levels"):
+        load(str(path))
 
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.text(max_size=8),

@@ -33,13 +33,17 @@ FRONTEND = ComponentType.FRONTEND.value
 def read_manifest(path: Path) -> dict[str, Any]:
     """The one DynamoGraphDeployment in the file at ``path``; raises ValueError (one line)."""
     from powerfleet.cluster.manifests import ManifestError, is_dgd, load_documents
-    from powerfleet.twin.demo.scenario_load import read_bounded
+    from powerfleet.twin.demo.scenario_load import MAX_DEPTH, _depth, read_bounded
 
     text = read_bounded(path, "manifest_file")
     try:
         docs = load_documents(text)
     except ManifestError as exc:
         raise ValueError(f"manifest_file {path}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"manifest_file {path}: nested too deeply") from None
+    if any(_depth(d) > MAX_DEPTH for d in docs):
+        raise ValueError(f"manifest_file {path}: nested deeper than {MAX_DEPTH} levels")
     dgds = [d for d in docs if is_dgd(d)]
     if len(dgds) != 1:
         kinds = ", ".join(str(d.get("kind")) if isinstance(d, Mapping) else type(d).__name__ for d in docs) or "none"
