@@ -117,6 +117,8 @@ def _set(path: str, value: Any) -> dict[str, Any]:
     (_set("metadata", {"name": "team-c-chat", "namespace": "prod"}),
      "deployments.team-c-chat.manifest.metadata.namespace: 'prod' is not the topology's namespace 'default'"),
     ([1, 2], "deployments.team-c-chat.manifest: Input should be a valid dictionary"),
+    (_set("spec.bogus", 1), "manifest.spec.bogus: unknown field: the DynamoGraphDeployment schema does not declare it"),
+    (_set("surprise", 1), "manifest.surprise: unknown field"),
 ])
 def test_a_bad_manifest_is_one_line_naming_its_path(manifest: Any, expect: str) -> None:
     message = _error(_inline(manifest))

@@ -5,8 +5,9 @@ the fleet would check them before anything starts (pure but for reading the file
 * the file: a regular file of at most 1 MiB, YAML (a key given twice refused, as kubectl does),
   exactly one DynamoGraphDeployment among its documents;
 * the custom resource's structural schema (the twin's copy of Dynamo's CRD, twin/apiserver/crds/):
-  types, enums, bounds, required fields; a field the schema does not declare is refused here
-  (a real server would prune it silently, and the scenario would not run what was written);
+  types, enums, bounds, required fields; a field the schema would prune is refused here (a real
+  server would prune it silently, and the scenario would not run what was written); the levels the
+  reduced schema keeps unlisted (``x-twin-unlisted: keep``) are kept as written, unchecked;
 * the fleet's own reading (cluster/dgd.py ``parse_dgd``, cluster/power.py ``resolve_power_config``):
   one worker-like component, or a prefill/decode pair, each with GPUs and a power annotation;
 * what the twin needs to serve it: a ``frontend`` component (the traffic enters there).
