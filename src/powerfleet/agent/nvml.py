@@ -118,7 +118,8 @@ class NvmlBackend:
     def device_count(self) -> int:
         return self._again(lambda: int(self._call("GPU count", "nvmlDeviceGetCount")))
 
-    def _processes(self, h: Any, what: str, family: str, uuid: str) -> set[int]:
+    def _processes(self, h: Any, what: str, family: str, uuid: str) -> set[int] | None:
+        """The family's PIDs; None for a graphics or MPS list the driver cannot give."""
         newest, older = _PROCESS_CALLS[family]
         calls = [older] if family in self._fallbacks else [newest, older]
         for fn in calls:
@@ -133,11 +134,11 @@ class NvmlBackend:
                     self._fallbacks.add(family)
                     continue
                 if family != "compute" and kind in ("not_supported", "library_mismatch"):
-                    return set()  # graphics/MPS lists are extra coverage; compute is the one that must work
+                    return None  # graphics/MPS lists are extra coverage; compute is the one that must work
                 raise GpuError(f"{what}: {fn}: {describe(exc)}", kind=kind, uuid=uuid) from None
         if family == "compute":
             raise GpuError(f"{what}: no usable process-list call in the binding", kind="library_mismatch", uuid=uuid)
-        return set()
+        return None
 
     def _read(self, index: int) -> GpuReading:
         h = self._handle(index)
@@ -153,9 +154,9 @@ class NvmlBackend:
         min_mw, max_mw = self._call(what, "nvmlDeviceGetPowerManagementLimitConstraints", h, uuid=uuid)
         default_mw = self._call(what, "nvmlDeviceGetPowerManagementDefaultLimit", h, uuid=uuid)
         current_mw = self._call(what, "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
-        pids: set[int] = set()
-        for family in _PROCESS_CALLS:
-            pids |= self._processes(h, what, family, uuid)
+        lists = {family: self._processes(h, what, family, uuid) for family in _PROCESS_CALLS}
+        pids = set().union(*(got for got in lists.values() if got is not None))
+        mps = lists["mps"]
         draw = self._optional("nvmlDeviceGetPowerUsage", h)  # telemetry: a GPU without it is still managed
         enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
         name = self._optional("nvmlDeviceGetName", h)
@@ -166,7 +167,8 @@ class NvmlBackend:
                           draw_mw=None if draw is None else int(draw),
                           enforced_mw=None if enforced is None else int(enforced),
                           name=None if name is None else _text(name), mig_uuids=mig,
-                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED)
+                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
+                          mps_pids=None if mps is None else tuple(sorted(mps)))
 
     def _mig_devices(self, h: Any) -> tuple[str, ...]:
         """The UUIDs of the MIG devices on this GPU; () when it has no MIG or MIG is off. Telemetry

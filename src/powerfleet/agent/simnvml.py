@@ -26,6 +26,9 @@ the twin's GPU file switches them too):
 ``enforced_w`` on a device is an out-of-band limit (a BMC cap): the enforced limit the
 driver reports is the lower of it and the management limit.
 
+``mps_pids`` (default empty) are the MPS clients ``nvmlDeviceGetMPSComputeRunningProcesses``
+lists; ``null``: the driver cannot list them (``NVML_ERROR_NOT_SUPPORTED``).
+
 ``persistence`` (default true) is the GPU's persistence mode (``nvmlDeviceGetPersistenceMode``).
 
 ``mig`` on a device lists the UUIDs (``MIG-…``) of its MIG devices, MIG mode on; empty: a GPU
@@ -57,6 +60,7 @@ class _Device(Protocol):
     current_w: float | None
     pids: list[int]
     graphics_pids: list[int]
+    mps_pids: list[int] | None
     draw_w: float | None
     enforced_w: float | None
     fail: list[str]
@@ -248,3 +252,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses_v2(self, h: Handle) -> list[SimpleNamespace]:
         return self._procs(self._dev(h, "procs").graphics_pids)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: Handle) -> list[SimpleNamespace]:
+        d = self._dev(h, "procs")
+        if d.mps_pids is None:  # a driver that cannot list MPS clients
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._procs(d.mps_pids)
