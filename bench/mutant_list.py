@@ -117,8 +117,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/agent/test_failing_gpus.py",), "one lost GPU keeps the node NotReady forever (a rollout stalls)"),
     Mutant(
         "nvml.set_by_index", "src/powerfleet/agent/nvml.py",
-        "                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))",
-        "                                       self._handle(index), int(milliwatts), uuid=uuid))",
+        "                return op(self._handle_of(index, uuid))\n",
+        "                return op(self._handle(index))\n",
         ("tests/agent/test_write_ahead.py",), "after a re-enumeration the set caps whatever GPU has the index"),
     Mutant(
         "lock.boot_id_not_compared", "src/powerfleet/agent/lock.py",

@@ -90,3 +90,38 @@ def test_a_reenumeration_between_read_and_set_never_caps_the_other_gpu(bench: Be
     g1 = agent.run_pass().gpus[1]  # the next pass finds it at its new index
     assert (g1.uuid, g1.cap_w) == ("GPU-0000", 300), g1
     assert {d.uuid: d.current_w for d in bench.gpus.devices()} == {"GPU-0000": 300, "GPU-0001": 700}
+
+
+def test_a_first_pass_fsyncs_its_record_once_and_the_next_agent_reads_the_same(
+        bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3 of this round: the first pass wrote the record twice (the write-ahead, then the same
+    GPUs confirmed), four fsyncs. The write-ahead now carries the targets it plans, so the
+    confirmation is not needed; what the next agent reads is the same."""
+    import powerfleet.agent.files as files
+
+    for i, cap in ((0, "300"), (1, "350")):
+        bench.pod(f"p{i}", cap, pids=(101 + i,))
+        bench.set_pids(i, [101 + i])
+    fsyncs: list[int] = []
+    real_fsync = files.os.fsync
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    agent = bench.agent()
+    report = agent.run_pass()
+    assert [g.action for g in report.gpus] == ["set", "set"] and bench.limits() == [300, 350], report
+    assert len(fsyncs) == 2, fsyncs  # one save: the file and its directory
+    loaded = bench.state.load()
+    assert (set(loaded.uuids), dict(loaded.record.targets)) == ({"GPU-0000", "GPU-0001"},
+                                                                 {"GPU-0000": 300_000, "GPU-0001": 350_000}), loaded
+    fsyncs.clear()
+    assert agent.run_pass().good and fsyncs == [], fsyncs  # a steady pass writes nothing
+
+
+def test_a_set_that_fails_after_the_write_ahead_is_withdrawn_on_disk(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    bench.gpus.fail(0, "set")
+    agent = bench.agent()
+    g0 = agent.run_pass().gpus[0]
+    assert (g0.action, g0.write) == ("error", "failed") and agent.managed == set(), g0
+    loaded = bench.state.load()
+    assert set(loaded.uuids) == set() and dict(loaded.record.targets) == {}, loaded

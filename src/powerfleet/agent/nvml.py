@@ -76,6 +76,10 @@ class NvmlBackend:
         self._mutex = threading.Lock()
         self._fallbacks: set[str] = set()  # process-list families served by the older call
         self._open = False
+        # UUID -> the handle this session's reads took for it: sets and readbacks use it (checked
+        # against the index the pass read the GPU at), and it goes on re-init and on any error
+        # through it (GPU_IS_LOST, NOT_FOUND, ...), when the next call resolves the UUID again.
+        self._handles: dict[str, Any] = {}
         self.reinits = 0  # re-initialisations after Uninitialized, for tests and the probe
         self._init()
 
@@ -84,6 +88,7 @@ class NvmlBackend:
             self._nvml.nvmlInit()
         except Exception as exc:  # pynvml raises NVMLError, OSError or its own errors when the library is absent
             raise GpuError(f"NVML init failed: {describe(exc)}", kind=error_kind(exc)) from None
+        self._handles = {}  # handles do not outlive the session (a re-init may re-enumerate)
         self._open = True
 
     def _again(self, op: Callable[[], T]) -> T:
@@ -144,6 +149,7 @@ class NvmlBackend:
         h = self._handle(index)
         what = f"GPU {index}"
         uuid = normalise_uuid(self._call(what, "nvmlDeviceGetUUID", h))
+        self._handles[uuid] = h
         try:
             return self._read_values(index, h, what, uuid)
         except (TypeError, ValueError, AttributeError) as exc:  # a malformed value, not an NVML error
@@ -188,35 +194,47 @@ class NvmlBackend:
         return self._again(lambda: self._read(index))
 
     def _handle_of(self, index: int, uuid: str | None) -> Any:
-        """The handle a set or readback addresses: by UUID when given (re-resolved on every call,
-        so after a re-init too), checked against the index the pass read it at."""
+        """The handle a set or readback addresses: by UUID when given (the one this session's read
+        took, else resolved by UUID), checked against the index the pass read it at."""
         if uuid is None:
             return self._handle(index)
-        h = self._call(f"GPU {index}", "nvmlDeviceGetHandleByUUID", uuid, uuid=uuid)
+        h = self._handles.get(uuid)
+        if h is None:
+            h = self._handles[uuid] = self._call(f"GPU {index}", "nvmlDeviceGetHandleByUUID", uuid, uuid=uuid)
         now = self._optional("nvmlDeviceGetIndex", h)
         if now is not None and int(now) != index:
             raise GpuError(f"GPU {uuid} moved from index {index} to {now} (re-enumerated); its work stops this pass",
                            kind="moved", uuid=uuid)
         return h
 
+    def _by_uuid(self, index: int, uuid: str | None, op: Callable[[Any], T]) -> T:
+        """``op(handle)`` for the GPU; after an error through a cached handle it is dropped."""
+        def once() -> T:
+            try:
+                return op(self._handle_of(index, uuid))
+            except GpuError:
+                if uuid is not None:
+                    self._handles.pop(uuid, None)
+                raise
+        return self._again(once)
+
     def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None:
-        self._again(lambda: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit",
-                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))
+        self._by_uuid(index, uuid, lambda h: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit", h,
+                                                        int(milliwatts), uuid=uuid))
 
     def read_limit(self, index: int, *, uuid: str | None = None) -> int:
-        def op() -> int:
-            got = self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", self._handle_of(index, uuid),
-                             uuid=uuid)
+        def op(h: Any) -> int:
+            got = self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
             if type(got) is not int:
                 raise GpuError(f"GPU {index}: malformed limit {got!r} from the driver", kind="malformed", uuid=uuid)
             return got
-        return self._again(op)
+        return self._by_uuid(index, uuid, op)
 
     def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
-        def op() -> int | None:
-            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", self._handle_of(index, uuid))
+        def op(h: Any) -> int | None:
+            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
             return got if type(got) is int else None
-        return self._again(op)
+        return self._by_uuid(index, uuid, op)
 
     def close(self) -> None:
         """Shut NVML down. Errors are logged with their traceback, never swallowed silently."""

@@ -54,6 +54,12 @@ class _Plan:
     max_mw: int
     owners: tuple[Owner, ...]
 
+    @property
+    def clamped_mw(self) -> int:
+        """The requested cap clamped into the card's range (before any overlay)."""
+        assert self.d.requested_mw is not None
+        return min(max(self.d.requested_mw, self.min_mw), self.max_mw)
+
 
 class NodeAgent(PassObserver, NodeLifecycle):
     overlays: OverlayStore | None = None  # the power guard's overlays (agent/throttle.py); set by build
@@ -310,7 +316,7 @@ class NodeAgent(PassObserver, NodeLifecycle):
         else:
             assert d.requested_mw is not None
             out.requested_w = watts(d.requested_mw)
-            target = min(max(d.requested_mw, min_mw), max_mw)
+            target = p.clamped_mw
             direction = "min" if d.requested_mw < min_mw else ("max" if d.requested_mw > max_mw else None)
             if self.overlays is not None:  # power guard hook: min(annotation cap, overlay), or the safe cap
                 target, held = self.overlays.limit_mw(r.uuid, target, min_mw, max_mw)
