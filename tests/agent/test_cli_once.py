@@ -113,8 +113,7 @@ def test_without_dry_run_the_pass_is_real_and_records_what_it_manages(node: Path
     assert {g["index"]: g["action"] for g in out["gpus"]} == {0: "set", 1: "set", 2: "none", 3: "hold", 4: "set"}
     # GPU 3 already held its clamped cap; GPU 4 (a host process) took the safe default
     assert out["managed"] == ["GPU-0000", "GPU-0001", "GPU-0003", "GPU-0004"]
-    # What the next agent reads: the pass's one (fsynced) write-ahead named the GPUs it then capped,
-    # with their targets; an intent reads as managed, so no second write was needed.
+    assert json.loads((state / "managed_gpus.json").read_text())["managed_uuids"] == out["managed"]
     loaded = parse_state((state / "managed_gpus.json").read_text())
     assert sorted(loaded.uuids) == out["managed"] and loaded.record.targets == {
         "GPU-0000": 300_000, "GPU-0001": 350_000, "GPU-0003": 700_000, "GPU-0004": 490_000}, loaded

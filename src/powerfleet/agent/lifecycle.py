@@ -77,13 +77,13 @@ class NodeLifecycle:
                       targets={**{u: t[0] for u, t in self._targets.items() if u in self.managed}, **(planned or {})},
                       owners={u: o for u, o in (self.owners if owners is None else owners).items() if o})
 
-    def _save(self, record: Record) -> str | None:
+    def _save(self, record: Record, *, durable: bool = True) -> str | None:
         """Write the record; None, or why it could not be written (the caller decides what that costs)."""
         try:
             if self._corrupt:
                 self.state.keep_corrupt()
                 self._corrupt = False
-            self.state.save(record)
+            self.state.save(record, durable=durable)
         except OSError as exc:
             self.metrics.state_write_failures.inc()
             why = str(exc.strerror or exc)
@@ -96,14 +96,14 @@ class NodeLifecycle:
 
     def _persist(self) -> None:
         """After a pass: the record as it is now, when it changed (retried at the next pass). Not
-        when the file already says it: the pass's write-ahead named the GPUs it then capped, with
-        the targets they took (an intent reads as managed), so a first pass fsyncs once."""
+        fsynced when the file already means it: the pass's write-ahead named the GPUs it then
+        capped, with the targets they took (an intent reads as managed), so a first pass fsyncs
+        once and a crash that loses this write loses nothing."""
         if not self._unsaved:
             return
         record = self._record()
-        if self._disk is not None and _folded(record) == _folded(self._disk):
-            self._unsaved = False
-        elif self._save(record) is None:
+        same = self._disk is not None and _folded(record) == _folded(self._disk)
+        if self._save(record, durable=not same) is None:
             self._unsaved = False
 
     def _write_ahead(self, caps: list[Any], *, changes: int) -> dict[str, str]:
