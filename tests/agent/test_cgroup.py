@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from powerfleet.agent.cgroup import pod_uid_for_pid, pod_uid_from_cgroup, pod_uid_from_line
 from powerfleet.agent.attribution import attribute
+from powerfleet.agent.cgroup import pod_uid_for_pid, pod_uid_from_cgroup, pod_uid_from_line
 from powerfleet.agent.gpu import GpuReading
 from powerfleet.agent.podmap import map_pids
 

@@ -10,11 +10,17 @@ list MPS clients).
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from powerfleet.agent.attribution import is_mps_server
 from powerfleet.agent.nvml import NvmlBackend
 from powerfleet.agent.podresources import api_pb2, gpu_allocations
 from powerfleet.agent.reconcile import NodeAgent
@@ -159,3 +165,20 @@ def test_a_blind_proc_root_holds_every_cap_rather_than_taking_the_safe_default(b
     bench.set_pids(0, [4242])  # NVML sees it; the proc root (another PID namespace) does not
     report = agent(bench).run_pass()
     assert report.blind and report.gpus[0].decision == "hold" and bench.limits()[0] == 700, report
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_cmdline_is_read_without_raising_and_only_the_server_names_itself(raw: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "7").mkdir()
+        (Path(tmp) / "7" / "cmdline").write_bytes(raw)
+        got = is_mps_server(tmp, 7)
+    argv0 = raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+    assert got == (argv0.rsplit("/", 1)[-1] == "nvidia-cuda-mps-server"), (raw, got)
+
+
+def test_a_cmdline_that_is_not_a_regular_file_is_no_server(tmp_path: Path) -> None:
+    (tmp_path / "7").mkdir()
+    os.mkfifo(tmp_path / "7" / "cmdline")  # never blocks the pass
+    assert not is_mps_server(tmp_path, 7) and not is_mps_server(tmp_path, 8)

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from powerfleet.agent.apply import ApplyFailed, apply_limit
+from powerfleet.agent.attribution import attribute
 from powerfleet.agent.catalog import card_range, safe_default_mw
 from powerfleet.agent.failing import FailingGpus
 from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
 from powerfleet.agent.lifecycle import NodeLifecycle, one_line as _one_line
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.observe import PassObserver
-from powerfleet.agent.attribution import attribute
 from powerfleet.agent.ownership import allocated_pods, gone_uids, live_pods, owners_alive, owners_of
 from powerfleet.agent.podmap import annotations_by_uid, map_pids
 from powerfleet.agent.policy import Decision, Kind, decide
