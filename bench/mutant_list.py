@@ -117,8 +117,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/agent/test_failing_gpus.py",), "one lost GPU keeps the node NotReady forever (a rollout stalls)"),
     Mutant(
         "nvml.set_by_index", "src/powerfleet/agent/nvml.py",
-        "                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))",
-        "                                       self._handle(index), int(milliwatts), uuid=uuid))",
+        "                return op(self._handle_of(index, uuid))\n",
+        "                return op(self._handle(index))\n",
         ("tests/agent/test_write_ahead.py",), "after a re-enumeration the set caps whatever GPU has the index"),
     Mutant(
         "lock.boot_id_not_compared", "src/powerfleet/agent/lock.py",
@@ -126,6 +126,19 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if not me.get("boot"):',
         ("tests/agent/test_lock.py",), "#37 survivor 1: a live agent on another boot is taken over when its pid "
                                        "is absent here: two agents cap one node"),
+    # -- issue 32: MPS attribution and the unknown owner --
+    Mutant(
+        "attribution.mps_clients_never_known", "src/powerfleet/agent/attribution.py",
+        "    clients_known = bool(owners) or r.mps_pids is not None\n",
+        "    clients_known = False\n",
+        ("tests/agent/test_mps.py",), "an MPS server's clients never decide its GPU: agreeing 600 W clients get the "
+                                      "safe default"),
+    Mutant(
+        "policy.unknown_owner_held", "src/powerfleet/agent/policy.py",
+        "        if unknown and blind:\n",
+        "        if unknown:\n",
+        ("tests/agent/test_policy.py", "tests/agent/test_mps.py"), "a GPU used by an unknown owner keeps whatever "
+                                                                   "limit it has (uncapped) instead of the safe default"),
     Mutant(
         "s8.no_fsync_before_rename", "src/powerfleet/agent/files.py",
         "            out.flush()\n            os.fsync(out.fileno())\n        os.replace(tmp, path)",

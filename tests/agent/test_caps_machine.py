@@ -1,7 +1,8 @@
 """Issue 32's state machine, bounded (the long run: bench/agent_explore.py): passes, restarts
-with and without a SIGKILL between set and save, pod phases, allocations, re-enumerations and
-driver faults over the real NodeAgent and NVML port; the invariants are checked after every
-step (powerfleet/testing/agent_machine.py)."""
+with and without a SIGKILL between set and save, pod phases, allocations, re-enumerations,
+driver faults, host processes and MPS servers (clients listed by the driver or not) over the real
+NodeAgent and NVML port; the invariants are checked after every step
+(powerfleet/testing/agent_machine.py)."""
 
 from __future__ import annotations
 

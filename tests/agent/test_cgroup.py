@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from powerfleet.agent.attribution import attribute
 from powerfleet.agent.cgroup import pod_uid_for_pid, pod_uid_from_cgroup, pod_uid_from_line
-from powerfleet.agent.podmap import map_pids, pods_of
+from powerfleet.agent.gpu import GpuReading
+from powerfleet.agent.podmap import map_pids
 
 UID = "1f2e3d4c-5b6a-4789-8abc-def012345678"
 SYS = UID.replace("-", "_")
@@ -104,9 +106,11 @@ def test_unreadable_and_vanished_processes_are_skipped(tmp_path: Path) -> None:
     assert map_pids(tmp_path, [10, 11, 12, 99, 10]) == {10: UID}
 
 
-def test_a_pod_with_many_processes_counts_once() -> None:
+def test_a_pod_with_many_processes_counts_once(tmp_path: Path) -> None:
     other = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee"
-    assert pods_of([1, 2, 3, 4], {1: UID, 2: UID, 3: other}) == sorted([UID, other])
+    r = GpuReading(index=0, uuid="GPU-0", min_mw=1, max_mw=2, default_mw=2, current_mw=2, pids=(1, 2, 3))
+    got = attribute(r, {1: UID, 2: UID, 3: other}, set(), {UID: "300"}, tmp_path, gone=())
+    assert got.pods == tuple(sorted([UID, other])) and got.unknown == 0, got
 
 
 @given(st.text(max_size=400))

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from powerfleet.agent.simulated import write_proc_entry
+from powerfleet.agent.state import parse_state
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from tests.agent.conftest import device
 
@@ -39,6 +40,7 @@ def node(tmp_path: Path) -> Path:
     proc = tmp_path / "proc"
     for pid, uid in ((11, A), (12, A), (21, B), (22, C), (31, C)):
         write_proc_entry(proc, pid, uid)
+    write_proc_entry(proc, 999, None, program="/usr/bin/dcgm-host")  # a host process, outside Kubernetes
     (tmp_path / "pods.json").write_text(json.dumps(podlist(("a", A, "300", "llm"), ("b", B, "350", "llm"),
                                                            ("c", C, "900", "other"))))
     gpus = [device(0, pids=[11, 12]), device(1, pids=[21, 22]), device(2), device(3, pids=[31]),
@@ -59,7 +61,7 @@ def test_dry_run_prints_what_the_agent_would_do_per_gpu(node: Path) -> None:
         1: ("conflict", sorted([B, C]), 350, 350),  # the lowest valid cap, never the higher safe default
         2: ("idle", [], None, None),
         3: ("single", [C], 900, 700),            # clamped to max
-        4: ("hold", [], None, None),             # a host process: unattributed, its cap stays
+        4: ("safe_default", [], 450, 450),       # a host process: an unknown owner, safe by default
     }
     assert [g["uuid"] for g in out["gpus"]] == [f"GPU-{i:04d}" for i in range(5)]
     assert json.loads((node / "gpus.json").read_text())[0]["current_w"] == 700  # touched nothing
@@ -69,7 +71,7 @@ def test_namespace_scope(node: Path) -> None:
     res = run("--node", "gpu-a", "--proc-root", str(node / "proc"), "--pods", str(node / "pods.json"),
               "--gpus", str(node / "gpus.json"), "--namespace", "llm", "--dry-run", "--json")
     rows = {g["index"]: g["decision"] for g in json.loads(res.stdout)["gpus"]}
-    assert rows[1] == "conflict" and rows[3] == "hold"  # c is out of scope: unseen, so its cap stays
+    assert rows[1] == "conflict" and rows[3] == "safe_default"  # c is out of scope: an unknown owner
 
 
 def test_a_pass_that_cannot_list_pods_says_skipped_and_exits_1(node: Path, tmp_path: Path) -> None:
@@ -108,9 +110,13 @@ def test_without_dry_run_the_pass_is_real_and_records_what_it_manages(node: Path
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["schema"] == "powerfleet.agent.once/v1" and out["dry_run"] is False
-    assert {g["index"]: g["action"] for g in out["gpus"]} == {0: "set", 1: "set", 2: "none", 3: "hold", 4: "none"}
-    assert out["managed"] == ["GPU-0000", "GPU-0001", "GPU-0003"]  # GPU 3 already held its clamped cap
+    assert {g["index"]: g["action"] for g in out["gpus"]} == {0: "set", 1: "set", 2: "none", 3: "hold", 4: "set"}
+    # GPU 3 already held its clamped cap; GPU 4 (a host process) took the safe default
+    assert out["managed"] == ["GPU-0000", "GPU-0001", "GPU-0003", "GPU-0004"]
     assert json.loads((state / "managed_gpus.json").read_text())["managed_uuids"] == out["managed"]
+    loaded = parse_state((state / "managed_gpus.json").read_text())
+    assert sorted(loaded.uuids) == out["managed"] and loaded.record.targets == {
+        "GPU-0000": 300_000, "GPU-0001": 350_000, "GPU-0003": 700_000, "GPU-0004": 490_000}, loaded
 
 
 def test_human_output_names_each_gpu_decision_and_cap(node: Path) -> None:

@@ -80,14 +80,17 @@ def test_a_proc_root_without_the_gpu_processes_is_a_blind_spot(bench: Bench) -> 
     assert report.blind and "shows none of the 1 GPU process" in report.blind and not report.good
 
 
-def test_a_vanished_process_on_a_managed_gpu_keeps_its_cap(bench: Bench) -> None:
+def test_a_vanished_process_counts_for_nobody_and_a_host_process_for_an_unknown_owner(bench: Bench) -> None:
     busy(bench, "300", 0)
     agent = bench.agent()
     agent.run_pass()
     bench.set_pids(0, [101, 555])  # 555 exited; NVML still lists it, /proc has nothing
-    bench.pods[0].annotations.clear()
+    bench.pods[0].annotations.clear()  # the pod stops asking
     g0 = agent.run_pass().gpus[0]
-    assert (g0.decision, g0.unattributed) == ("hold", 1) and bench.limits()[0] == 300
+    assert (g0.decision, g0.unattributed) == ("release", 0) and bench.limits()[0] == 700, g0
+    write_proc_entry(bench.proc, 555, None, program="/usr/bin/nv-hostengine")  # now a live host process
+    g0 = agent.run_pass().gpus[0]
+    assert (g0.decision, g0.unattributed, g0.cap_w) == ("safe_default", 1, 500) and bench.limits()[0] == 500, g0
 
 
 def test_the_safe_default_is_below_the_maximum_of_the_card(bench: Bench) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from powerfleet.agent.failing import EXCLUDE_AFTER
 from powerfleet.agent.runtime import AgentRuntime
+from powerfleet.agent.simulated import write_proc_entry
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from tests.agent.conftest import Bench
 
@@ -87,7 +88,10 @@ def test_an_unattributed_process_beside_an_opted_in_pod_keeps_the_current_cap(be
     bench.set_pids(0, [101])
     agent = bench.agent()
     assert agent.run_pass().gpus[0].cap_w == 600
-    bench.set_pids(0, [101, 555])  # 555 exited: NVML lists it, /proc has nothing
+    bench.set_pids(0, [101, 555])  # 555 exited: NVML lists it, /proc has nothing: it counts for nobody
+    g0 = agent.run_pass().gpus[0]
+    assert (g0.decision, g0.cap_w, g0.unattributed) == ("single", 600, 0) and bench.limits()[0] == 600, g0
+    write_proc_entry(bench.proc, 555, None)  # a host process beside it: uncertainty, the cap is kept
     g0 = agent.run_pass().gpus[0]
     assert (g0.decision, g0.cap_w, g0.unattributed) == ("conflict", 600, 1) and bench.limits()[0] == 600, g0
     bench.pods[0].annotations[POWER_ANNOTATION] = "400"  # a valid value still lowers it

@@ -45,10 +45,14 @@ def test_duplicate_pods_count_once() -> None:
     assert (d.kind, d.requested_mw, d.pods) == (Kind.SINGLE, 300_000, (A,))
 
 
-def test_processes_it_cannot_attribute_keep_the_cap_and_never_release() -> None:
-    # A host process, a vanished or unreadable /proc entry: nothing released.
-    assert decide([], {}, busy=True, safe_default_mw=SAFE, unmapped=2).kind is Kind.HOLD
-    assert decide([A], {}, busy=True, safe_default_mw=SAFE, unmapped=1, listed={A}).kind is Kind.HOLD
+def test_processes_of_an_unknown_owner_take_the_safe_default_and_are_never_released() -> None:
+    # A host process or an unreadable /proc entry, and no opted-in pod: safe by default.
+    for d in (decide([], {}, busy=True, safe_default_mw=SAFE, unmapped=2),
+              decide([A], {}, busy=True, safe_default_mw=SAFE, unmapped=1, listed={A})):
+        assert (d.kind, d.requested_mw, d.unknown_owner) == (Kind.SAFE_DEFAULT, SAFE, True), d
+    # A blind proc root cannot attribute anything: the cap stays.
+    d = decide([], {}, busy=True, safe_default_mw=SAFE, unmapped=2, blind=True)
+    assert (d.kind, d.requested_mw) == (Kind.HOLD, None), d
     # With an opted-in pod beside them, the unattributed process counts as a pod without a value.
     d = decide([A], {A: "600"}, busy=True, safe_default_mw=SAFE, unmapped=1, listed={A})
     assert (d.kind, d.requested_mw, d.unattributed) == (Kind.CONFLICT, SAFE, 1)
@@ -56,9 +60,9 @@ def test_processes_it_cannot_attribute_keep_the_cap_and_never_release() -> None:
 
 def test_only_a_complete_view_confirms_a_pod_is_gone() -> None:
     # A is not in the view: with every namespace listed it is gone (release); with a namespace
-    # scope it may just be unseen (hold).
+    # scope it may just be unseen: an unknown owner (the safe default).
     assert decide([A], {}, busy=True, safe_default_mw=SAFE, listed=set(), complete=True).kind is Kind.RELEASE
-    assert decide([A], {}, busy=True, safe_default_mw=SAFE, listed=set(), complete=False).kind is Kind.HOLD
+    assert decide([A], {}, busy=True, safe_default_mw=SAFE, listed=set(), complete=False).kind is Kind.SAFE_DEFAULT
     d = decide([A, B], {B: "300"}, busy=True, safe_default_mw=SAFE, listed={B}, complete=False)
     assert (d.kind, d.requested_mw) == (Kind.CONFLICT, 300_000)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from powerfleet.agent.simulated import SimDevice
+from powerfleet.agent.state import Record, StateStore
 from tests.agent.conftest import Bench
 
 
@@ -90,3 +91,56 @@ def test_a_reenumeration_between_read_and_set_never_caps_the_other_gpu(bench: Be
     g1 = agent.run_pass().gpus[1]  # the next pass finds it at its new index
     assert (g1.uuid, g1.cap_w) == ("GPU-0000", 300), g1
     assert {d.uuid: d.current_w for d in bench.gpus.devices()} == {"GPU-0000": 300, "GPU-0001": 700}
+
+
+def test_a_first_pass_fsyncs_its_record_once_and_the_next_agent_reads_the_same(
+        bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3 of this round: the first pass fsynced the record twice (the write-ahead, then the
+    same GPUs confirmed), four fsyncs. The write-ahead now carries the targets it plans, so the
+    confirmation means what the file already says and is written without fsync (its loss to a
+    crash leaves the write-ahead, which the next agent reads the same)."""
+    import powerfleet.agent.files as files
+
+    for i, cap in ((0, "300"), (1, "350")):
+        bench.pod(f"p{i}", cap, pids=(101 + i,))
+        bench.set_pids(i, [101 + i])
+    fsyncs: list[int] = []
+    real_fsync = files.os.fsync
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    durable: list[str] = []  # the text of every fsynced save
+    real_save = StateStore.save
+
+    def save(self: StateStore, record: Record, **kw: bool) -> None:
+        if kw.get("durable", True):
+            durable.append(record.dump())
+        real_save(self, record, **kw)
+    monkeypatch.setattr(StateStore, "save", save)
+    agent = bench.agent()
+    report = agent.run_pass()
+    assert [g.action for g in report.gpus] == ["set", "set"] and bench.limits() == [300, 350], report
+    assert len(fsyncs) == 2, fsyncs  # one save: the file and its directory
+    loaded = bench.state.load()
+    assert (loaded.record.managed, dict(loaded.record.targets)) == ({"GPU-0000", "GPU-0001"},
+                                                                     {"GPU-0000": 300_000, "GPU-0001": 350_000}), loaded
+    # A crash loses the unsynced confirmation: the fsynced write-ahead is on disk instead. The next
+    # agent reads the same GPUs managed at the same targets, for the same owners.
+    assert len(durable) == 1, durable
+    confirmed = bench.state.path.read_text()
+    bench.state.path.write_text(durable[0])
+    ahead = bench.state.load()
+    assert (ahead.uuids, ahead.record.targets, ahead.record.owners) == (
+        loaded.uuids, loaded.record.targets, loaded.record.owners), (durable[0], confirmed)
+    bench.state.path.write_text(confirmed)
+    fsyncs.clear()
+    assert agent.run_pass().good and fsyncs == [], fsyncs  # a steady pass writes nothing
+
+
+def test_a_set_that_fails_after_the_write_ahead_is_withdrawn_on_disk(bench: Bench) -> None:
+    bench.pod("p", "300", pids=(101,))
+    bench.set_pids(0, [101])
+    bench.gpus.fail(0, "set")
+    agent = bench.agent()
+    g0 = agent.run_pass().gpus[0]
+    assert (g0.action, g0.write) == ("error", "failed") and agent.managed == set(), g0
+    loaded = bench.state.load()
+    assert set(loaded.uuids) == set() and dict(loaded.record.targets) == {}, loaded

@@ -53,6 +53,9 @@ class GpuReading:
     # nvmlDeviceGetPersistenceMode: False when off (a limit "is not persistent across reboots or
     # driver unloads"; with no client holding NVML the driver may unload). None: not readable.
     persistence: bool | None = None
+    # The MPS clients the driver lists (nvmlDeviceGetMPSComputeRunningProcesses; also in ``pids``).
+    # None: the driver cannot list them, so an MPS server's clients are not known from NVML.
+    mps_pids: tuple[int, ...] | None = None
 
     @property
     def idle(self) -> bool:

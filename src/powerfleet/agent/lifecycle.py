@@ -64,25 +64,26 @@ class NodeLifecycle:
         self._judged: set[str] = set()
         self._corrupt = not loaded.conclusive
         self._unsaved = bool(rec.intent) or loaded.rebuild
+        self._disk: Record | None = None if loaded.rebuild else rec  # what the file says now
         self._recovered = False
         if loaded.rebuild:
             log.error("node %s: state record lost (%s): rebuilding it from the GPUs' limits (a GPU below its "
                       "default is taken as managed)", self.node, loaded.problem or "unknown")
 
     def _record(self, intent: set[str] | None = None, ceiling: int | None = None,
-                owners: dict[str, tuple[Owner, ...]] | None = None) -> Record:
+                owners: dict[str, tuple[Owner, ...]] | None = None, planned: dict[str, int] | None = None) -> Record:
         return Record(managed=frozenset(self.managed), intent=frozenset(self.intent if intent is None else intent),
                       revision=max(self._ceiling if ceiling is None else ceiling, 0),
-                      targets={u: t[0] for u, t in self._targets.items() if u in self.managed},
+                      targets={**{u: t[0] for u, t in self._targets.items() if u in self.managed}, **(planned or {})},
                       owners={u: o for u, o in (self.owners if owners is None else owners).items() if o})
 
-    def _save(self, record: Record) -> str | None:
+    def _save(self, record: Record, *, durable: bool = True) -> str | None:
         """Write the record; None, or why it could not be written (the caller decides what that costs)."""
         try:
             if self._corrupt:
                 self.state.keep_corrupt()
                 self._corrupt = False
-            self.state.save(record)
+            self.state.save(record, durable=durable)
         except OSError as exc:
             self.metrics.state_write_failures.inc()
             why = str(exc.strerror or exc)
@@ -90,11 +91,19 @@ class NodeLifecycle:
             return why
         self._durable = set(record.managed | record.intent)
         self._ceiling = record.revision
+        self._disk = record
         return None
 
     def _persist(self) -> None:
-        """After a pass: the record as it is now, when it changed (retried at the next pass)."""
-        if self._unsaved and self._save(self._record()) is None:
+        """After a pass: the record as it is now, when it changed (retried at the next pass). Not
+        fsynced when the file already means it: the pass's write-ahead named the GPUs it then
+        capped, with the targets they took (an intent reads as managed), so a first pass fsyncs
+        once and a crash that loses this write loses nothing."""
+        if not self._unsaved:
+            return
+        record = self._record()
+        same = self._disk is not None and _folded(record) == _folded(self._disk)
+        if self._save(record, durable=not same) is None:
             self._unsaved = False
 
     def _write_ahead(self, caps: list[Any], *, changes: int) -> dict[str, str]:
@@ -107,7 +116,8 @@ class NodeLifecycle:
             return {}
         ceiling = self._revision + changes + REVISION_BLOCK if need_revisions else self._ceiling
         owners = {**self.owners, **{p.r.uuid: p.owners for p in caps if p.r.uuid in new}}
-        why = self._save(self._record(intent=self.intent | new, ceiling=ceiling, owners=owners))
+        planned = {p.r.uuid: p.clamped_mw for p in caps if p.r.uuid in new}
+        why = self._save(self._record(intent=self.intent | new, ceiling=ceiling, owners=owners, planned=planned))
         if why is not None:
             return {u: why for u in new}
         self.intent |= new
@@ -256,3 +266,8 @@ class NodeLifecycle:
         except Exception:
             log.exception("cannot open the GPU backend; managed caps stay")
             return None
+
+
+def _folded(r: Record) -> tuple[frozenset[str], dict[str, int], dict[str, tuple[Owner, ...]], int]:
+    """What a record means to the next agent: an intent counts as managed."""
+    return r.managed | r.intent, dict(r.targets), dict(r.owners), r.revision

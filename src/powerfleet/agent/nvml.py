@@ -76,6 +76,10 @@ class NvmlBackend:
         self._mutex = threading.Lock()
         self._fallbacks: set[str] = set()  # process-list families served by the older call
         self._open = False
+        # UUID -> the handle this session's reads took for it: sets and readbacks use it (checked
+        # against the index the pass read the GPU at), and it goes on re-init and on any error
+        # through it (GPU_IS_LOST, NOT_FOUND, ...), when the next call resolves the UUID again.
+        self._handles: dict[str, Any] = {}
         self.reinits = 0  # re-initialisations after Uninitialized, for tests and the probe
         self._init()
 
@@ -84,6 +88,7 @@ class NvmlBackend:
             self._nvml.nvmlInit()
         except Exception as exc:  # pynvml raises NVMLError, OSError or its own errors when the library is absent
             raise GpuError(f"NVML init failed: {describe(exc)}", kind=error_kind(exc)) from None
+        self._handles = {}  # handles do not outlive the session (a re-init may re-enumerate)
         self._open = True
 
     def _again(self, op: Callable[[], T]) -> T:
@@ -118,7 +123,8 @@ class NvmlBackend:
     def device_count(self) -> int:
         return self._again(lambda: int(self._call("GPU count", "nvmlDeviceGetCount")))
 
-    def _processes(self, h: Any, what: str, family: str, uuid: str) -> set[int]:
+    def _processes(self, h: Any, what: str, family: str, uuid: str) -> set[int] | None:
+        """The family's PIDs; None for a graphics or MPS list the driver cannot give."""
         newest, older = _PROCESS_CALLS[family]
         calls = [older] if family in self._fallbacks else [newest, older]
         for fn in calls:
@@ -133,16 +139,17 @@ class NvmlBackend:
                     self._fallbacks.add(family)
                     continue
                 if family != "compute" and kind in ("not_supported", "library_mismatch"):
-                    return set()  # graphics/MPS lists are extra coverage; compute is the one that must work
+                    return None  # graphics/MPS lists are extra coverage; compute is the one that must work
                 raise GpuError(f"{what}: {fn}: {describe(exc)}", kind=kind, uuid=uuid) from None
         if family == "compute":
             raise GpuError(f"{what}: no usable process-list call in the binding", kind="library_mismatch", uuid=uuid)
-        return set()
+        return None
 
     def _read(self, index: int) -> GpuReading:
         h = self._handle(index)
         what = f"GPU {index}"
         uuid = normalise_uuid(self._call(what, "nvmlDeviceGetUUID", h))
+        self._handles[uuid] = h
         try:
             return self._read_values(index, h, what, uuid)
         except (TypeError, ValueError, AttributeError) as exc:  # a malformed value, not an NVML error
@@ -153,9 +160,9 @@ class NvmlBackend:
         min_mw, max_mw = self._call(what, "nvmlDeviceGetPowerManagementLimitConstraints", h, uuid=uuid)
         default_mw = self._call(what, "nvmlDeviceGetPowerManagementDefaultLimit", h, uuid=uuid)
         current_mw = self._call(what, "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
-        pids: set[int] = set()
-        for family in _PROCESS_CALLS:
-            pids |= self._processes(h, what, family, uuid)
+        lists = {family: self._processes(h, what, family, uuid) for family in _PROCESS_CALLS}
+        pids = set().union(*(got for got in lists.values() if got is not None))
+        mps = lists["mps"]
         draw = self._optional("nvmlDeviceGetPowerUsage", h)  # telemetry: a GPU without it is still managed
         enforced = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
         name = self._optional("nvmlDeviceGetName", h)
@@ -166,7 +173,8 @@ class NvmlBackend:
                           draw_mw=None if draw is None else int(draw),
                           enforced_mw=None if enforced is None else int(enforced),
                           name=None if name is None else _text(name), mig_uuids=mig,
-                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED)
+                          persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
+                          mps_pids=None if mps is None else tuple(sorted(mps)))
 
     def _mig_devices(self, h: Any) -> tuple[str, ...]:
         """The UUIDs of the MIG devices on this GPU; () when it has no MIG or MIG is off. Telemetry
@@ -186,35 +194,47 @@ class NvmlBackend:
         return self._again(lambda: self._read(index))
 
     def _handle_of(self, index: int, uuid: str | None) -> Any:
-        """The handle a set or readback addresses: by UUID when given (re-resolved on every call,
-        so after a re-init too), checked against the index the pass read it at."""
+        """The handle a set or readback addresses: by UUID when given (the one this session's read
+        took, else resolved by UUID), checked against the index the pass read it at."""
         if uuid is None:
             return self._handle(index)
-        h = self._call(f"GPU {index}", "nvmlDeviceGetHandleByUUID", uuid, uuid=uuid)
+        h = self._handles.get(uuid)
+        if h is None:
+            h = self._handles[uuid] = self._call(f"GPU {index}", "nvmlDeviceGetHandleByUUID", uuid, uuid=uuid)
         now = self._optional("nvmlDeviceGetIndex", h)
         if now is not None and int(now) != index:
             raise GpuError(f"GPU {uuid} moved from index {index} to {now} (re-enumerated); its work stops this pass",
                            kind="moved", uuid=uuid)
         return h
 
+    def _by_uuid(self, index: int, uuid: str | None, op: Callable[[Any], T]) -> T:
+        """``op(handle)`` for the GPU; after an error through a cached handle it is dropped."""
+        def once() -> T:
+            try:
+                return op(self._handle_of(index, uuid))
+            except GpuError:
+                if uuid is not None:
+                    self._handles.pop(uuid, None)
+                raise
+        return self._again(once)
+
     def set_limit(self, index: int, milliwatts: int, *, uuid: str | None = None) -> None:
-        self._again(lambda: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit",
-                                       self._handle_of(index, uuid), int(milliwatts), uuid=uuid))
+        self._by_uuid(index, uuid, lambda h: self._call(f"GPU {index}", "nvmlDeviceSetPowerManagementLimit", h,
+                                                        int(milliwatts), uuid=uuid))
 
     def read_limit(self, index: int, *, uuid: str | None = None) -> int:
-        def op() -> int:
-            got = self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", self._handle_of(index, uuid),
-                             uuid=uuid)
+        def op(h: Any) -> int:
+            got = self._call(f"GPU {index}", "nvmlDeviceGetPowerManagementLimit", h, uuid=uuid)
             if type(got) is not int:
                 raise GpuError(f"GPU {index}: malformed limit {got!r} from the driver", kind="malformed", uuid=uuid)
             return got
-        return self._again(op)
+        return self._by_uuid(index, uuid, op)
 
     def read_enforced(self, index: int, *, uuid: str | None = None) -> int | None:
-        def op() -> int | None:
-            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", self._handle_of(index, uuid))
+        def op(h: Any) -> int | None:
+            got = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
             return got if type(got) is int else None
-        return self._again(op)
+        return self._by_uuid(index, uuid, op)
 
     def close(self) -> None:
         """Shut NVML down. Errors are logged with their traceback, never swallowed silently."""

@@ -28,6 +28,21 @@ def live_pods(pods: Iterable[PodInfo]) -> list[PodInfo]:
     return [p for p in pods if p.phase not in TERMINAL_PHASES]
 
 
+DEPARTED_MAX = 4096  # UIDs remembered as gone after they left the view
+
+
+def gone_uids(pods: Iterable[PodInfo], live: Mapping[str, PodInfo], previous: Mapping[str, PodInfo],
+              departed: dict[str, None]) -> set[str]:
+    """Pod UIDs known to be gone at this pass: in a terminal phase, or seen in an earlier view and
+    absent from this one (``departed`` keeps them, oldest first, bounded; updated in place). A
+    process still naming one counts for nobody, even where the view is not complete."""
+    for uid in previous.keys() - live.keys():
+        departed[uid] = None
+    while len(departed) > DEPARTED_MAX:
+        del departed[next(iter(departed))]
+    return {p.uid.lower() for p in pods if p.uid and p.phase in TERMINAL_PHASES} | departed.keys()
+
+
 def gpu_of_device(device_id: str, readings: Iterable[GpuReading]) -> str | None:
     """The GPU UUID an allocation's device ID names (a MIG slice: its parent), or None when the
     ID is an index no GPU was read at this pass. Raises ValueError for an unknown ID form."""

@@ -30,11 +30,6 @@ def annotations_by_uid(pods: Iterable[PodInfo]) -> dict[str, str]:
             for pod in pods if pod.uid and POWER_ANNOTATION in pod.annotations}
 
 
-def pods_of(pids: Iterable[int], pid_to_pod: Mapping[int, str]) -> list[str]:
-    """The distinct pods (by UID, sorted) of a GPU's processes: a pod with ten processes counts once."""
-    return sorted({pid_to_pod[p] for p in pids if p in pid_to_pod})
-
-
 def proc_root_problem(proc_root: str | os.PathLike[str]) -> str | None:
     """Why ``proc_root`` cannot show the host's processes, or None. Checked at start and every
     pass: a missing or empty root (a wrong mount) would make every GPU process look

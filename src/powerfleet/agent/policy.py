@@ -10,8 +10,11 @@ about budgets.
 decision           when                                                         requested
 =================  ===========================================================  =====================
 ``idle``           no process on the GPU: keep whatever cap it has              none
-``hold``           processes the agent cannot attribute (unmapped PIDs, or a    none: the cap stays
-                   pod outside the namespaces it sees) and no opted-in pod
+``hold``           a blind proc root (no process can be attributed) and no      none: the cap stays
+                   opted-in pod
+``safe_default``   processes of an unknown owner (a host process, an            safe default (**)
+                   unreadable entry, a pod outside the namespaces it sees)
+                   and no opted-in pod
 ``release``        every process belongs to a known pod and none opted in       default (*)
                    (a pod gone from a complete view counts as gone)
 ``single``         one pod, valid annotation, nothing unattributed              its watts
@@ -30,6 +33,11 @@ decision           when                                                         
 Unattributed processes beside an opted-in pod (a PID that just exited, a blind proc root
 beside an allocation) keep the GPU's current cap, lowered only by a valid annotation: they are
 uncertainty, not a pod without a value, so they never bring the safe default in.
+
+(**) Safe by default: a GPU nobody opted in but somebody unknown uses may draw anything, so it
+takes the safe default (``unknown_owner``); the caller leaves a GPU it does not manage alone when
+its limit is already at or below it. What is positively known to be nobody's (an exited PID, a
+pod known gone, an MPS server whose clients are known: agent/attribution.py) is not unknown.
 
 (*) ``release`` restores the GPU's default limit only when this agent manages it (it set a
 cap there before); an unmanaged GPU is left alone. Requested values are milliwatts and are
@@ -64,6 +72,7 @@ class Decision:
     reason: str = ""
     unattributed: int = 0  # processes on the GPU mapped to no pod the agent can see
     safe_default: bool = False  # the requested value is the safe default
+    unknown_owner: bool = False  # safe default because processes of an unknown owner and no opted-in pod
 
     @property
     def uses_safe_default(self) -> bool:
@@ -81,7 +90,7 @@ def _parse_mw(raw: str | None) -> int | None:
 
 def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, safe_default_mw: int,
            unmapped: int = 0, listed: Collection[str] | None = None, complete: bool = True,
-           current_mw: int | None = None) -> Decision:
+           current_mw: int | None = None, blind: bool = False) -> Decision:
     """One GPU's decision.
 
     ``pods``: distinct pod UIDs of its mapped processes; ``unmapped``: how many of its processes
@@ -89,7 +98,9 @@ def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, s
     UIDs of every listed pod (None: take ``annotations`` as the whole view, for callers that
     only know annotated pods); ``complete``: the view covers every namespace, so a pod absent
     from it is gone rather than unseen; ``current_mw``: the GPU's limit now (what unattributed
-    processes keep; None: they bring the safe default in, as a pod without a value does).
+    processes keep; None: they bring the safe default in, as a pod without a value does);
+    ``blind``: the proc root cannot attribute any process, so unattributed ones hold the cap
+    rather than bring the safe default.
     """
     uids = tuple(sorted(set(pods)))
     if not busy:
@@ -100,9 +111,13 @@ def decide(pods: Sequence[str], annotations: Mapping[str, str], *, busy: bool, s
     unknown = unmapped + (0 if complete else len(unseen))  # gone pods (complete view) count for nothing
     opted = [u for u in present if u in annotations]
     if not opted:
-        if unknown:
+        if unknown and blind:
             return Decision(Kind.HOLD, uids, None, f"{unknown} process(es) or pod(s) the agent cannot attribute; "
                                                    "the cap stays", unattributed=unknown)
+        if unknown:
+            return Decision(Kind.SAFE_DEFAULT, uids, safe_default_mw,
+                            f"{unknown} process(es) or pod(s) of an unknown owner and no opted-in pod",
+                            unattributed=unknown, safe_default=True, unknown_owner=True)
         why = "no pod on the GPU carries the annotation" if present else "its pods are gone from a complete list"
         return Decision(Kind.RELEASE, uids, None, why)
     values = {u: _parse_mw(annotations.get(u)) for u in present}

@@ -18,19 +18,20 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from powerfleet.agent.apply import ApplyFailed, apply_limit
+from powerfleet.agent.attribution import attribute
 from powerfleet.agent.catalog import card_range, safe_default_mw
 from powerfleet.agent.failing import FailingGpus
 from powerfleet.agent.gpu import GpuBackend, GpuError, GpuReading, watts
 from powerfleet.agent.lifecycle import NodeLifecycle, one_line as _one_line
 from powerfleet.agent.metrics import AgentMetrics
 from powerfleet.agent.observe import PassObserver
-from powerfleet.agent.ownership import allocated_pods, live_pods, owners_alive, owners_of
-from powerfleet.agent.podmap import annotations_by_uid, map_pids, pods_of
+from powerfleet.agent.ownership import allocated_pods, gone_uids, live_pods, owners_alive, owners_of
+from powerfleet.agent.podmap import annotations_by_uid, map_pids
 from powerfleet.agent.policy import Decision, Kind, decide
 from powerfleet.agent.report import GpuOutcome, PassReport
 from powerfleet.agent.state import Owner, StateStore
@@ -52,6 +53,12 @@ class _Plan:
     min_mw: int
     max_mw: int
     owners: tuple[Owner, ...]
+
+    @property
+    def clamped_mw(self) -> int:
+        """The requested cap clamped into the card's range (before any overlay)."""
+        assert self.d.requested_mw is not None
+        return min(max(self.d.requested_mw, self.min_mw), self.max_mw)
 
 
 class NodeAgent(PassObserver, NodeLifecycle):
@@ -87,6 +94,8 @@ class NodeAgent(PassObserver, NodeLifecycle):
         self.last_good_mono: float | None = None
         self.last_report: PassReport | None = None
         self.last_pods: dict[str, PodInfo] = {}  # the pod view of the last pass, by UID (evidence)
+        self._departed: dict[str, None] = {}  # UIDs seen leaving the view, oldest first (bounded)
+        self._gone: set[str] = set()  # pod UIDs known gone at this pass (agent/attribution.py)
         self._pids_seen: dict[str, tuple[int, ...]] = {}  # uuid -> pids at the last pass (the process poll)
         self._last_skip: str | None = None
         self.blind: str | None = None
@@ -154,6 +163,7 @@ class NodeAgent(PassObserver, NodeLifecycle):
         pid_to_pod = map_pids(self.proc_root, [p for r in ok for p in r.pids])
         live = {p.uid.lower(): p for p in live_pods(pods) if p.uid}
         annotations = annotations_by_uid(live.values())
+        self._gone = gone_uids(pods, live, self.last_pods, self._departed)
         self.last_pods = live
         allocated = self._allocated_pods(live, ok, dry_run)
         outcomes: dict[int, GpuOutcome] = {o.index: o for o in readings if isinstance(o, GpuOutcome)}
@@ -193,20 +203,22 @@ class NodeAgent(PassObserver, NodeLifecycle):
 
     def _plan(self, r: GpuReading, pid_to_pod: dict[int, str], owners: set[str], annotations: dict[str, str],
               live: dict[str, PodInfo], dry_run: bool) -> _Plan:
-        mapped = [p for p in r.pids if p in pid_to_pod]
         rng = card_range(r.min_mw, r.max_mw, r.name)
         if rng.note:
             self._note(r.uuid, "range", logging.WARNING, f"GPU {r.index} ({r.uuid}): {rng.note}")
         safe = safe_default_mw(rng, fraction=self.safe_default_fraction, override_w=self.safe_default_watts)
-        on_gpu = pods_of(mapped, pid_to_pod)
-        if owners and set(on_gpu) - owners and not dry_run:  # a process of a pod the kubelet gave it not to
-            self.metrics.podresources_mismatch.inc()
         # Idle, MPS or graphics, or a MIG slice: capped from the allocations (the pods on one
         # parent's slices, or on a time-sliced GPU, share its cap like processes do).
-        on_gpu = sorted(set(on_gpu) | owners)
-        d = decide(on_gpu, annotations, busy=not r.idle or bool(owners), safe_default_mw=safe,
-                   unmapped=len(r.pids) - len(mapped), listed=live, complete=self.complete_view,
-                   current_mw=r.current_mw)
+        a = attribute(r, pid_to_pod, owners, annotations, self.proc_root, self._gone, blind=self.blind is not None)
+        if owners and set(a.pods) - owners and not dry_run:  # a process of a pod the kubelet gave it not to
+            self.metrics.podresources_mismatch.inc()
+        d = decide(a.pods, annotations, busy=a.busy, safe_default_mw=safe, unmapped=a.unknown, listed=live,
+                   complete=self.complete_view, current_mw=r.current_mw, blind=self.blind is not None)
+        if d.unknown_owner and r.uuid not in self.managed and r.current_mw <= safe:  # safe already; not ours
+            d = Decision(Kind.HOLD, d.pods, None, f"{d.reason}; at or below the safe default already",
+                         unattributed=d.unattributed)
+        if a.mps:
+            d = replace(d, reason="; ".join(w for w in (d.reason, a.mps) if w))
         if d.kind is Kind.IDLE and r.uuid in self.managed and not owners_alive(self.owners.get(r.uuid, ()), live):
             # Nobody it was capped for is left (gone, or finished): the cap goes with its owners.
             d = Decision(Kind.RELEASE, d.pods, None, "idle, and the pods it was capped for are gone")
@@ -304,7 +316,7 @@ class NodeAgent(PassObserver, NodeLifecycle):
         else:
             assert d.requested_mw is not None
             out.requested_w = watts(d.requested_mw)
-            target = min(max(d.requested_mw, min_mw), max_mw)
+            target = p.clamped_mw
             direction = "min" if d.requested_mw < min_mw else ("max" if d.requested_mw > max_mw else None)
             if self.overlays is not None:  # power guard hook: min(annotation cap, overlay), or the safe cap
                 target, held = self.overlays.limit_mw(r.uuid, target, min_mw, max_mw)

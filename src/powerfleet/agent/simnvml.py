@@ -26,6 +26,9 @@ the twin's GPU file switches them too):
 ``enforced_w`` on a device is an out-of-band limit (a BMC cap): the enforced limit the
 driver reports is the lower of it and the management limit.
 
+``mps_pids`` (default empty) are the MPS clients ``nvmlDeviceGetMPSComputeRunningProcesses``
+lists; ``null``: the driver cannot list them (``NVML_ERROR_NOT_SUPPORTED``).
+
 ``persistence`` (default true) is the GPU's persistence mode (``nvmlDeviceGetPersistenceMode``).
 
 ``mig`` on a device lists the UUIDs (``MIG-…``) of its MIG devices, MIG mode on; empty: a GPU
@@ -57,6 +60,7 @@ class _Device(Protocol):
     current_w: float | None
     pids: list[int]
     graphics_pids: list[int]
+    mps_pids: list[int] | None
     draw_w: float | None
     enforced_w: float | None
     fail: list[str]
@@ -74,7 +78,11 @@ class DeviceStore(Protocol):
 
 @dataclass(frozen=True)
 class Handle:
-    index: int
+    """A GPU handle names the device, as a real one does (a pointer into the driver's table): a
+    re-enumeration moves the device it names, not the handle to another device."""
+
+    index: int  # where the device was when the handle was taken
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,15 +122,20 @@ class SimulatedNvml:
         if not 0 <= index < len(devices):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         self._check(devices[index], "handle")
-        return Handle(index)
+        return Handle(index, devices[index].uuid)
 
     def _dev(self, h: Handle, op: str) -> _Device:
         devices = self.store.devices()
         if isinstance(h, MigHandle) and op in ("limit", "set", "draw"):
             raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a MIG device has no power limit of its own
-        if not isinstance(h, (Handle, MigHandle)) or not 0 <= h.index < len(devices):
+        if isinstance(h, Handle) and h.uuid:
+            dev = next((d for d in devices if d.uuid == h.uuid), None)
+            if dev is None:  # the device it names is gone from the bus
+                raise NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        elif not isinstance(h, (Handle, MigHandle)) or not 0 <= h.index < len(devices):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        dev = devices[h.index]
+        else:
+            dev = devices[h.index]
         self._check(dev, op)
         return dev
 
@@ -167,7 +180,7 @@ class SimulatedNvml:
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if not 0 <= slot < len(dev.mig):
             raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # an empty slot
-        return MigHandle(h.index, slot)
+        return MigHandle(dev.index, slot)
 
     def nvmlDeviceIsMigDeviceHandle(self, h: Handle | MigHandle) -> bool:
         return isinstance(h, MigHandle)
@@ -175,12 +188,12 @@ class SimulatedNvml:
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: MigHandle) -> Handle:
         if not isinstance(h, MigHandle):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return Handle(h.index)
+        return self.nvmlDeviceGetHandleByIndex(h.index)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle | MigHandle:
         for dev in self.store.devices():
             if dev.uuid == uuid:
-                return Handle(dev.index)
+                return Handle(dev.index, dev.uuid)
             if uuid in dev.mig:
                 return MigHandle(dev.index, dev.mig.index(uuid))
         raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
@@ -215,7 +228,7 @@ class SimulatedNvml:
         d = self._dev(h, "set")
         if not _mw(d.min_w) <= int(milliwatts) <= _mw(d.max_w):
             raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.store.set_current(h.index, int(milliwatts), applied="readback" not in d.fail)
+        self.store.set_current(d.index, int(milliwatts), applied="readback" not in d.fail)
 
     def nvmlDeviceGetPowerUsage(self, h: Handle) -> int:
         d = self._dev(h, "draw")
@@ -248,3 +261,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses_v2(self, h: Handle) -> list[SimpleNamespace]:
         return self._procs(self._dev(h, "procs").graphics_pids)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: Handle) -> list[SimpleNamespace]:
+        d = self._dev(h, "procs")
+        if d.mps_pids is None:  # a driver that cannot list MPS clients
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._procs(d.mps_pids)

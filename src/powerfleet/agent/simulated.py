@@ -8,7 +8,7 @@ Devices are plain JSON objects, the same shape ``agent once --gpus`` reads::
      "enforced_w": 450,                # optional: an out-of-band (BMC) limit below the set one
      "mig": ["MIG-…", "MIG-…"]}        # optional: its MIG devices' UUIDs (MIG mode on)
 
-``draw_w``, ``fail``, ``enforced_w``, ``graphics_pids``, ``name`` and ``mig`` are optional;
+``draw_w``, ``fail``, ``enforced_w``, ``graphics_pids``, ``mps_pids``, ``name`` and ``mig`` are optional;
 ``current_w`` defaults to ``default_w``. The ``GpuBackend`` methods go through the real NVML
 port (``NvmlBackend``) over ``SimulatedNvml``, which raises nvidia-ml-py's own exceptions.
 
@@ -51,6 +51,7 @@ class SimDevice(BaseModel):
     current_w: float | None = Field(None, gt=0, le=100_000)
     pids: list[int] = Field(default_factory=list)
     graphics_pids: list[int] = Field(default_factory=list)
+    mps_pids: list[int] | None = Field(default_factory=list)  # MPS clients; None: the driver cannot list them
     draw_w: float | None = Field(None, ge=0)
     enforced_w: float | None = Field(None, gt=0)
     name: str | None = Field(None, max_length=96)
@@ -62,7 +63,7 @@ class SimDevice(BaseModel):
     def _limits(self) -> "SimDevice":
         if not self.min_w <= self.default_w <= self.max_w:
             raise ValueError("need min_w <= default_w <= max_w")
-        for values in (self.pids, self.graphics_pids):
+        for values in (self.pids, self.graphics_pids, self.mps_pids or []):
             if any(p <= 0 for p in values):
                 raise ValueError("pids must be positive")
         if any(not m.startswith("MIG-") or len(m) > 96 for m in self.mig) or len(set(self.mig)) != len(self.mig):
@@ -255,17 +256,23 @@ def _flock(path: Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def write_proc_entry(proc_root: str | os.PathLike[str], pid: int, pod_uid: str, *,
-                     qos: str = "burstable", container: str = "0123abcd") -> Path:
-    """Write ``<proc_root>/<pid>/cgroup`` as a systemd-driver cgroup v2 container of ``pod_uid``.
+def write_proc_entry(proc_root: str | os.PathLike[str], pid: int, pod_uid: str | None, *,
+                     qos: str = "burstable", container: str = "0123abcd", program: str | None = None) -> Path:
+    """Write ``<proc_root>/<pid>/cgroup`` as a systemd-driver cgroup v2 container of ``pod_uid``
+    (None: a host process, in a systemd service), and with ``program`` its ``cmdline``.
 
     For the twin and the tests: a simulated GPU process the agent maps to its pod.
     """
-    qos_part = "" if qos == "guaranteed" else f"-{qos}"
-    slice_uid = pod_uid.replace("-", "_")
-    line = (f"0::/kubepods.slice/kubepods{qos_part}.slice/kubepods{qos_part}-pod{slice_uid}.slice/"
-            f"cri-containerd-{container}.scope\n")
+    if pod_uid is None:
+        line = f"0::/system.slice/{os.path.basename(program or 'host')}.service\n"
+    else:
+        qos_part = "" if qos == "guaranteed" else f"-{qos}"
+        slice_uid = pod_uid.replace("-", "_")
+        line = (f"0::/kubepods.slice/kubepods{qos_part}.slice/kubepods{qos_part}-pod{slice_uid}.slice/"
+                f"cri-containerd-{container}.scope\n")
     d = Path(proc_root) / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "cgroup").write_text(line)
+    if program is not None:
+        (d / "cmdline").write_bytes(program.encode() + b"\0")
     return d / "cgroup"

@@ -171,9 +171,10 @@ class StateStore:
         except OSError:
             pass
 
-    def save(self, record: Record | set[str] | frozenset[str]) -> None:
-        """Atomically replace the file. Raises OSError; the caller keeps its in-memory record."""
+    def save(self, record: Record | set[str] | frozenset[str], *, durable: bool = True) -> None:
+        """Atomically replace the file (``durable``: fsynced). Raises OSError; the caller keeps
+        its in-memory record."""
         if not isinstance(record, Record):
             record = Record(managed=frozenset(record))
         self.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, record.dump())
+        write_atomic(self.path, record.dump(), durable=durable)

@@ -4,14 +4,19 @@ Steps: pods created (opted in with a valid or invalid value, or not), given proc
 the kubelet's allocation (PodResources protobuf shapes, UUID or index IDs), finishing
 (``Succeeded``: the kubelet keeps listing the allocation) or deleted; passes; agent restarts,
 with and without a SIGKILL between a set and the save after it; GPU re-enumerations; driver
-faults (pynvml's own classes from the simulated driver); an API server outage.
+faults (pynvml's own classes from the simulated driver); an API server outage; a host process
+on a GPU (an unknown owner); an MPS server on a GPU, whose clients the driver lists or cannot
+list (then only the server shows, and only the kubelet's allocation names the clients).
 
 Invariants after every step, for each GPU the last complete pass met without an error:
 
 1. every GPU whose visible pods (a process or an allocation) opted in with valid values is at
    or below the lowest of those values (clamped into the card's range);
-2. a GPU with no live opted-in pod at the last complete pass is not capped by powerfleet: it
-   is at its default (the model never sets a limit out of band).
+2. a GPU with no live opted-in pod and no process of an unknown owner at the last complete pass
+   is not capped by powerfleet: it is at its default (the model never sets a limit out of band);
+3. a GPU with no live opted-in pod but a process of an unknown owner (a host process, an MPS
+   server whose clients neither the driver nor an allocation names) is at or below the safe
+   default: safe by default.
 
 ``tests/agent/test_caps_machine.py`` runs it bounded; ``bench/agent_explore.py`` runs it long.
 """
@@ -40,7 +45,9 @@ from powerfleet.cluster.objects import PodInfo
 
 GPUS = 3
 MIN_W, DEFAULT_W = 200, 700
+SAFE_W = 500  # the agent's safe_default_watts, inside the card's range
 CAPS = ("250", "300", "450", "600", "900", "lots", None)  # 900: clamped to 700; lots: invalid
+HOST_PID, SERVER_PID = 50, 60  # a host process (outside Kubernetes); nvidia-cuda-mps-server (a host service)
 
 
 class Killed(BaseException):
@@ -72,6 +79,8 @@ class Seen:
 
     pods: dict[str, list[Pod]] = field(default_factory=dict)
     report: PassReport | None = None
+    unknown: set[str] = field(default_factory=set)  # GPUs with a process of an unknown owner then
+    hidden: set[str] = field(default_factory=set)  # GPUs whose MPS clients the driver did not list then
 
 
 def _device(i: int) -> dict[str, Any]:
@@ -86,6 +95,10 @@ class CapsMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="caps-machine-", dir=shm if shm.is_dir() else None))
         (self.tmp / "proc" / "1").mkdir(parents=True)
         (self.tmp / "proc" / "1" / "cgroup").write_text("0::/init.scope\n")
+        write_proc_entry(self.tmp / "proc", HOST_PID, None, program="/usr/bin/someones-tool")
+        write_proc_entry(self.tmp / "proc", SERVER_PID, None, program="/usr/bin/nvidia-cuda-mps-server")
+        self.host: set[str] = set()  # GPU UUIDs a host process runs on
+        self.mps: dict[str, bool] = {}  # GPU UUID -> an MPS server runs there; its clients listed by the driver?
         self.gpus = SimulatedGpus([_device(i) for i in range(GPUS)])
         self.clock = FakeClock(t=1_700_000_000.0, mono=100.0)
         self.pods: list[Pod] = []
@@ -106,7 +119,7 @@ class CapsMachine(RuleBasedStateMachine):
         while True:
             agent = NodeAgent("node-a", open_gpus=lambda: self.gpus, list_pods=self._list_pods,
                               proc_root=self.tmp / "proc", state=StateStore(self.tmp / "state"), clock=self.clock,
-                              safe_default_watts=500, metrics=AgentMetrics(CollectorRegistry()),
+                              safe_default_watts=SAFE_W, metrics=AgentMetrics(CollectorRegistry()),
                               allocations=self._allocations)
             try:
                 agent.start()
@@ -139,7 +152,15 @@ class CapsMachine(RuleBasedStateMachine):
     def _sync_pids(self) -> None:
         def change(devs: list[SimDevice]) -> None:
             for d in devs:
-                d.pids = sorted(p.pid for p in self.pods if p.process and p.gpu == d.uuid)
+                clients = sorted(p.pid for p in self.pods if p.process and p.gpu == d.uuid)
+                listed = self.mps.get(d.uuid)
+                host = [HOST_PID] if d.uuid in self.host else []
+                if listed is None:
+                    d.pids, d.mps_pids = clients + host, []
+                elif listed:
+                    d.pids, d.mps_pids = sorted([SERVER_PID, *clients, *host]), clients
+                else:  # an older driver: only the server shows, its clients are not listed
+                    d.pids, d.mps_pids = sorted([SERVER_PID, *host]), None
                 d.fail = [self.faults[d.uuid]] if d.uuid in self.faults else []
         self.gpus.update(change)
 
@@ -188,8 +209,11 @@ class CapsMachine(RuleBasedStateMachine):
             self.agent = self._new_agent()
             return
         if report.skipped is None:
-            self.seen = Seen({f"GPU-{i:04d}": [replace(p) for p in self.pods if p.running and p.gpu == f"GPU-{i:04d}"]
-                              for i in range(GPUS)}, report)  # copies: later steps change the pods
+            on = {f"GPU-{i:04d}": [replace(p) for p in self.pods if p.running and p.gpu == f"GPU-{i:04d}"]
+                  for i in range(GPUS)}  # copies: later steps change the pods
+            hidden = {u for u, listed in self.mps.items() if not listed}
+            unknown = self.host | {u for u in hidden if not any(p.allocated for p in on[u])}
+            self.seen = Seen(on, report, unknown, hidden)
 
     @rule(kill=st.booleans())
     def restart(self, kill: bool) -> None:
@@ -226,6 +250,20 @@ class CapsMachine(RuleBasedStateMachine):
     def api_server(self, down: bool) -> None:
         self.api_down = down
 
+    @rule(gpu=st.integers(0, GPUS - 1), on=st.booleans())
+    def host_process(self, gpu: int, on: bool) -> None:
+        (self.host.add if on else self.host.discard)(f"GPU-{gpu:04d}")
+        self._sync_pids()
+
+    @rule(gpu=st.integers(0, GPUS - 1), listed=st.sampled_from([None, True, False]))
+    def mps_server(self, gpu: int, listed: bool | None) -> None:
+        """An MPS server on the GPU (None: none), its clients listed by the driver or not."""
+        if listed is None:
+            self.mps.pop(f"GPU-{gpu:04d}", None)
+        else:
+            self.mps[f"GPU-{gpu:04d}"] = listed
+        self._sync_pids()
+
     # -- invariants --
 
     def _met(self) -> dict[str, list[Pod]]:
@@ -237,14 +275,21 @@ class CapsMachine(RuleBasedStateMachine):
 
     @invariant()
     def opted_in_gpus_are_at_or_below_their_lowest_valid_cap(self) -> None:
+        assert self.seen is not None or not self._met()
         for uuid, pods in self._met().items():
-            visible = [p for p in pods if p.process or p.allocated]
+            hidden = self.seen is not None and uuid in self.seen.hidden
+            visible = [p for p in pods if (p.process and not hidden) or p.allocated]
             valid = [w for p in visible if (w := p.valid_w()) is not None]
             if valid:
                 assert self.limit_w(uuid) <= min(valid), (uuid, self.limit_w(uuid), visible, self.seen)
 
     @invariant()
-    def a_gpu_without_an_opted_in_pod_is_not_capped(self) -> None:
+    def a_gpu_without_an_opted_in_pod_is_not_capped_unless_an_unknown_owner_uses_it(self) -> None:
         for uuid, pods in self._met().items():
-            if not any(p.cap is not None for p in pods):
+            if any(p.cap is not None for p in pods):
+                continue
+            assert self.seen is not None
+            if uuid in self.seen.unknown:
+                assert self.limit_w(uuid) <= SAFE_W, (uuid, self.limit_w(uuid), pods, self.seen)
+            else:
                 assert self.limit_w(uuid) == DEFAULT_W, (uuid, self.limit_w(uuid), pods, self.seen)
