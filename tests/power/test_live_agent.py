@@ -19,12 +19,12 @@ from powerfleet.config import load_config
 from powerfleet.power.live import GroupView
 from powerfleet.power.telemetry import RedisTelemetry, publish_telemetry
 from powerfleet.tasks.power import LOCK_KEY, draw_history, run_guard
+from powerfleet.testing.waiting import wait_for
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Child, Launcher
 from tests.agent.conftest import device
 from tests.integration.conftest import broker_url, redis_server, wait_worker  # noqa: F401 - fixtures
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
