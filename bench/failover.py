@@ -247,6 +247,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=10, help="master SIGKILLs in (f)")
     ap.add_argument("--freezes", type=int, default=5, help="master SIGSTOPs in (f)")
     ap.add_argument("--table", action="store_true", help="(f) only: the runs as a Markdown table")
+    ap.add_argument("--dir", type=Path, help="work here and keep it (the processes' and Redis's logs); default: a temporary one")
     ap.add_argument("--windows", type=int, default=3, help="windows in (e) per setting")
     ap.add_argument("--repeat", type=int, default=1, help="runs of (b) per setting")
     ap.add_argument("--min-replicas", type=int, choices=[0, 1], help="only this min-replicas-to-write in (a), (b), (c), (e)")
@@ -254,7 +255,7 @@ def main() -> int:
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="powerfleet-failover-") as tmp:
-        base = Path(tmp)
+        base = args.dir or Path(tmp)
         settings = (0, 1) if args.min_replicas is None else (args.min_replicas,)
         if args.only in (None, "a"):
             for mr in settings:

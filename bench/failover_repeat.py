@@ -10,7 +10,7 @@ tasks with known ids, 20 a second, from before each loss until ticks have resume
 Per run (``kill``: SIGKILL of the master, its node restarted as a replica afterwards; ``freeze``:
 SIGSTOP, SIGCONT once a replica was promoted, so that Sentinel demotes it):
 
-* ``promoted_s``: loss -> every Sentinel names the new master;
+* ``promoted_s``: loss -> the first Sentinel announces the new master (+switch-master, its log);
 * ``resumed_s``: loss -> the first tick of every family (reconcile, budget, retune) run after it,
   read on the promoted master; ``after_promotion_s`` = resumed - promoted;
 * ``beat_single``: the ticks recorded since the run began came from one beat at a time (each
@@ -25,7 +25,9 @@ SIGSTOP, SIGCONT once a replica was promoted, so that Sentinel demotes it):
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -48,6 +50,7 @@ from powerfleet.workers.launcher import Launcher
 
 NODES = ("gpu-node-f1", "gpu-node-f2")
 CAP_W = 320
+RESUME_TIMEOUT_S = 120  # a run whose ticks do not resume within this is recorded as such, and the next one runs
 SUCCEEDED = re.compile(r"Task (\S+)\[([0-9a-zA-Z_.:-]+)\] succeeded")
 
 
@@ -111,16 +114,44 @@ class CapWatch(Background):
                 if limit != CAP_W * 1000:
                     self.off.append((node, limit))
 
-def successes(logs: list[Path], offsets: dict[Path, int]) -> Counter[str]:
-    """Task ids that succeeded in the logs after ``offsets`` (moved to the logs' ends)."""
+def successes(logs: list[Path], offsets: dict[Path, int], names: dict[str, str] | None = None) -> Counter[str]:
+    """Task ids that succeeded in the logs after ``offsets`` (moved to the logs' ends); ``names``: id -> task."""
     seen: Counter[str] = Counter()
     for log in logs:
         with open(log, "rb") as f:
             f.seek(offsets.get(log, 0))
             text = f.read().decode(errors="replace")
             offsets[log] = f.tell()
-        seen.update(m.group(2) for m in SUCCEEDED.finditer(text))
+        for m in SUCCEEDED.finditer(text):
+            seen[m.group(2)] += 1
+            if names is not None:
+                names[m.group(2)] = f"{m.group(1)} ({log.stem})"
     return seen
+
+
+def first_tick(ticks: TickLog, family: str, since: float, timeout_s: float = RESUME_TIMEOUT_S) -> float | None:
+    """Seconds from ``since`` to the first tick of ``family`` after it; None: none within ``timeout_s``."""
+    try:
+        return wait_for(lambda: (t := ticks.last_ticks().get(family, 0)) > since and t, f"a {family} tick",
+                        timeout_s, 0.05) - since
+    except AssertionError:
+        return None
+
+
+def switched_at(cluster: SentinelCluster, new: int, since: float) -> float | None:
+    """When the first Sentinel announced ``new`` as master (+switch-master in its log) after ``since``:
+    the promotion (a port is master again in a later run: earlier announcements are left out)."""
+    times = []
+    for log in cluster.dir.glob("sentinel-*/sentinel.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            fields = line.split()
+            if "+switch-master" in fields and fields[-1] == str(new):
+                stamp = " ".join(fields[1:5])  # 01 Dec 2026 23:55:55.444 (local time)
+                whole, _, ms = stamp.partition(".")
+                at = time.mktime(time.strptime(whole, "%d %b %Y %H:%M:%S")) + int(ms or 0) / 1000
+                if at >= since - 0.001:
+                    times.append(at)
+    return min(times, default=None)
 
 
 def one_at_a_time(origins: list[str]) -> bool:
@@ -139,17 +170,17 @@ def one_run(kind: str, n: int, cluster: SentinelCluster, app: Any, launcher: Lau
     ticks_any = TickLog(redis_client(cluster.url, app.fleet_config.broker, socket_timeout=2))
     before = ticks_any.counts().get("reconcile", 0)
     seen: Counter[str] = Counter()
+    names: dict[str, str] = {}
     with Publisher(app, f"{kind}{n}") as pub, CapWatch(watch["gpus"]) as caps:
         wait_for(lambda: len(pub.acked) >= 20, "publishes before the loss", 60)
         old = cluster.master_port()
         lost_at = time.time()
         (cluster.kill if kind == "kill" else cluster.freeze)(old)
         new = cluster.wait_new_master(old, timeout_s=60)
-        promoted = time.time() - lost_at
+        promoted = (switched_at(cluster, new, lost_at) or time.time()) - lost_at
         client = redis.Redis(host="127.0.0.1", port=new, socket_timeout=2)
         on_new = TickLog(client)
-        first = {f: wait_for(lambda f=f: (t := on_new.last_ticks().get(f, 0)) > lost_at and t, f"a {f} tick", 120,
-                             0.05) - lost_at for f in TICK_FAMILIES}
+        first = {f: first_tick(on_new, f, lost_at) for f in TICK_FAMILIES}
         time.sleep(2.0)  # a measurement window after the recovery, not a synchronisation
     if kind == "freeze":
         cluster.thaw(old)
@@ -157,7 +188,7 @@ def one_run(kind: str, n: int, cluster: SentinelCluster, app: Any, launcher: Lau
     acked = list(pub.acked)
 
     def all_ran() -> bool:
-        seen.update(successes(watch["logs"], offsets))
+        seen.update(successes(watch["logs"], offsets, names))
         return all(t in seen for t in acked)
 
     try:
@@ -168,12 +199,15 @@ def one_run(kind: str, n: int, cluster: SentinelCluster, app: Any, launcher: Lau
     origins = on_new.origins("reconcile")[: max(0, counts - before)]
     client.close()
     cluster.restore()
-    resumed = max(first.values())
-    return {"run": f"{kind} {n}", "promoted_s": round(promoted, 2), "resumed_s": round(resumed, 2),
-            "after_promotion_s": round(resumed - promoted, 2),
-            "first_tick_s": {f: round(v, 2) for f, v in first.items()},
+    resumed = max(first.values(), key=lambda v: float("inf") if v is None else v)
+    resumed = None if resumed is None else round(resumed, 2)
+    return {"run": f"{kind} {n}", "at": time.strftime("%H:%M:%S", time.gmtime(lost_at)),
+            "promoted_s": round(promoted, 2), "resumed_s": resumed,
+            "after_promotion_s": None if resumed is None else round(resumed - promoted, 2),
+            "first_tick_s": {f: None if v is None else round(v, 2) for f, v in first.items()},
             "beat_single": one_at_a_time(origins), "beats": len(set(origins)),
             "duplicates": sum(1 for c in seen.values() if c > 1),
+            "duplicated": sorted({names[t] for t, c in seen.items() if c > 1}),
             "published": len(acked), "refused": pub.refused, "lost": sum(1 for t in acked if t not in seen),
             "caps_kept": not caps.off, "caps_off": sorted(set(caps.off))[:4],
             "alive": not launcher.dead_children()}
@@ -217,6 +251,7 @@ def repeated(base: Path, kills: int, freezes: int, down_after_ms: int) -> list[d
             for kind, count in (("kill", kills), ("freeze", freezes)):
                 for n in range(1, count + 1):
                     rows.append(one_run(kind, n, cluster, app, launcher, watch, offsets))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # as it comes: a long run shows progress
     return rows
 
 
@@ -224,7 +259,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The runs as a Markdown table (docs/benchmarks.md)."""
     head = ("| run | promoted (s) | ticks resumed (s) | after promotion (s) | beat single | duplicate runs "
             "| lost / published | refused | caps kept | processes alive |\n|---|---|---|---|---|---|---|---|---|---|")
-    lines = [f"| {r['run']} | {r['promoted_s']} | {r['resumed_s']} | {r['after_promotion_s']} | "
+    lines = [f"| {r['run']} | {r['promoted_s']} | {r['resumed_s'] or f'none in {RESUME_TIMEOUT_S} s'} | "
+             f"{r['after_promotion_s'] if r['after_promotion_s'] is not None else '-'} | "
              f"{'yes' if r['beat_single'] else 'NO'} ({r['beats']}) | {r['duplicates']} | {r['lost']} / {r['published']} | "
              f"{r['refused']} | {'yes' if r['caps_kept'] else 'NO'} | {'yes' if r['alive'] else 'NO'} |" for r in rows]
     return "\n".join([head, *lines])

@@ -31,6 +31,7 @@ from powerfleet.agent.throttle import OverlayStore
 from powerfleet.clock import FakeClock
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.live import GroupView, GuardMemory, GuardPeriod, guard_period
+from powerfleet.power.overlay import Overlay
 from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import GpuTelemetry, parse_telemetry
 
@@ -83,6 +84,11 @@ class Loop:
     hashes: dict[str, list[GpuTelemetry]] = field(default_factory=dict)
     agents: dict[str, SimAgent] = field(default_factory=dict)
     history: list[tuple[float, float]] = field(default_factory=list)  # (time, true group draw)
+    # Scheduling slip: overlays reach the agents this many seconds after the guard sent them (a
+    # loaded worker, broker or agent), and one older than its ``expires`` on arrival is dropped, as
+    # Celery drops it; ``guard_up`` False for a second is a guard period that did not run.
+    delay_s: int = 0
+    in_flight: list[tuple[float, str, Overlay]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for node in sorted({g.node for g in self.gpus}):
@@ -118,6 +124,7 @@ class Loop:
         """One second of the loop."""
         self.clock.advance(1.0)
         now = self.clock.now()
+        self._deliver(now)
         for g in self.gpus:
             a = self.agents[g.node]
             if a.alive:
@@ -138,7 +145,14 @@ class Loop:
         self.period = guard_period(self.settings, GROUP, self.limit_w, view, self.hashes, self.memory, now)
         self.memory = self.period.memory
         for node, overlay in self.period.overlays.items():
-            if self.agents[node].alive:
+            self.in_flight.append((now + self.delay_s, node, overlay))
+        self._deliver(now)
+
+    def _deliver(self, now: float) -> None:
+        due = [m for m in self.in_flight if m[0] <= now]
+        self.in_flight = [m for m in self.in_flight if m[0] > now]
+        for _, node, overlay in due:
+            if self.agents[node].alive and now - overlay.issued_at <= overlay.ttl_s():
                 self.agents[node].store.receive(overlay)
 
     def _report(self, g: SimGpu, now: float) -> GpuTelemetry | None:
