@@ -10,15 +10,12 @@ more seconds than without the slip, and for two seconds in a row."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from powerfleet.agent.throttle import OverlayStore
 from powerfleet.clock import FakeClock
-from powerfleet.power.guard import GuardSettings
 from powerfleet.power.overlay import Overlay
-from powerfleet.testing.power_loop import Loop
+from powerfleet.testing.power_loop import longest_run, slipping
 
 
 def overlay(issued_at: float, revision: int = 1) -> Overlay:
@@ -39,32 +36,6 @@ def test_an_overlay_is_trusted_for_what_is_left_of_its_1_5_periods_when_it_arriv
     clock.advance(0.1)
     assert store.resolve("GPU-0", 700.0)[0].why == "fallback"  # past the deadline: the safe cap, by itself
     assert store.lapsed_now() == ["rack-a"]  # the watch's pass comes within a quarter period of it
-
-
-def longest_run(over: list[tuple[float, float]]) -> int:
-    best = run = 0
-    last = None
-    for t, _ in over:
-        run = run + 1 if last is not None and t - last == 1 else 1
-        best, last = max(best, run), t
-    return best
-
-
-def slipping(seed: int, skip: float, delay_s: int) -> list[tuple[float, float]]:
-    """100 s of random demand on 8 x 700 W at 1.3x; a share ``skip`` of the guard's periods do not run and
-    every overlay reaches its agent ``delay_s`` late (the seconds over the limit)."""
-    rnd = random.Random(seed)
-    loop = Loop.of(2, 4, ratio=1.3, settings=GuardSettings(period_s=1.0, cap_ceiling=None), delay_s=delay_s)
-    for g in loop.gpus:
-        g.demand_w = 100.0
-    loop.run(10)
-    t0 = loop.clock.now()
-    for _ in range(100):
-        for g in loop.gpus:
-            g.demand_w = rnd.choice([100.0, 300.0, 700.0, 700.0])
-        loop.guard_up = rnd.random() > skip
-        loop.step()
-    return loop.over(t0)
 
 
 @pytest.mark.parametrize("skip", [0.3, 0.5, 0.7])

@@ -9,7 +9,8 @@ one period (power/live.py), and its overlays reach the live agents. A dead agent
 change only what is reported: ``unreadable`` (no draw), ``zero`` (0 W), ``stuck`` (the value it read
 when the fault began).
 
-``FaultyGroup`` is the hypothesis state machine over it (tests/power/test_sensor_faults.py runs it
+``slipping`` runs it with the guard's periods skipped and its messages late (scheduling slip under CPU
+load). ``FaultyGroup`` is the hypothesis state machine over it (tests/power/test_sensor_faults.py runs it
 bounded, bench/power_faults.py longer).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -169,6 +171,34 @@ class Loop:
         """The seconds from ``since`` on in which the group drew above its limit: (time, W over; NVML takes
         whole milliwatts, so the safe caps may add up to a few mW above the limit)."""
         return [(t, round(w - self.limit_w, 1)) for t, w in self.history if t >= since and w > self.limit_w + 0.01]  # mW rounding
+
+
+def longest_run(over: list[tuple[float, float]]) -> int:
+    """The longest run of consecutive seconds in ``Loop.over``'s list."""
+    best = run = 0
+    last = None
+    for t, _ in over:
+        run = run + 1 if last is not None and t - last == 1 else 1
+        best, last = max(best, run), t
+    return best
+
+
+def slipping(seed: int, skip: float, delay_s: int, seconds: int = 100) -> list[tuple[float, float]]:
+    """``seconds`` of random demand on 8 x 700 W at 1.3x (cap ceiling off) after a light start; a share
+    ``skip`` of the guard's periods do not run and every overlay reaches its agent ``delay_s`` late.
+    Returns the seconds over the limit (tests/power/test_guard_timing.py, bench/power_slip.py)."""
+    rnd = random.Random(seed)
+    loop = Loop.of(2, 4, ratio=1.3, settings=GuardSettings(period_s=1.0, cap_ceiling=None), delay_s=delay_s)
+    for g in loop.gpus:
+        g.demand_w = 100.0
+    loop.run(10)
+    t0 = loop.clock.now()
+    for _ in range(seconds):
+        for g in loop.gpus:
+            g.demand_w = rnd.choice([100.0, 300.0, 700.0, 700.0])
+        loop.guard_up = rnd.random() > skip
+        loop.step()
+    return loop.over(t0)
 
 
 class FaultyGroup(RuleBasedStateMachine):
