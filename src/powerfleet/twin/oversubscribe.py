@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from powerfleet.power.guard import DEFAULT_CAP_CEILING, GuardSettings, released_caps
+from powerfleet.power.guard import DEFAULT_CAP_CEILING, GroupRefused, GuardSettings, released_caps
 from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import REPORT_KEY
 from powerfleet.twin.checks import Check
@@ -284,7 +284,10 @@ class OversubscribeScenario:
                                         GpuRange(want, GPU_MIN_W, GPU_MAX_W))
                 for g in self._pod_gpus(s) if (want := s.annotated_w.get(f"{g.node}/{g.index}"))}
         settings = GuardSettings(period_s=self.period_s, cap_ceiling=self.cap_ceiling)
-        return released_caps(settings, self.plan.group, self.limit_w, gpus) if gpus else {}
+        try:
+            return released_caps(settings, self.plan.group, self.limit_w, gpus) if gpus else {}
+        except GroupRefused:  # the guard refuses the group (its minimums do not fit): nothing is throttled
+            return {k: r.cap_w for k, (_, r) in gpus.items()}
 
     def safe_caps(self, node: str, samples: list[Sample] | None = None, t: float | None = None
                   ) -> dict[tuple[str, int], float]:
