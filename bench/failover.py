@@ -18,13 +18,16 @@ replicas, three Sentinels, the fleet (beat + a control worker) on ``sentinel://`
     SIGKILLed while a shard reads the window, the killed node is restarted as a replica, and
     the clock is moved past the sweep's deadline; printed: windows that ended in exactly one
     recorded outcome (the state Lease's history), and the outcomes.
+(f) Repeated losses (bench/failover_repeat.py): --kills SIGKILLs and --freezes SIGSTOPs of the master
+    under beat (a leader and a standby), a control worker and two agents, one row per run: promotion,
+    ticks resumed, beat single, duplicate runs, lost tasks, caps kept (--table: as Markdown).
 
 (a), (b), (c) and (e) run with min-replicas-to-write 0 and 1 (--min-replicas: only one); (e) with
-Sentinel's internal periods shortened as in the tests (tests/reliability/sentinels.py).
+Sentinel's internal periods shortened as in the tests (powerfleet/testing/sentinels.py).
 
     .venv/bin/python bench/failover.py [--tasks 1000] [--rate 400] [--down-after-ms 800]
-                                       [--only a|b|c|d|e] [--repeat 1] [--windows 3]
-                                       [--min-replicas 0|1] [--json]
+                                       [--only a|b|c|d|e|f] [--repeat 1] [--windows 3]
+                                       [--kills 10] [--freezes 5] [--min-replicas 0|1] [--json|--table]
 """
 
 from __future__ import annotations
@@ -49,15 +52,15 @@ from powerfleet.clock import FileClock  # noqa: E402
 from powerfleet.cluster.kube import KubeCluster  # noqa: E402
 from powerfleet.config import load_config  # noqa: E402
 from powerfleet.retune.fanin import FanIn  # noqa: E402
+from powerfleet.testing.failover import RETUNE_BUDGET_S, retune_config, state_of  # noqa: E402
 from powerfleet.testing.retune_world import BASE_K, World, start_of, traffic_lines, write_segments  # noqa: E402
+from powerfleet.testing.sentinels import SentinelCluster  # noqa: E402
+from powerfleet.testing.waiting import wait_for, wait_worker  # noqa: E402
 from powerfleet.twin.apiserver import ApiServer  # noqa: E402
 from powerfleet.workers.app import TICK_FAMILIES, create_app  # noqa: E402
 from powerfleet.workers.launcher import Launcher  # noqa: E402
-from tests.integration.conftest import wait_worker  # noqa: E402
-from tests.reliability.sentinel_fleet import RETUNE_BUDGET_S, retune_config  # noqa: E402
-from tests.reliability.sentinels import SentinelCluster  # noqa: E402
-from tests.reliability.test_redis_restart import state_of  # noqa: E402
-from tests.waiting import wait_for  # noqa: E402
+
+from bench.failover_repeat import repeated, table  # noqa: E402
 
 QUEUE_NODE = "bench-failover"
 
@@ -240,7 +243,11 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=400.0)
     ap.add_argument("--down-after-ms", type=int, default=800)
-    ap.add_argument("--only", choices=["a", "b", "c", "d", "e"])
+    ap.add_argument("--only", choices=["a", "b", "c", "d", "e", "f"])
+    ap.add_argument("--kills", type=int, default=10, help="master SIGKILLs in (f)")
+    ap.add_argument("--freezes", type=int, default=5, help="master SIGSTOPs in (f)")
+    ap.add_argument("--table", action="store_true", help="(f) only: the runs as a Markdown table")
+    ap.add_argument("--dir", type=Path, help="work here and keep it (the processes' and Redis's logs); default: a temporary one")
     ap.add_argument("--windows", type=int, default=3, help="windows in (e) per setting")
     ap.add_argument("--repeat", type=int, default=1, help="runs of (b) per setting")
     ap.add_argument("--min-replicas", type=int, choices=[0, 1], help="only this min-replicas-to-write in (a), (b), (c), (e)")
@@ -248,7 +255,7 @@ def main() -> int:
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="powerfleet-failover-") as tmp:
-        base = Path(tmp)
+        base = args.dir or Path(tmp)
         settings = (0, 1) if args.min_replicas is None else (args.min_replicas,)
         if args.only in (None, "a"):
             for mr in settings:
@@ -267,7 +274,11 @@ def main() -> int:
         if args.only in (None, "e"):
             for mr in settings:
                 results.append(windows(base / f"e-{mr}", args.windows, mr, args.down_after_ms))
-    if args.json:
+        if args.only in (None, "f"):
+            results.extend(repeated(base / "f", args.kills, args.freezes, args.down_after_ms))
+    if args.table:
+        print(table([r for r in results if "run" in r]))
+    elif args.json:
         print(json.dumps(results, indent=2))
     else:
         for row in results:

@@ -344,4 +344,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         POWER, "a message from the future (revision 10^18) is applied with the record's caps and blocks nothing, "
                "but is not refused or counted"),
+    # -- the guard's bounds under slip and its default ceiling (issue 31 item 3) --
+    Mutant(
+        "power.late_overlay_trusted_from_arrival", "src/powerfleet/agent/throttle.py",
+        "            self._held[overlay.group] = Held(overlay, now - age)",
+        "            self._held[overlay.group] = Held(overlay, now)",
+        ("tests/power/test_guard_timing.py",),
+        "a message delivered late is trusted for 1.5 periods from its arrival: a skipped guard period adds "
+        "seconds over the limit"),
+    Mutant(
+        "power.no_default_ceiling", "src/powerfleet/power/guard.py",
+        "DEFAULT_CAP_CEILING = 1.25\n",
+        "DEFAULT_CAP_CEILING = None\n",
+        ("tests/power/test_cap_ceiling.py",),
+        "no ceiling by default: an overshoot is bounded only by the ratio (50 % of the limit at 1.5x)"),
 )

@@ -13,9 +13,9 @@ import redis
 
 from powerfleet.broker.embedded import EmbeddedRedis
 from powerfleet.config import load_config
+from powerfleet.testing.waiting import wait_worker  # noqa: F401 - the tests import it from here
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,10 +47,6 @@ def launcher(tmp_path: Path, fleet_env: dict[str, str]) -> Iterator[Launcher]:
 @pytest.fixture
 def app(fleet_env: dict[str, str]) -> FleetCelery:
     return create_app(load_config(environ=fleet_env))
-
-
-def wait_worker(app: FleetCelery, name: str, timeout_s: float = 60.0) -> None:
-    wait_for(lambda: app.control.ping(destination=[name], timeout=0.5), f"worker {name} to answer ping", timeout_s)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:

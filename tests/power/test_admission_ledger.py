@@ -22,11 +22,11 @@ from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config.fleet import DeploymentBudgetConfig
 from powerfleet.power.admission import AdmissionRule
 from powerfleet.power.telemetry import publish_telemetry
+from powerfleet.testing.waiting import wait_for
 from tests.budget.conftest import RACK_A_NODES, rack_a  # noqa: F401 - fixture
 from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import app, broker_url, fleet_env, launcher, redis_server, wait_worker  # noqa: F401
 from tests.power.test_admission import StoredPower
-from tests.waiting import wait_for
 
 LIMIT_W, RATIO = 2000, 1.5
 KEY = "default/alpha"

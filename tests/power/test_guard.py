@@ -13,7 +13,8 @@ from powerfleet.clock import FakeClock
 from powerfleet.power.guard import Guard, GroupRefused, GuardSettings, GuardState, GpuReading, decide
 from powerfleet.power.safe import GpuRange, refusal, safe_caps
 
-S = GuardSettings(t1=0.90, t2=0.97, release=0.85, target=0.90, step_w=50.0)  # the figures below assume these
+# the figures below assume these; the ceiling off: these tests are about the modes (test_cap_ceiling.py: the default)
+S = GuardSettings(t1=0.90, t2=0.97, release=0.85, target=0.90, step_w=50.0, cap_ceiling=None)
 
 
 def _gpus(n: int, priority: str = "high", cap: float = 700.0) -> list[GpuReading]:
@@ -180,6 +181,6 @@ def test_a_cap_ceiling_bounds_the_caps_in_force_whatever_the_mode(n, ceiling, dr
     d = decide(s, "r", limit, _read(gpus, draws[:n]), state, 0.0)
     assert math.fsum(d.in_force.values()) <= ceiling * limit * (1 + 1e-9)
     assert all(200.0 - 1e-9 <= w <= 700.0 for w in d.in_force.values())
-    # off (the default), an idle group keeps every request in force: 700 W x n, above 1.3 x 0.7 x 700 W x n
-    free = decide(GuardSettings(), "r", limit, _read(gpus, [0.0] * n), GuardState(), 0.0)
+    # off, an idle group keeps every request in force: 700 W x n, above 1.3 x 0.7 x 700 W x n
+    free = decide(GuardSettings(cap_ceiling=None), "r", limit, _read(gpus, [0.0] * n), GuardState(), 0.0)
     assert math.fsum(free.in_force.values()) == 700.0 * n > ceiling * limit

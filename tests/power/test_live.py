@@ -21,7 +21,7 @@ from powerfleet.power.telemetry import GpuTelemetry, parse_telemetry
 from powerfleet.power.topology import ClusterTopology
 from powerfleet.workers.app import beat_schedule
 
-S = GuardSettings(period_s=1.0)
+S = GuardSettings(period_s=1.0, cap_ceiling=None)  # the modes' figures (test_cap_ceiling.py: the default ceiling)
 VIEW = GroupView(nodes=frozenset({"node-a", "node-b"}), priority={"pod-a": "low", "pod-b": "high"})
 
 

@@ -6,6 +6,7 @@ guard is back it resumes from them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +18,14 @@ from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.config import load_config
 from powerfleet.power.live import GroupView
-from powerfleet.power.telemetry import RedisTelemetry, publish_telemetry
+from powerfleet.power.telemetry import REPORT_KEY, RedisTelemetry, publish_telemetry
 from powerfleet.tasks.power import LOCK_KEY, draw_history, run_guard
+from powerfleet.testing.waiting import wait_for
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Child, Launcher
 from tests.agent.conftest import device
 from tests.integration.conftest import broker_url, redis_server, wait_worker  # noqa: F401 - fixtures
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,9 @@ def node(tmp_path: Path, broker_url: str) -> Iterator[Node]:  # noqa: F811
                "POWERFLEET_AGENT__KUBECONFIG": str(kubeconfig), "POWERFLEET_AGENT__STATE_DIR": str(tmp_path / "state"),
                "POWERFLEET_AGENT__NAMESPACES": "[llm]", "POWERFLEET_AGENT__PROC_ROOT": str(tmp_path / "proc"),
                "POWERFLEET_BUDGET__GROUPS": "{rack-a: {limit_w: 1000, oversubscription: 1.4}}",
-               "POWERFLEET_POWER__GUARD_PERIOD_S": "1"}
+               # the ceiling off: at 1.4x the default 1.25 would hold the low GPU at 550 W throughout
+               # (test_cap_ceiling.py); these figures are the throttle's and the fallback's
+               "POWERFLEET_POWER__GUARD_PERIOD_S": "1", "POWERFLEET_POWER__CAP_CEILING": "null"}
         write_proc_entry(tmp_path / "proc", 101, LOW)
         write_proc_entry(tmp_path / "proc", 102, HIGH)
         gpus = SimulatedGpus.shared(tmp_path / "sim" / f"{NODE}.json",
@@ -108,6 +111,10 @@ def test_the_guards_overlay_lowers_a_cap_and_stopped_overlays_move_the_node_to_i
     wait_for(lambda: node.limits() == [500, 500], "the fallback to the safe caps", timeout_s=20)
     # The guard is back (its last run lies more than 1.5 periods behind it): it resumes from the safe
     # caps the agents hold and releases stepwise (800 W < 0.90 x 1000 W: +50 W each), high priority first.
+    # The agent publishes its own report after the fallback's pass: the test's report must come after it
+    # (a loaded agent's publish landing later replaced it, and the guard read 2 x 500 W: throttle_all).
+    wait_for(lambda: [json.loads(v).get("target_w") for v in node.r.hgetall(REPORT_KEY.format(node=NODE)).values()]
+             == [500, 500], "the agent's report of its fallback pass", timeout_s=20)
     now = node.r.time()[0] + 1
     publish(node, draw_w=400.0, at=float(now))
     back = run_guard(node.app, "rack-a", 1000, StaticTopology(), RedisTelemetry(node.r), node.r, float(now))

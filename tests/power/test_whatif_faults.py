@@ -55,8 +55,8 @@ def test_faults_run_deterministically_and_are_in_the_json(tmp_path) -> None:  # 
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--fault", "agent-dead:0-3:300:360"], "--fault agent-dead:0-3:300:360 starts after the replay ended at 174 s"),
-    (["--telemetry-loss", "174:200"], "--telemetry-loss 174:200 starts after the replay ended at 174 s"),
+    (["--fault", "agent-dead:0-3:300:360"], "--fault agent-dead:0-3:300:360 starts after the replay ended at 173 s"),
+    (["--telemetry-loss", "174:200"], "--telemetry-loss 174:200 starts after the replay ended at 173 s"),
     (["--fault", "zero:30-40:10:20"], "--fault zero:30-40:10:20: the group has GPUs 0-31, not 40"),
     (["--fault", "melted:0:10:20"], "--fault 'melted:0:10:20': unknown kind 'melted'; one of unreadable, zero, "
                                     "stuck, agent-dead, agent-restart"),

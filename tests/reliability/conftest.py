@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from powerfleet.testing.sentinels import TEST_PASSWORD, SentinelCluster
 from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
-from tests.reliability.sentinels import TEST_PASSWORD, SentinelCluster
 from tests.retune.conftest import kube, redis_url, world  # noqa: F401 - fixtures
 
 

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from powerfleet.beat.ticklog import TickLog
 from powerfleet.broker.clients import redis_client
@@ -33,22 +31,19 @@ from powerfleet.clock import FileClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config import load_config
 from powerfleet.retune.fanin import FanIn
-from powerfleet.testing.retune_world import BASE_K, GRID, INTERVAL, World, start_of
+from powerfleet.testing.api_faults import HookedApiServer
+from powerfleet.testing.failover import node_pod, retune_config, tick_passes
+from powerfleet.testing.retune_world import BASE_K, World, start_of
+from powerfleet.testing.sentinels import SentinelCluster
+from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.workers.app import TICK_FAMILIES, FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
 from tests.budget.stand_in_operator import dgd, settle
-from tests.integration.conftest import wait_worker
-from tests.reliability.faults import HookedApiServer
-from tests.reliability.sentinels import SentinelCluster
-from tests.reliability.test_redis_restart import node_pod, tick_passes
-from tests.waiting import wait_for
 
 NODES = ("gpu-node-h", "gpu-node-i")
 ALPHA = "default/alpha"  # the power-aware deployment
 BUDGET_NODES = ["gpu-node-b"]
-RETUNE_DB = 1
-RETUNE_BUDGET_S = 50  # a sweep's time budget, on the clock file
 
 
 @dataclass
@@ -72,19 +67,6 @@ class Fleet:
     probe_ports: dict[str, int]
     env: dict[str, str]
     retune: Retune
-
-
-def retune_config(cluster: SentinelCluster, world: World, clock: FileClock, path: Path, db: int = RETUNE_DB) -> Path:
-    """A fleet.yaml retuning ``llama`` of ``world`` on the cluster's database ``db``, time from ``clock``
-    (also bench/failover.py's)."""
-    config = {"broker": cluster.broker_config(db), "clock_file": clock.path,
-              "retune": {"deployments": ["llama"], "window_interval_s": INTERVAL, "trace_dir": str(world.trace_dir),
-                         "kubeconfig": str(world.kubeconfig), "grid": GRID, "objective": "ttft",
-                         "min_improvement_percentage": 0.0, "max_shards": 2, "min_requests": 0, "confidence": 0.0,
-                         "dwell_windows": 0, "search_rounds": 0, "time_budget_s": RETUNE_BUDGET_S,
-                         "shard_timeout_s": 40, "lease_duration_s": 30, "lease_renew_s": 5}}
-    path.write_text(yaml.safe_dump(config))  # the password in a file the test owns, not in argv
-    return path
 
 
 @contextmanager

@@ -19,9 +19,9 @@ import pytest
 from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from powerfleet.agent.state import STATE_FILE
 from powerfleet.cluster.dgd import POWER_ANNOTATION
+from powerfleet.testing.waiting import wait_for
 from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -25,11 +25,10 @@ from powerfleet.config import load_config
 from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
 from powerfleet.retune.state import parse_state
 from powerfleet.testing.retune_world import BASE_K, GRID, INTERVAL, World, start_of
+from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import create_app
 from powerfleet.workers.launcher import Launcher
-from tests.integration.conftest import wait_worker
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 K = BASE_K

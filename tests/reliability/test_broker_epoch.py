@@ -20,7 +20,7 @@ from powerfleet.broker.epoch import broker_epoch
 from powerfleet.broker.publish import NoReplicas, is_noreplicas, noreplicas_is_unavailable
 from powerfleet.budget.state import REPLICAS, BudgetState
 from powerfleet.config import load_config
-from tests.reliability.sentinels import TEST_PASSWORD, SentinelCluster
+from powerfleet.testing.sentinels import TEST_PASSWORD, SentinelCluster
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ Redis without persistence loses is in docs/reliability.md.
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,12 @@ import yaml
 from powerfleet.agent.simulated import SimulatedGpus, write_proc_entry
 from powerfleet.broker.embedded import free_loopback_port
 from powerfleet.clock import FileClock
-from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config import load_config
 from powerfleet.retune.fanin import FanIn
-from powerfleet.retune.leadership import STATE_ANNOTATION, state_lease_name
-from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.tasks.fleet import fan_out
+from powerfleet.testing.failover import node_pod, state_of, tick_passes
+from powerfleet.testing.redisproc import CrashableRedis
 from powerfleet.testing.retune_world import (
     BASE_K,
     GRID,
@@ -41,28 +39,14 @@ from powerfleet.testing.retune_world import (
     traffic_lines,
     write_segments,
 )
+from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import create_app
 from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
-from tests.integration.conftest import wait_worker
-from tests.reliability.redisproc import CrashableRedis
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 NODES = ("gpu-node-r", "gpu-node-s")
-
-
-def node_pod(node: str, uid: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"decode-{node}", "namespace": "llm", "uid": uid, "annotations": {POWER_ANNOTATION: "320"}},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "m"}]}, "status": {"phase": "Running"}}
-
-
-def tick_passes(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    key = 'powerfleet_agent_passes_total{outcome="ok",trigger="tick"} '
-    return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), 0.0)
 
 
 def test_agents_resume_after_a_redis_crash_mid_fan_out_and_each_node_pass_runs(tmp_path: Path) -> None:
@@ -134,10 +118,6 @@ def sweep_fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
             finally:
                 kube.close()
                 world.stop()
-
-
-def state_of(kube: KubeCluster) -> RetuneState | None:
-    return parse_state(kube.get_lease("default", state_lease_name("llama")).annotations.get(STATE_ANNOTATION))
 
 
 def test_a_redis_crash_mid_sweep_loses_no_window_and_applies_none_twice(sweep_fleet: dict[str, Any]) -> None:

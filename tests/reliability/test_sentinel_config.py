@@ -64,6 +64,10 @@ def test_celery_kombu_and_redbeat_get_the_sentinel_options_and_no_url_carries_a_
     assert (opts["service_name"], opts["db"], opts["password"]) == ("fleet", 2, "s3cret")
     assert opts["sentinels"] == [("10.0.0.1", 26379), ("10.0.0.2", 26380), ("10.0.0.3", 26379)]
     assert "broker_use_ssl" not in s
+    # a frozen master is left within seconds (bench/failover.py (f): 14-18 s after the promotion at 10 s)
+    for opts_ in (s["broker_transport_options"], s["result_backend_transport_options"]):
+        assert (opts_["socket_timeout"], opts_["health_check_interval"]) == (3.0, 2), opts_
+    assert opts["socket_timeout"] == 3.0, opts
     app = create_app(config)
     assert type(app.backend).__name__ == "SentinelBackend"
     assert "s3cret" not in app.backend.as_uri() and "s3cret" not in app.connection_for_write().as_uri()

@@ -3,7 +3,8 @@
 Real processes on loopback: the session's redis-server master and two replicas
 (min-replicas-to-write 1) and three Sentinels (`redis-server --sentinel`, down-after 800 ms;
 tests/reliability/conftest.py, handed to each test whole again by ``sentinels``), and the fleet
-pointed at them with ``sentinel://`` URL lists (tests/reliability/sentinel_fleet.py): beat, a
+pointed at them with ``sentinel://`` URL lists (tests/reliability/sentinel_fleet.py; the cluster is
+powerfleet/testing/sentinels.py): beat, a
 control worker, one agent per node and the budget of one deployment, and a retune worker on a
 clock file. A graceful ``SENTINEL FAILOVER``, then a SIGKILL of the master while a reconcile
 fan-out is in flight, while a budget evaluation runs on a replica that missed the master's last
@@ -30,23 +31,22 @@ from powerfleet.broker.publish import BrokerRefusedWrite
 from powerfleet.budget.state import OTHER_WRITER, REPLICAS
 from powerfleet.config import load_config
 from powerfleet.tasks.fleet import fan_out
+from powerfleet.testing.failover import RETUNE_BUDGET_S, state_of
 from powerfleet.testing.retune_world import BASE_K, start_of, traffic_lines, write_segments
+from powerfleet.testing.sentinels import TEST_PASSWORD, SentinelCluster
+from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.workers.app import TICK_FAMILIES, create_app
 from tests.budget.stand_in_operator import budget_status, replicas, settle
-from tests.integration.conftest import run_cli, wait_worker
+from tests.integration.conftest import run_cli
 from tests.reliability.sentinel_fleet import (
     ALPHA,
     BUDGET_NODES,
     NODES,
-    RETUNE_BUDGET_S,
     Fleet,
     carries_on,
     reconnects,
     running_fleet,
 )
-from tests.reliability.sentinels import TEST_PASSWORD, SentinelCluster
-from tests.reliability.test_redis_restart import state_of
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 SECRET = TEST_PASSWORD  # the Redis nodes' and the Sentinels' password

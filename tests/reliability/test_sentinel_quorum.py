@@ -11,8 +11,8 @@ import pytest
 from powerfleet.broker.clients import BrokerConfigError
 from powerfleet.broker.topology import describe, find_master
 from powerfleet.config.fleet import BrokerConfig
-from tests.reliability.sentinels import SentinelCluster
-from tests.waiting import wait_for
+from powerfleet.testing.sentinels import SentinelCluster
+from powerfleet.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

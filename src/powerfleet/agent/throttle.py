@@ -40,7 +40,11 @@ OVERLAYS_FILE = "overlays.json"  # in the node's state directory (agent/build.py
 @dataclass(frozen=True)
 class Held:
     overlay: Overlay
-    received_at: float | None  # the agent's monotonic clock; None: read back after a restart (lapsed)
+    # When the guard decided it, on the agent's monotonic clock: its arrival less its age then (the
+    # agent's wall clock less the guard's ``issued_at``, never below 0), so a message delivered late
+    # is fresh only for what is left of its 1.5 periods (none, past them). None: read back
+    # after a restart (lapsed).
+    received_at: float | None
 
 
 class OverlayStore:
@@ -70,11 +74,14 @@ class OverlayStore:
     def receive(self, overlay: Overlay) -> bool:
         """Keep ``overlay`` unless an overlay of a newer revision is already held; True when kept."""
         now = self.clock.monotonic()
+        # Its age on arrival, by the agent's wall clock against the guard's: a guard clock ahead
+        # counts from the arrival (never fresher than that), one behind makes it older (the safe side).
+        age = max(0.0, self.clock.now() - overlay.issued_at)
         with self._lock:
             held = self._held.get(overlay.group)
             if held is not None and overlay.revision < held.overlay.revision:
                 return False
-            self._held[overlay.group] = Held(overlay, now)
+            self._held[overlay.group] = Held(overlay, now - age)
             self._save()
             if overlay.group in self._lapsed:
                 self._lapsed.discard(overlay.group)

@@ -18,11 +18,21 @@ from powerfleet.config.broker_urls import is_sentinel, parse_sentinel_url
 from powerfleet.config.fleet import BrokerConfig
 
 
+# A frozen master (SIGSTOP, a hung host) keeps its sockets open and answers nothing: a command
+# waits out the socket timeout, and a worker's BRPOP (read by the event loop, with no socket
+# timeout) is dropped only once its reply is ``brpop_timeout`` (1 s) + the health-check interval
+# overdue. At 10 s each, ticks resumed 14-18 s after the promotion (bench/failover.py (f),
+# docs/benchmarks.md); on a Sentinel broker, where a failover can happen, both are shorter.
+FAILOVER_SOCKET_TIMEOUT_S = 3.0
+FAILOVER_HEALTH_CHECK_S = 2
+
+
 def transport_options(broker: BrokerConfig, url: str) -> dict[str, Any]:
     """Extra broker/result-backend transport options for ``url``."""
     if not is_sentinel(url):
         return {}
-    return {"master_name": master_name(broker), "sentinel_kwargs": sentinel_kwargs(broker.sentinel)}
+    return {"master_name": master_name(broker), "sentinel_kwargs": sentinel_kwargs(broker.sentinel),
+            "socket_timeout": FAILOVER_SOCKET_TIMEOUT_S, "health_check_interval": FAILOVER_HEALTH_CHECK_S}
 
 
 def _ssl_dict(broker: BrokerConfig) -> dict[str, Any]:
@@ -55,7 +65,7 @@ def redbeat_settings(broker: BrokerConfig, broker_url: str) -> dict[str, Any]:
     host, port = parsed.sentinels[0]
     url = f"redis-sentinel://{host}:{port}/{parsed.db}"
     options: dict[str, Any] = {"sentinels": list(parsed.sentinels), "service_name": master_name(broker),
-                               "db": parsed.db, "socket_timeout": 10,
+                               "db": parsed.db, "socket_timeout": FAILOVER_SOCKET_TIMEOUT_S,
                                "sentinel_kwargs": sentinel_kwargs(broker.sentinel)}
     if parsed.password is not None:
         options["password"] = parsed.password

@@ -430,6 +430,9 @@ class PowerConfig(_Strict):
     # The guard runs once per period per oversubscribed group; overlays expire after 1.5 periods
     # and an agent whose overlays stop falls back to its safe caps within one period.
     guard_period_s: float = Field(1.0, ge=0.2, le=60, allow_inf_nan=False)
+    # The guard's overshoot bound: the caps in force sum to at most this many times the limit
+    # (power.guard.DEFAULT_CAP_CEILING, the same 1.25; null: off, bounded only by the ratio).
+    cap_ceiling: float | None = Field(1.25, ge=1, le=4, allow_inf_nan=False)
     # How long the guard keeps a group's nodes and the priority of their pods before it lists
     # them again (the guard runs every period; a LIST per period would load the API server).
     topology_refresh_s: float = Field(30.0, ge=1, le=3600, allow_inf_nan=False)

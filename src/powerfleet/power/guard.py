@@ -44,6 +44,11 @@ Priority = Literal["high", "low"]
 Mode = Literal["release", "hold", "throttle_low", "throttle_all"]
 
 
+# The overshoot bound by default (docs/power.md, "Excursion magnitude"): 25 % of the limit whatever the
+# ratio; a group at 1.25x or less never meets it. Off (None) leaves it to the ratio: 43 % at 1.5x.
+DEFAULT_CAP_CEILING = 1.25
+
+
 class GuardSettings(BaseModel):
     """Thresholds as fractions of the group's limit; the step in W per GPU and period.
 
@@ -68,9 +73,10 @@ class GuardSettings(BaseModel):
     stuck_load_w: float = Field(50.0, gt=0, description="how far the rest of the group must move for stuck_s to count")
     unseen_w: float = Field(700.0, gt=0, description=(
         "what a GPU of a node that no report names is counted at (the card's limit: nothing lowers it)"))
-    cap_ceiling: float | None = Field(None, ge=1, le=4, description=(
+    cap_ceiling: float | None = Field(DEFAULT_CAP_CEILING, ge=1, le=4, description=(
         "bound the overshoot: after every period the caps in force sum to at most cap_ceiling x limit "
-        "(every GPU's cap in force times one factor, never below its minimum); None: off"))
+        "(low priority cut first, never below a GPU's minimum), so no excursion passes (cap_ceiling - 1) x "
+        "limit; None: off (an excursion is then bounded only by the ratio)"))
 
     @model_validator(mode="after")
     def _order(self) -> GuardSettings:
@@ -225,6 +231,14 @@ def decide(settings: GuardSettings, group: str, limit_w: float, readings: Sequen
         mode=mode, measured_w=measured, throttle=throttle, in_force=in_force, safe=safe, stale=stale,
         events=tuple(events), state=GuardState(throttle=dict(throttle), mode=mode),
     )
+
+
+def released_caps(settings: GuardSettings, group: str, limit_w: float,
+                  gpus: Mapping[str, tuple[Priority, GpuRange]]) -> dict[str, float]:
+    """The caps in force once the guard has released every throttle (demand low, nothing lost): each
+    GPU's request, or its share under the cap ceiling where the requests sum above it."""
+    readings = [GpuReading(g, prio, r.cap_w, r.min_w, r.max_w, draw_w=0.0) for g, (prio, r) in sorted(gpus.items())]
+    return dict(decide(settings, group, limit_w, readings, GuardState(), 0.0).in_force)
 
 
 class Guard:

@@ -7,8 +7,9 @@ be reachable. ``Overlay`` is the message's model (the argument model of the
 ``powerfleet.agent.throttle`` task); ``by_node`` cuts a ``GuardDecision``
 into overlays; ``agent_cap`` is what an agent enforces for one GPU:
 
-* while the last overlay is fresh (received less than ``period_s x (1 + grace)`` ago, by the
-  agent's own clock, so that clock skew between the guard and the node does not matter):
+* while the last overlay is fresh (decided less than ``period_s x (1 + grace)`` ago on the agent's
+  own clock: ``received_at`` is its arrival less its age then, agent/throttle.py, so that a late
+  message is trusted only for what is left and a guard clock ahead changes nothing):
   ``min(annotation cap, throttle cap)``, or the annotation cap where the GPU is not throttled;
 * once it is not (guard, beat or Redis gone; a late message): the GPU's safe cap, never above
   the annotation cap, held until a fresh overlay arrives;

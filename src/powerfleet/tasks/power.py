@@ -80,7 +80,8 @@ def send_overlays(app: Any, period: GuardPeriod) -> list[str]:
 def run_guard(app: Any, group: str, limit_w: float, topology: Any, telemetry: TelemetryReader, r: Any,
               now: float) -> GuardResult:
     """One period for one group, with its I/O: the task's body, callable with other ports."""
-    settings = GuardSettings(period_s=app.fleet_config.power.guard_period_s)
+    power = app.fleet_config.power
+    settings = GuardSettings(period_s=power.guard_period_s, cap_ceiling=power.cap_ceiling)
     # One run per group at a time. Released at the end: the next period's run, due one period
     # later, must find it free; the expiry only covers a worker that died holding it.
     lock, token = LOCK_KEY.format(group=group), uuid.uuid4().hex

@@ -9,7 +9,8 @@ one period (power/live.py), and its overlays reach the live agents. A dead agent
 change only what is reported: ``unreadable`` (no draw), ``zero`` (0 W), ``stuck`` (the value it read
 when the fault began).
 
-``FaultyGroup`` is the hypothesis state machine over it (tests/power/test_sensor_faults.py runs it
+``slipping`` runs it with the guard's periods skipped and its messages late (scheduling slip under CPU
+load). ``FaultyGroup`` is the hypothesis state machine over it (tests/power/test_sensor_faults.py runs it
 bounded, bench/power_faults.py longer).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from powerfleet.agent.throttle import OverlayStore
 from powerfleet.clock import FakeClock
 from powerfleet.power.guard import GuardSettings
 from powerfleet.power.live import GroupView, GuardMemory, GuardPeriod, guard_period
+from powerfleet.power.overlay import Overlay
 from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import GpuTelemetry, parse_telemetry
 
@@ -83,6 +86,11 @@ class Loop:
     hashes: dict[str, list[GpuTelemetry]] = field(default_factory=dict)
     agents: dict[str, SimAgent] = field(default_factory=dict)
     history: list[tuple[float, float]] = field(default_factory=list)  # (time, true group draw)
+    # Scheduling slip: overlays reach the agents this many seconds after the guard sent them (a
+    # loaded worker, broker or agent), and one older than its ``expires`` on arrival is dropped, as
+    # Celery drops it; ``guard_up`` False for a second is a guard period that did not run.
+    delay_s: int = 0
+    in_flight: list[tuple[float, str, Overlay]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for node in sorted({g.node for g in self.gpus}):
@@ -118,6 +126,7 @@ class Loop:
         """One second of the loop."""
         self.clock.advance(1.0)
         now = self.clock.now()
+        self._deliver(now)
         for g in self.gpus:
             a = self.agents[g.node]
             if a.alive:
@@ -138,7 +147,14 @@ class Loop:
         self.period = guard_period(self.settings, GROUP, self.limit_w, view, self.hashes, self.memory, now)
         self.memory = self.period.memory
         for node, overlay in self.period.overlays.items():
-            if self.agents[node].alive:
+            self.in_flight.append((now + self.delay_s, node, overlay))
+        self._deliver(now)
+
+    def _deliver(self, now: float) -> None:
+        due = [m for m in self.in_flight if m[0] <= now]
+        self.in_flight = [m for m in self.in_flight if m[0] > now]
+        for _, node, overlay in due:
+            if self.agents[node].alive and now - overlay.issued_at <= overlay.ttl_s():
                 self.agents[node].store.receive(overlay)
 
     def _report(self, g: SimGpu, now: float) -> GpuTelemetry | None:
@@ -155,6 +171,34 @@ class Loop:
         """The seconds from ``since`` on in which the group drew above its limit: (time, W over; NVML takes
         whole milliwatts, so the safe caps may add up to a few mW above the limit)."""
         return [(t, round(w - self.limit_w, 1)) for t, w in self.history if t >= since and w > self.limit_w + 0.01]  # mW rounding
+
+
+def longest_run(over: list[tuple[float, float]]) -> int:
+    """The longest run of consecutive seconds in ``Loop.over``'s list."""
+    best = run = 0
+    last = None
+    for t, _ in over:
+        run = run + 1 if last is not None and t - last == 1 else 1
+        best, last = max(best, run), t
+    return best
+
+
+def slipping(seed: int, skip: float, delay_s: int, seconds: int = 100) -> list[tuple[float, float]]:
+    """``seconds`` of random demand on 8 x 700 W at 1.3x (cap ceiling off) after a light start; a share
+    ``skip`` of the guard's periods do not run and every overlay reaches its agent ``delay_s`` late.
+    Returns the seconds over the limit (tests/power/test_guard_timing.py, bench/power_slip.py)."""
+    rnd = random.Random(seed)
+    loop = Loop.of(2, 4, ratio=1.3, settings=GuardSettings(period_s=1.0, cap_ceiling=None), delay_s=delay_s)
+    for g in loop.gpus:
+        g.demand_w = 100.0
+    loop.run(10)
+    t0 = loop.clock.now()
+    for _ in range(seconds):
+        for g in loop.gpus:
+            g.demand_w = rnd.choice([100.0, 300.0, 700.0, 700.0])
+        loop.guard_up = rnd.random() > skip
+        loop.step()
+    return loop.over(t0)
 
 
 class FaultyGroup(RuleBasedStateMachine):

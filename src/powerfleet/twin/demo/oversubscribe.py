@@ -13,11 +13,13 @@ Steps (fractions of the run):
 1. ``surge_throttled`` (15 %-45 %): the traffic's load on every worker x4 (the twin's
    ``load_scale``): at full load the GPUs would draw about 4.2 kW. Holds when the guard lowered
    the low-priority deployment's caps.
-2. ``released`` (after the surge): every cap back at its pod's annotation.
+2. ``released`` (after the surge): every cap back at its pod's annotation (or its share under the
+   guard's cap ceiling, ``power.guard.released_caps``: at 1.3x the default 1.25 holds llm-agg, low
+   priority, a little below its annotation).
 3. ``telemetry_loss_safe_caps`` (60 %-80 %): the second node's power telemetry is lost (NVML's
    power reading fails: its agent reports no draw). Holds when every guarded GPU of the node is
    at its safe cap (its share of the limit, power/safe.py).
-4. ``recovered`` (after the loss): every cap back at its annotation.
+4. ``recovered`` (after the loss): every cap back at its annotation (or ceiling share) again.
 
 A poller reads the GPU files every 0.1 s (the caps in force, finer than the twin's 1 s samples)
 and the lost node's report hash in Redis (the last report with a draw).
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from powerfleet.power.guard import DEFAULT_CAP_CEILING, GroupRefused, GuardSettings, released_caps
 from powerfleet.power.safe import GpuRange, safe_caps
 from powerfleet.power.telemetry import REPORT_KEY
 from powerfleet.twin.demo.checks import Check
@@ -129,8 +132,9 @@ class OversubscribeScenario:
     """The same driving interface as ``twin.demo.scenario.Scenario`` (tick, finish, states, steps)."""
 
     def __init__(self, twin: Twin, redis_client: Any, log: Callable[[str], None], period_s: float = 1.0,
-                 plan: GuardPlan = GuardPlan()) -> None:
+                 plan: GuardPlan = GuardPlan(), cap_ceiling: float | None = DEFAULT_CAP_CEILING) -> None:
         self.twin, self.r, self.log, self.period_s, self.plan = twin, redis_client, log, period_s, plan
+        self.cap_ceiling = cap_ceiling  # the fleet's power.cap_ceiling (the default unless overridden)
         self.limit_w = float(plan.limit_w if plan.limit_w is not None else group_limit(twin.spec))
         self.nodes = list(twin.spec.racks[plan.group])
         self.lost_node = plan.lost_node or self.nodes[-1]
@@ -232,7 +236,7 @@ class OversubscribeScenario:
 
     def _poll_annotations(self) -> tuple[bool, str]:
         below = self._throttled(AGG) + self._throttled(DISAGG)
-        return not below, f"{len(below)} guarded GPUs below their annotation"
+        return not below, f"{len(below)} guarded GPUs below their annotation (or cap-ceiling share)"
 
     def _start_loss(self) -> str | None:
         with self._lock:
@@ -264,12 +268,26 @@ class OversubscribeScenario:
         return [g for x in samples for g in x.gpus if g.pod is not None and g.node in self.nodes]
 
     def _throttled(self, dgd: str) -> list[Any]:
+        """``dgd``'s guarded GPUs below the cap the guard leaves once released (``released_caps``)."""
         samples = self.twin.snapshot_samples()
         if not samples:
             return []
         s = samples[-1]
+        released = self.released_caps(s)
         return [g for g in self._pod_gpus(s) if self._dgd(g.pod) == dgd
-                and (want := s.annotated_w.get(f"{g.node}/{g.index}")) and g.cap_w < want - TOLERANCE_W]
+                and (want := released.get(f"{g.node}/{g.index}")) and g.cap_w < want - TOLERANCE_W]
+
+    def released_caps(self, s: Sample) -> dict[str, float]:
+        """Each guarded GPU's cap once the guard has released every throttle: its annotation, or its
+        share under the cap ceiling (power.guard.released_caps: low priority cut first)."""
+        gpus = {f"{g.node}/{g.index}": (self.priority.get(self._dgd(g.pod), "high"),
+                                        GpuRange(want, GPU_MIN_W, GPU_MAX_W))
+                for g in self._pod_gpus(s) if (want := s.annotated_w.get(f"{g.node}/{g.index}"))}
+        settings = GuardSettings(period_s=self.period_s, cap_ceiling=self.cap_ceiling)
+        try:
+            return released_caps(settings, self.plan.group, self.limit_w, gpus) if gpus else {}
+        except GroupRefused:  # the guard refuses the group (its minimums do not fit): nothing is throttled
+            return {k: r.cap_w for k, (_, r) in gpus.items()}
 
     def safe_caps(self, node: str, samples: list[Sample] | None = None, t: float | None = None
                   ) -> dict[tuple[str, int], float]:

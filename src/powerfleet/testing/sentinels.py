@@ -16,7 +16,7 @@ from typing import Self
 import redis
 
 from powerfleet.broker.embedded import find_redis_server, free_loopback_port, stop_process
-from tests.waiting import wait_for
+from powerfleet.testing.waiting import wait_for
 
 MASTER_NAME = "fleet"
 TEST_PASSWORD = "sentinel-test-Secret-42"  # the Redis nodes' and the Sentinels' password in tests
@@ -212,6 +212,14 @@ class SentinelCluster:
         proc = self.procs.pop(port)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+    def freeze(self, port: int) -> None:
+        """SIGSTOP: the node holds its connections open and answers nothing (a hung host)."""
+        os.kill(self.procs[port].pid, signal.SIGSTOP)
+
+    def thaw(self, port: int) -> None:
+        """SIGCONT a frozen node: it resumes as it was (a master Sentinel replaced is then demoted)."""
+        os.kill(self.procs[port].pid, signal.SIGCONT)
 
     def cut_replication(self, port: int) -> None:
         """Replica ``port`` keeps its data and stays promotable, but stops receiving its master's

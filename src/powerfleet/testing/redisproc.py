@@ -17,7 +17,7 @@ from typing import Self
 import redis
 
 from powerfleet.broker.embedded import find_redis_server, free_loopback_port
-from tests.waiting import wait_for
+from powerfleet.testing.waiting import wait_for
 
 
 class CrashableRedis:
