@@ -23,16 +23,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from powerfleet.twin.demo.scenario_files import MAX_DEPTH, ScenarioError, _depth, read_bounded
 from powerfleet.twin.demo.scenario_model import TRACES, Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 SCHEMA_PATH = SCENARIO_DIR / "schema.json"
-MAX_BYTES = 1024 * 1024
-MAX_DEPTH = 32
-
-
-class ScenarioError(ValueError):
-    """A scenario that cannot be run; the message is one line."""
 
 
 def shipped() -> list[str]:
@@ -47,45 +42,6 @@ def resolve(source: str) -> Path:
             raise ScenarioError(f"{source!r} is neither a shipped scenario ({', '.join(shipped())}) nor a file path")
         return path
     return Path(source)
-
-
-def read_bounded(path: Path, what: str) -> str:
-    """The UTF-8 text of a regular file of at most MAX_BYTES; a FIFO or device is never opened."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise ScenarioError(f"{what} {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ScenarioError(f"{what} {path}: not a regular file")
-    if st.st_size > MAX_BYTES:
-        raise ScenarioError(f"{what} {path}: {st.st_size} bytes, over the {MAX_BYTES} byte limit")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ScenarioError(f"{what} {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise ScenarioError(f"{what} {path}: over the {MAX_BYTES} byte limit")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{what} {path}: not UTF-8 text") from None
-
-
-def _depth(obj: Any, limit: int = MAX_DEPTH) -> int:
-    stack = [(obj, 1)]
-    deepest = 0
-    while stack:
-        o, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-    return deepest
 
 
 def parse(text: str, what: str = "scenario", *, duration_s: float | None = None, base: Path | None = None) -> Scenario:

@@ -34,7 +34,7 @@ FRONTEND = ComponentType.FRONTEND.value
 def read_manifest(path: Path) -> dict[str, Any]:
     """The one DynamoGraphDeployment in the file at ``path``; raises ValueError (one line)."""
     from powerfleet.cluster.manifests import ManifestError, is_dgd, load_documents
-    from powerfleet.twin.demo.scenario_load import MAX_DEPTH, _depth, read_bounded
+    from powerfleet.twin.demo.scenario_files import MAX_DEPTH, _depth, read_bounded
 
     text = read_bounded(path, "manifest_file")
     try:
