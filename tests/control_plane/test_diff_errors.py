@@ -5,8 +5,12 @@ table; the differences left are listed there)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from kubernetes import client
 
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.objects import Lease
 from tests.control_plane.servers import GROUP, PLURAL, Server, fails, pod
 
 
@@ -152,3 +156,17 @@ def test_server_side_apply_is_the_listed_difference(server: Server) -> None:
                                 "application/apply-patch+yaml", query=[("fieldManager", "t")])
     expected = 200 if server.kind == "real" else 415
     assert code == expected, (server.kind, code, body)
+
+
+def test_a_lease_time_without_microseconds_is_400_and_the_adapter_always_sends_them(server: Server) -> None:
+    """A MicroTime is parsed as RFC3339Micro: the client's isoformat of a whole second (no fraction)
+    made every Lease the retune's injected clock stamped a 400 on the real server."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{server.namespace}/leases"
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"},
+             "spec": {"holderIdentity": "a", "renewTime": "2027-01-15T08:00:00+00:00"}}
+    code, body, _ = server.call("POST", path, lease)
+    assert (code, body.get("reason")) == (400, "BadRequest") and "cannot be handled as a Lease" in body["message"], body
+    at = datetime.fromtimestamp(1_800_000_000.0, UTC)  # a whole second, as a FakeClock gives
+    made = KubeCluster(server.api).create_lease(Lease(name="l", namespace=server.namespace, holder_identity="a",
+                                                      acquire_time=at, renew_time=at, lease_transitions=1))
+    assert (made.acquire_time, made.renew_time) == (at, at), made
