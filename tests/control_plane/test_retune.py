@@ -19,13 +19,13 @@ from powerfleet.clock import FakeClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.ports import LeaseConflict
 from powerfleet.cluster.router import TIMEOUT_S as PATCH_TIMEOUT_S
-from powerfleet.retune import control
+from powerfleet.retune import control, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.leadership import STATE_ANNOTATION, Fenced, leader_lease_name, state_lease_name
 from powerfleet.retune.live import actuate
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.testing.controlplane.objects import RealObjects
-from powerfleet.testing.retune_world import START_POLICY, World
+from powerfleet.testing.retune_world import BASE_K, START_POLICY, World, start_of, traffic_lines, write_segments
 from tests.control_plane.cluster import admin_client
 from tests.control_plane.fleet import FleetRbac
 from tests.retune.conftest import make_ports, retune_config
@@ -167,3 +167,31 @@ def test_a_rollback_restores_every_routers_initial_settings(world, fleet, kube, 
     assert again["status"] == "rolled-back", again
     state = _stored_state(kube, fleet.namespace, name)
     assert state.rollback == "done" and state.history[-1].outcome == "rollback", state
+
+
+def test_a_window_on_the_real_dgd_passes_its_premises_and_an_unsettled_one_is_blocked(world, fleet, kube,
+                                                                                      redis_url) -> None:
+    """The premises read the real DGD (v1alpha1 spec and status) and its Running frontend pods."""
+    name, fes, cfg, _ = _setup(world, fleet, kube, redis_url)
+    clock = FakeClock(start_of(BASE_K) + 1, 1.0)
+    ports = make_ports(redis_url, kube, "ctl-a", clock)
+    assert control.tick_deployment(cfg, ports, name, clock.now())["status"] == "leader"
+    write_segments(world.trace_dir, name, sorted(fes), traffic_lines(240, start_of(BASE_K), 115.0))
+
+    def launch(k: int) -> dict[str, Any]:
+        clock.advance(start_of(k + 1) + 1 - clock.now())
+        control.tick_deployment(cfg, ports, name, clock.now())
+        (win,) = [w for w in ports.send.of(control.WINDOW_TASK) if w["window"] == k]
+        return live.launch_window(cfg, ports, name, k, leader=win["leader"], term=win["term"],
+                                  generation=win["generation"])
+
+    out = launch(BASE_K + 1)
+    assert out["status"] == "launched" and out["requests"] > 0, out
+    assert ports.send.of(live.SHARD_TASK), "no shard sent for a launched window"
+    # The operator has not yet observed a new generation: the next window waits.
+    world.api.apply({"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+                     "metadata": {"name": name}, "spec": world.api.get(
+                         "nvidia.com/v1alpha1", "DynamoGraphDeployment", name)["spec"] | {"backendFramework": "vllm"},
+                     "status": {"observedGeneration": 1, "state": "pending"}})
+    blocked = launch(BASE_K + 2)
+    assert blocked["status"] == "blocked" and blocked["premises"] == ["dgd-unsettled"], blocked
