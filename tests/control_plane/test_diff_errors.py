@@ -170,3 +170,19 @@ def test_a_lease_time_without_microseconds_is_400_and_the_adapter_always_sends_t
     made = KubeCluster(server.api).create_lease(Lease(name="l", namespace=server.namespace, holder_identity="a",
                                                       acquire_time=at, renew_time=at, lease_transitions=1))
     assert (made.acquire_time, made.renew_time) == (at, at), made
+
+
+def test_a_pod_is_bound_once_through_pods_binding(server: Server) -> None:
+    """The twin's operator binds as a scheduler does: a real server refuses a change of spec.nodeName."""
+    server.core.create_namespaced_pod(server.namespace, pod("p"))
+    binding = lambda node: client.V1Binding(metadata=client.V1ObjectMeta(name="p"),  # noqa: E731
+                                            target=client.V1ObjectReference(kind="Node", name=node))
+    done = server.core.create_namespaced_pod_binding("p", server.namespace, binding("n1"), _preload_content=False)
+    assert done.status == 201, done.data
+    bound = server.core.read_namespaced_pod("p", server.namespace)
+    scheduled = [(c.type, c.status) for c in bound.status.conditions or [] if c.type == "PodScheduled"]
+    assert bound.spec.node_name == "n1" and scheduled == [("PodScheduled", "True")], bound.status
+    body = fails(lambda: server.core.create_namespaced_pod_binding("p", server.namespace, binding("n2"),
+                                                                   _preload_content=False), 409)
+    assert body["reason"] == "Conflict" and body["details"]["kind"] == "pods/binding", body
+    assert 'already assigned to node "n1"' in body["message"], body
