@@ -64,11 +64,14 @@ def test_the_twins_pods_run_and_its_frontends_start_on_the_real_server(control_p
 @pytest.mark.timeout(600)
 def test_a_short_demo_on_the_real_control_plane_holds_every_check(control_plane: ControlPlane,
                                                                    tmp_path: Path) -> None:
+    """120 s with 20 s windows: the manual change waits for a retune to apply, then for its revert
+    (a 10 s retune tick); 60 s left one run without that revert, and 10 s windows leave a shard 6 s,
+    which a loaded machine overran."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
     env["PF_CONTROL_PLANE_BIN"] = str(control_plane.bin_dir)
     report = tmp_path / "report"
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--control-plane", "real",
-                          "--duration", "60", "--window", "20", "--nodes", "2", "--plain", "--report", str(report), "--json"],
+                          "--duration", "120", "--window", "20", "--nodes", "2", "--plain", "--report", str(report), "--json"],
                          env=env, capture_output=True, text=True, timeout=560)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     summary = json.loads(out.stdout) if out.stdout.strip() else {}
