@@ -10,6 +10,7 @@ readable after it stops: the demo judges and reports after the twin has stopped.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from .objects import RealObjects
 from .plane import ControlPlane, kubeconfig_text
 from .procs import StartError
 
+log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 UPDATE_TRIES = 8
 FINAL_KINDS = (("v1", "Pod"), ("v1", "ConfigMap"), ("v1", "Node"), ("coordination.k8s.io/v1", "Lease"),
@@ -86,6 +88,9 @@ class RealApiServer:
         if self._api is not None:
             try:
                 self._final = {key: self.list(*key) for key in FINAL_KINDS}
+            except Exception as exc:  # noqa: BLE001 -- a server already gone leaves nothing to read; stop it all the same
+                log.warning("the control plane's final state could not be read: %s", exc)
+                self._final = {}
             finally:
                 self._api.close()
                 self._api = None
