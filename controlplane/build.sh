@@ -25,7 +25,7 @@ PROGRAMS=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok helm)
 
 module_hash() { cat "$here"/*/go.mod "$here"/*/go.sum "$here"/*/tools.go | sha256sum | cut -c1-12; }
 key="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_$(module_hash)"
-root="${POWERFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerfleet}/control-plane/$key"
+root="${PF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/powerfleet}/control-plane/$key"
 bin="$root/bin"
 
 stages="$root/kwok-stages.yaml"

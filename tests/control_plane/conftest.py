@@ -14,11 +14,10 @@ import pytest
 from kubernetes import client, config
 
 from powerfleet.testing.controlplane import ControlPlane, built_bin_dir
-from powerfleet.testing.controlplane.crds import real_server_crds
+from powerfleet.testing.controlplane.crds import install_crds
 from powerfleet.twin.apiserver import ApiServer
 from tests.control_plane.cluster import FakeNodes
 from tests.control_plane.servers import Server
-from tests.waiting import wait_for
 
 HERE = Path(__file__).parent
 
@@ -41,14 +40,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     plane.start()
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        ext = client.ApiextensionsV1Api(api)
-        for crd in real_server_crds():
-            ext.create_custom_resource_definition(crd)
-        for crd in real_server_crds():
-            wait_for(lambda n=crd["metadata"]["name"]: any(
-                c.type == "Established" and c.status == "True"
-                for c in ext.read_custom_resource_definition(n).status.conditions or []),
-                what=f"CRD {crd['metadata']['name']} established", timeout_s=30)
+        install_crds(api)
         api.close()
         plane.start_seconds["ready with CRDs"] = time.monotonic() - t0
         yield plane

@@ -5,8 +5,12 @@ table; the differences left are listed there)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from kubernetes import client
 
+from powerfleet.cluster.kube import KubeCluster
+from powerfleet.cluster.objects import Lease
 from tests.control_plane.servers import GROUP, PLURAL, Server, fails, pod
 
 
@@ -152,3 +156,33 @@ def test_server_side_apply_is_the_listed_difference(server: Server) -> None:
                                 "application/apply-patch+yaml", query=[("fieldManager", "t")])
     expected = 200 if server.kind == "real" else 415
     assert code == expected, (server.kind, code, body)
+
+
+def test_a_lease_time_without_microseconds_is_400_and_the_adapter_always_sends_them(server: Server) -> None:
+    """A MicroTime is parsed as RFC3339Micro: the client's isoformat of a whole second (no fraction)
+    made every Lease the retune's injected clock stamped a 400 on the real server."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{server.namespace}/leases"
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l"},
+             "spec": {"holderIdentity": "a", "renewTime": "2027-01-15T08:00:00+00:00"}}
+    code, body, _ = server.call("POST", path, lease)
+    assert (code, body.get("reason")) == (400, "BadRequest") and "cannot be handled as a Lease" in body["message"], body
+    at = datetime.fromtimestamp(1_800_000_000.0, UTC)  # a whole second, as a FakeClock gives
+    made = KubeCluster(server.api).create_lease(Lease(name="l", namespace=server.namespace, holder_identity="a",
+                                                      acquire_time=at, renew_time=at, lease_transitions=1))
+    assert (made.acquire_time, made.renew_time) == (at, at), made
+
+
+def test_a_pod_is_bound_once_through_pods_binding(server: Server) -> None:
+    """The twin's operator binds as a scheduler does: a real server refuses a change of spec.nodeName."""
+    server.core.create_namespaced_pod(server.namespace, pod("p"))
+    binding = lambda node: client.V1Binding(metadata=client.V1ObjectMeta(name="p"),  # noqa: E731
+                                            target=client.V1ObjectReference(kind="Node", name=node))
+    done = server.core.create_namespaced_pod_binding("p", server.namespace, binding("n1"), _preload_content=False)
+    assert done.status == 201, done.data
+    bound = server.core.read_namespaced_pod("p", server.namespace)
+    scheduled = [(c.type, c.status) for c in bound.status.conditions or [] if c.type == "PodScheduled"]
+    assert bound.spec.node_name == "n1" and scheduled == [("PodScheduled", "True")], bound.status
+    body = fails(lambda: server.core.create_namespaced_pod_binding("p", server.namespace, binding("n2"),
+                                                                   _preload_content=False), 409)
+    assert body["reason"] == "Conflict" and body["details"]["kind"] == "pods/binding", body
+    assert 'already assigned to node "n1"' in body["message"], body

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import typer
 
+from powerfleet.cli import control_plane_opt
 from powerfleet.cli.context import fleet_config
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.cli.demo_env import agent_env, config_env, fleet_env, planner_group_budgets, twin_fleet_env
@@ -46,6 +47,7 @@ def demo(
                                  help="A shipped scenario (default, limit-below-minimums, tenant-pending, "
                                       "agent-dies-mid-rebalance; oversubscribe: one rack at 1.3x under the power "
                                       "guard, docs/power.md) or a scenario file (YAML, docs/twin.md)."),
+    control_plane: str = control_plane_opt.option(),
 ) -> None:
     """The main job on embedded defaults: the fleet keeps a twin GPU cluster in budget and its routers tuned.
 
@@ -58,6 +60,7 @@ def demo(
     from powerfleet.workers.launcher import Launcher
 
     plan = load_scenario(scenario, duration, nodes)  # validated before anything starts
+    server_for = control_plane_opt.resolve(control_plane)
     duration = float(plan[0].duration_s)
     window_s = window or (10 if duration < 120 else 20)
     if window_s < 10:
@@ -74,7 +77,7 @@ def demo(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    twin = Twin(options)
+    twin = Twin(options, server=server_for(work))
     try:
         twin.start()
     except OSError as exc:
@@ -108,6 +111,7 @@ def demo(
         run = DemoRun(twin=twin, launcher=launcher, config=config, broker_url=url, flower_url=flower_url,
                       duration_s=duration, window_s=window_s, plain=plain, stop=stop, work=work,
                       meta={"nodes": nodes, "seed": seed, "duration_s": duration, "window_s": window_s,
+                            "control_plane": control_plane,
                             "scenario": plan[0].name, "scenario_file": str(plan[1])},
                       plan=plan[0], ports=ports)
         outcome = run.run()

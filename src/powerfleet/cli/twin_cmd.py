@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 
+from powerfleet.cli import control_plane_opt
 from powerfleet.cli.errors import EXIT_FAILURE, fail, print_json
 from powerfleet.twin.cluster.topology import MAX_NODES, MIN_NODES
 
@@ -97,6 +98,7 @@ def twin(
                                            help="A shipped scenario or a scenario file (docs/twin.md): its "
                                                 "topology, deployments, tenants and traffic; its events need a "
                                                 "fleet and are run by `powerfleet demo --scenario`."),
+    control_plane: str = control_plane_opt.option(),
 ) -> None:
     """Run the twin: a loopback Kubernetes API with GPU nodes, two DGDs, their pods, GPUs, frontends and traffic.
 
@@ -108,6 +110,7 @@ def twin(
 
     if traces is not None and not traces.is_dir():
         fail(f"--traces: {traces} is not a directory")
+    server_for = control_plane_opt.resolve(control_plane)
     options = TwinOptions(spec=TwinSpec(nodes=nodes, seed=seed), window_s=window, traces=traces)
     plan = None
     if scenario is not None:
@@ -126,7 +129,7 @@ def twin(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    tw = Twin(replace(options, root=root))
+    tw = Twin(replace(options, root=root), server=server_for(root))
     try:
         tw.start()
     except OSError as exc:

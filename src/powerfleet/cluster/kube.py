@@ -90,6 +90,23 @@ def lease_info(lease: client.V1Lease) -> Lease:
     )
 
 
+class MicroTime(datetime):
+    """A Lease's ``acquireTime``/``renewTime`` as the real server parses a MicroTime: always six
+    fraction digits. The client serialises a datetime with ``isoformat``, which drops the fraction
+    at a whole second, and kube-apiserver then refuses the whole Lease with 400 (the loopback
+    server took it). The client's models keep this subclass as it is."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "microseconds") -> str:
+        return super().isoformat(sep, timespec)
+
+
+def micro_time(at: datetime | None) -> MicroTime | None:
+    if at is None:
+        return None
+    at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+    return MicroTime(at.year, at.month, at.day, at.hour, at.minute, at.second, at.microsecond, tzinfo=UTC)
+
+
 def _lease_body(lease: Lease) -> client.V1Lease:
     return client.V1Lease(
         metadata=client.V1ObjectMeta(
@@ -102,8 +119,8 @@ def _lease_body(lease: Lease) -> client.V1Lease:
         spec=client.V1LeaseSpec(
             holder_identity=lease.holder_identity,
             lease_duration_seconds=lease.lease_duration_seconds,
-            acquire_time=lease.acquire_time,
-            renew_time=lease.renew_time,
+            acquire_time=micro_time(lease.acquire_time),
+            renew_time=micro_time(lease.renew_time),
             lease_transitions=lease.lease_transitions,
         ),
     )

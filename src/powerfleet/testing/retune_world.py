@@ -1,7 +1,9 @@
 """A small retune world (tests, bench/load.py): a DGD with frontend pods, loopback frontends, traffic.
 
 Everything is real except the time: the loopback API server (official client), loopback
-frontends (HTTP), a real Redis, and gzip trace segments as frontends write them.
+frontends (HTTP), a real Redis, and gzip trace segments as frontends write them. The objects go
+wherever ``World.api`` seeds them: the loopback server, or the real one
+(``powerfleet.testing.controlplane.objects.RealObjects``, the control_plane tier).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME
 from powerfleet.retune.premises import ROUTER_URL_ANNOTATION
@@ -47,9 +49,14 @@ def dgd_object(name: str, *, frontends: int = 2, workers: int = 4, annotations: 
         "spec": {"components": [comp("frontend", "frontend", frontends)]
                  + [comp(kind, kind, n, worker_env) for kind, n in pools]},
         "status": {"observedGeneration": 1, "state": "successful",
-                   "components": {"frontend": {"replicas": frontends, "readyReplicas": frontends},
-                                  **{kind: {"replicas": n, "readyReplicas": n} for kind, n in pools}}},
+                   "components": {kind: _settled(name, kind, n) for kind, n in [("frontend", frontends), *pools]}},
     }
+
+
+def _settled(dgd: str, component: str, replicas: int) -> dict[str, Any]:
+    """A component's status as Dynamo's CRD requires it (kind, names, updated replicas), all ready."""
+    return {"componentKind": "Deployment", "componentNames": [f"{dgd}-{component}"], "replicas": replicas,
+            "updatedReplicas": replicas, "readyReplicas": replicas}
 
 
 def frontend_pod(dgd: str, pod: str, url: str) -> dict[str, Any]:
@@ -93,9 +100,13 @@ def write_segments(trace_dir: Path, dgd: str, pods: list[str], lines: list[str],
     return paths
 
 
+class Seeds(Protocol):
+    def apply(self, obj: dict[str, Any]) -> Any: ...
+
+
 @dataclass
 class World:
-    api: ApiServer
+    api: ApiServer | Seeds
     trace_dir: Path
     kubeconfig: Path
     frontends: dict[str, dict[str, LoopbackFrontend]] = field(default_factory=dict)

@@ -101,11 +101,14 @@ class Twin:
     traffic_source: str = ""
     tick_errors: int = 0
     last_tick_error: str | None = None
+    # The API server: None, the loopback one; else one with its surface on a real control plane
+    # (powerfleet.testing.controlplane.twin_api, ``--control-plane real``).
+    server: Any = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.options.root).resolve()
         self.spec = self.options.spec
-        self.api = ApiServer(clock=self.clock)
+        self.api = self.server if self.server is not None else ApiServer(clock=self.clock)
         self.nodes: dict[str, NodeSim] = {}
         self.operator: OperatorLoop | None = None
         self.podresources: PodResourcesServers | None = None  # the kubelet's PodResources API per node
@@ -317,11 +320,11 @@ class Twin:
 
     def _annotate(self, pod: str, annotations: dict[str, str]) -> None:
         """The kubelet's own write: the endpoint a started frontend listens on."""
-        with self.api.store.cond:
-            obj = self.api.get("v1", "Pod", pod, self.spec.namespace)
+        def write(obj: dict[str, Any]) -> None:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
             obj.setdefault("status", {})["podIP"] = "127.0.0.1"
-            self.api.apply(obj)
+
+        self.api.update("v1", "Pod", pod, self.spec.namespace, write)
 
     def _close_windows(self, now: float, pods: list[dict[str, Any]], gpus: list[GpuSample]) -> None:
         caps: dict[str, list[float]] = {}
@@ -351,11 +354,11 @@ class Twin:
 
     def set_component_cap(self, dgd: str, component: str, watts: int) -> dict[str, Any]:
         """Change a component's power annotation on the DGD (a template change: the operator rolls pods)."""
-        with self.api.store.cond:
-            obj = self.api.get(DGD_API_VERSION, DGD_KIND, dgd, self.spec.namespace)
+        def write(obj: dict[str, Any]) -> None:
             svc = obj["spec"]["services"][component]
             svc.setdefault("extraPodMetadata", {}).setdefault("annotations", {})[POWER_ANNOTATION] = str(watts)
-            return self.api.apply(obj)
+
+        return dict(self.api.update(DGD_API_VERSION, DGD_KIND, dgd, self.spec.namespace, write))
 
     def token_rates(self, dgd: str) -> tuple[float, float]:
         """The deployment's served (input, output) tokens per second, smoothed over about 3 s."""

@@ -12,10 +12,12 @@ adapter); the fleet's adapter then reads and writes that version (``KubeCluster.
 from __future__ import annotations
 
 import copy
+import time
 from importlib import resources
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 TWIN_MARKERS = ("x-twin-elided", "x-twin-unlisted")
 FILES = ("nvidia.com_dynamographdeployments.yaml", "nvidia.com_dynamographdeploymentscalingadapters.yaml")
@@ -42,3 +44,19 @@ def real_server_crd(text: str) -> dict[str, Any]:
 def real_server_crds() -> list[dict[str, Any]]:
     base = resources.files("powerfleet.twin.apiserver") / "crds"
     return [real_server_crd((base / name).read_text()) for name in FILES]
+
+
+def install_crds(api: client.ApiClient, timeout_s: float = 30.0) -> None:
+    """Create both CRDs and wait until the server says each is Established."""
+    ext = client.ApiextensionsV1Api(api)
+    crds = real_server_crds()
+    for crd in crds:
+        ext.create_custom_resource_definition(crd)
+    deadline = time.monotonic() + timeout_s
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        while not any(c.type == "Established" and c.status == "True"
+                      for c in ext.read_custom_resource_definition(name).status.conditions or []):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after {timeout_s:.0f} s")
+            time.sleep(0.1)

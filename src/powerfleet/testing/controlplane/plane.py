@@ -25,10 +25,11 @@ PROGRAMS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 
 
 def built_bin_dir() -> Path | None:
-    """The cache directory holding every program (``build.sh --dir``, or ``POWERFLEET_CONTROL_PLANE_BIN``),
-    or None when it is incomplete."""
-    if os.environ.get("POWERFLEET_CONTROL_PLANE_BIN"):
-        given = Path(os.environ["POWERFLEET_CONTROL_PLANE_BIN"])
+    """The cache directory holding every program (``build.sh --dir``, or ``PF_CONTROL_PLANE_BIN``),
+    or None when it is incomplete. Not a ``POWERFLEET_*`` name: those are the fleet's configuration,
+    and an unknown one stops every command."""
+    if os.environ.get("PF_CONTROL_PLANE_BIN"):
+        given = Path(os.environ["PF_CONTROL_PLANE_BIN"])
         return given if all((given / p).is_file() for p in PROGRAMS) else None
     if shutil.which("bash") is None or not BUILD_SCRIPT.exists():
         return None

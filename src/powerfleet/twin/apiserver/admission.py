@@ -3,6 +3,8 @@
 * object metadata limits, for every kind: a name of at most 253 characters in DNS-subdomain
   form, label values of at most 63 characters (and label names), annotations of at most
   256 KiB in total -> 422 Invalid naming the field;
+* a Lease's ``acquireTime``/``renewTime`` are MicroTimes, parsed as Go's RFC3339Micro (six fraction
+  digits and a zone) -> 400 BadRequest ``cannot be handled as a Lease`` otherwise;
 * the structural schema of a custom resource (``crds.py``, ``schema.py``): unknown fields pruned,
   defaults applied, types/enums/required/bounds validated -> 422 Invalid with one cause per
   field; ``fieldValidation``: ``Strict`` -> 400 BadRequest ``strict decoding error: unknown
@@ -34,6 +36,18 @@ _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 FIELD_VALIDATION = ("Strict", "Warn", "Ignore")
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+MICRO_TIMES = {"Lease": ("acquireTime", "renewTime")}
+
+
+def check_micro_times(rt: ResourceType, obj: Mapping[str, Any]) -> None:
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    for key in MICRO_TIMES.get(rt.kind, ()):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and _MICRO_TIME.fullmatch(value)):
+            version = rt.api_version.rsplit("/", 1)[-1]
+            raise ApiError(400, "BadRequest", f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                           f'parsing time {json.dumps(value)} as "2006-01-02T15:04:05.000000Z07:00"')
 
 
 def invalid(rt: ResourceType, name: str, causes: list[tuple[str, str]]) -> ApiError:
@@ -86,6 +100,7 @@ def admit(rt: ResourceType, obj: Obj, *, subresource: str | None, field_validati
                                           f"got {field_validation!r}")
     if validate:
         check_metadata(rt, obj)
+        check_micro_times(rt, obj)
     crd = crd_of(rt) if options.schemas else None
     if crd is None or rt.version not in crd.schemas:
         return obj, []

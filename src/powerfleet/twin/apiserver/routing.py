@@ -81,7 +81,7 @@ def route(path: str, registry: Registry) -> Route | Obj:
     if not rt.namespaced and namespace is not None:
         raise ApiError(404, "NotFound", f"{rt.plural} is cluster-scoped ({path})")
     sub = rest[2] if len(rest) == 3 else None
-    if sub is not None and not (sub == "status" and rt.status_subresource):
+    if sub is not None and not ((sub == "status" and rt.status_subresource) or (sub == "binding" and rt.kind == "Pod")):
         raise ApiError(404, "NotFound", f"no subresource {sub!r} on {rt.plural}")
     return Route(rt, namespace if rt.namespaced else None, rest[1] if len(rest) > 1 else None, sub)
 

@@ -6,7 +6,7 @@ import copy
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,14 @@ class ApiServer:
         rt = self._type_of({"apiVersion": api_version, "kind": kind})
         items, _ = self.store.list(rt, namespace, lambda _l: True, lambda _o: True)
         return [self._versions(rt).served(i) for i in items]
+
+    def update(self, api_version: str, kind: str, name: str, namespace: str, mutate: Callable[[Obj], None]) -> Obj:
+        """Read, ``mutate`` in place and write back (``apply``), under the store's lock: no other
+        writer comes in between (a real server's counterpart: testing/controlplane/twin_api.py)."""
+        with self.store.cond:
+            obj = self.get(api_version, kind, name, namespace)
+            mutate(obj)
+            return self.apply(obj)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str = "default") -> Obj:
         rt = self._type_of({"apiVersion": api_version, "kind": kind})

@@ -42,6 +42,27 @@ def _pod_grace(store: Store, rt: ResourceType, ns: str, name: str, query: Mappin
         raise ApiError(400, "BadRequest", f"invalid gracePeriodSeconds {raw!r}") from None
 
 
+def bind(store: Store, rt: ResourceType, ns: str, name: str, body: object) -> None:
+    """``pods/<name>/binding`` as the scheduler binds: the pod's node set once (409 when it has one),
+    with its ``PodScheduled`` condition True; a pod's spec is otherwise not the client's to move."""
+    target = body.get("target") if isinstance(body, Mapping) else None
+    node = target.get("name") if isinstance(target, Mapping) and target.get("kind", "Node") == "Node" else None
+    if not node:
+        raise ApiError(400, "BadRequest", "a binding needs a target of kind Node with a name")
+    with store.cond:
+        pod = store.get(rt, ns, name)
+        held = (pod.get("spec") or {}).get("nodeName")
+        if held:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
+                           f'is already assigned to node "{held}"', {"name": name, "kind": "pods/binding"})
+        pod.setdefault("spec", {})["nodeName"] = str(node)
+        status = pod.setdefault("status", {})
+        status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"] + [
+            {"type": "PodScheduled", "status": "True"}]
+        pod["metadata"].pop("resourceVersion", None)
+        store.replace(rt, ns, name, pod, subresource=None, require_rv=False, raw=True)
+
+
 def handle(store: Store, registry: Registry, stopping: threading.Event, req: Handler, method: str,
            options: ServerOptions, pages: Pages | None = None) -> None:
     split = urlsplit(req.path)
@@ -103,6 +124,12 @@ def handle(store: Store, registry: Registry, stopping: threading.Event, req: Han
         return
     if name is None:
         raise ApiError(405, "MethodNotAllowed", f"{method} needs an object name")
+    if found.subresource == "binding":
+        if method != "POST":
+            raise ApiError(405, "MethodNotAllowed", f"method {method} not allowed on pods/binding")
+        bind(store, srt, ns, name, body)
+        req.send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+        return
     if method == "PUT":
         if not isinstance(body, Mapping):
             raise ApiError(400, "BadRequest", "expected an object body")

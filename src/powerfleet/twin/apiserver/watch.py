@@ -1,5 +1,5 @@
 """WATCH: chunked JSON lines from the store's event log, resumable while the version is still logged (else 410);
-BOOKMARK events when the client allows them."""
+BOOKMARK events when the client allows them; a watch list (``sendInitialEvents``) as kube-apiserver serves one."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from powerfleet.twin.apiserver.store import Store
 
 BOOKMARK_EVERY_S = 60.0
 BOOKMARK_BEFORE_DEADLINE_S = 2.0
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 def bookmark_time(now: float, deadline: float) -> float:
@@ -26,9 +27,35 @@ def bookmark_time(now: float, deadline: float) -> float:
     return min(now + BOOKMARK_EVERY_S, last_one) if now < last_one else float("inf")
 
 
+def initial_events(query: Mapping[str, str]) -> bool | None:
+    """``sendInitialEvents`` (None when not given): true makes the watch a watch list (the state now
+    as ADDED events, then, with bookmarks, a BOOKMARK annotated ``k8s.io/initial-events-end`` at the
+    store's version). The real server's option checks come first (apimachinery's
+    validateWatchOptions), as a 422 on ``ListOptions`` naming the field."""
+    send, match = query.get("sendInitialEvents"), query.get("resourceVersionMatch")
+    causes: list[tuple[str, str, str]] = []
+    if send is not None and match != "NotOlderThan":
+        causes.append(("FieldValueForbidden", "resourceVersionMatch",
+                       "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
+    if match and send is None:
+        causes.append(("FieldValueForbidden", "resourceVersionMatch",
+                       "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"))
+    if match and match != "NotOlderThan":
+        causes.append(("FieldValueNotSupported", "resourceVersionMatch",
+                       f'Unsupported value: "{match}": supported values: "NotOlderThan"'))
+    if causes:
+        text = ", ".join(f"{path}: {msg}" for _, path, msg in causes)
+        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {text}', {
+            "group": "meta.k8s.io", "kind": "ListOptions",
+            "causes": [{"reason": r, "message": m, "field": f} for r, f, m in causes]})
+    return None if send is None else send in ("true", "1")
+
+
 def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceType, ns: str | None,
           label: Callable[..., bool], field: Callable[..., bool], query: Mapping[str, str],
           served: Callable[[Obj], Obj] = lambda o: o) -> None:
+    initial = initial_events(query)
+    bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
     timeout = float(query.get("timeoutSeconds") or 1800)
     # The watch timeout is wall-clock, independent of the injected clock.
     deadline = time.monotonic() + timeout
@@ -51,10 +78,16 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
     rv_param = query.get("resourceVersion") or ""
     pending: list[Obj] = []
     with store.cond:
-        if rv_param in ("", "0"):
+        if initial or (initial is None and rv_param in ("", "0")):  # a watch list: the state now
             last = store.rv
             items, _ = store.list(rt, ns, label, field)
             pending = [{"type": "ADDED", "object": o} for o in items]
+            if initial and bookmarks:
+                pending.append({"type": "BOOKMARK", "object": {
+                    "kind": rt.kind, "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(last), "annotations": {INITIAL_EVENTS_END: "true"}}}})
+        elif rv_param in ("", "0"):  # sendInitialEvents=false: from now on
+            last = store.rv
         else:
             try:
                 last = int(rv_param)
@@ -65,7 +98,6 @@ def watch(store: Store, stopping: threading.Event, req: Handler, rt: ResourceTyp
                 pending = [{"type": "ERROR", "object": ApiError(
                     410, "Expired", f"too old resource version: {last} ({oldest - 1})").status()}]
                 last = -1
-    bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
     next_bookmark = bookmark_time(time.monotonic(), deadline)
     sent = last  # the newest version this watcher was told of (an event or a bookmark)
     try:

@@ -124,12 +124,17 @@ class OperatorLoop:
             where = pod["spec"].get("nodeName") or "nowhere (unschedulable)"
             self._event(out, Event("Pod", name, "Scheduled", f"assigned {ns}/{name} to {where}"))
         for name, (node, gpus) in plan.placements.items():
-            body = {"metadata": {"annotations": {GPUS_ANNOTATION: ",".join(map(str, gpus))}}, "spec": {"nodeName": node}}
+            # The GPUs first (a pod's metadata is the client's), then the node through pods/binding, as a
+            # scheduler binds: a real server refuses a change of spec.nodeName (422); the binding sets
+            # PodScheduled True.
+            body = {"metadata": {"annotations": {GPUS_ANNOTATION: ",".join(map(str, gpus))}}}
+            binding = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
+                                       target=client.V1ObjectReference(kind="Node", name=node))
             try:
                 self.core.patch_namespaced_pod(name, ns, body, _request_timeout=_TIMEOUT)
-                self.core.patch_namespaced_pod_status(
-                    name, ns, {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}},
-                    _request_timeout=_TIMEOUT)
+                # Unparsed: the server answers a Status, which the client's V1Binding model refuses.
+                self.core.create_namespaced_pod_binding(name, ns, binding, _request_timeout=_TIMEOUT,
+                                                        _preload_content=False).release_conn()
             except ApiException as exc:
                 out.errors.append(f"bind pod {name}: HTTP {exc.status}")
                 continue
