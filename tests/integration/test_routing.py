@@ -51,3 +51,33 @@ def test_a_ticks_pass_for_a_node_without_an_agent_expires_within_one_interval(la
         expires = datetime.fromisoformat(queued[0]["headers"]["expires"])
         assert before + timedelta(seconds=interval) <= expires <= after + timedelta(seconds=interval), \
             (before, expires, after)
+
+
+def test_a_reconcile_ticks_stored_result_stays_small_however_many_nodes_it_reached(launcher: Launcher, app,
+                                                                                   broker_url) -> None:
+    """The tick's result lives in Redis for a day (5,760 ticks): listing every node made it ~100 kB
+    a tick at 10,000 nodes, ~600 MB held (bench/scale.py). It names the first RESULT_NODES and counts
+    the rest, while every node still gets its pass."""
+    from powerfleet.agent.presence import beat
+    from powerfleet.clock import FakeClock
+    from powerfleet.tasks.fleet import RESULT_NODES
+
+    r = redis.Redis.from_url(broker_url)
+    live = [f"gpu-{i:04d}" for i in range(1500)]
+    for node in live:  # live agents, as each one's heartbeat says (no agent consumes: the passes wait)
+        beat(r, node, 15.0, FakeClock(t=1_800_000_000.0))
+    launcher.spawn("ctl", "worker", "--queues", "control", "--name", "ctl@many")
+    wait_worker(app, "ctl@many")
+
+    sent = app.send_task("powerfleet.fleet.reconcile", kwargs={})
+    result = sent.get(timeout=60)
+    everyone = sorted(["a", "b", *live])
+    assert result["count"] == len(everyone), result["count"]
+    assert result["dispatched"] == everyone[:RESULT_NODES], result["dispatched"][:5]
+    stored = r.memory_usage(f"celery-task-meta-{sent.id}")
+    assert stored is not None and stored < 4096, f"the stored result holds {stored} bytes"
+    with r.pipeline(transaction=False) as p:
+        for node in everyone:
+            p.llen(f"node.{node}")
+        depths = p.execute()
+    assert depths == [1] * len(everyone), [n for n, d in zip(everyone, depths) if d != 1][:5]
