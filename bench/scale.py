@@ -14,7 +14,8 @@ For each size (--sizes, default 1000,3000,10000), on a private redis-server on a
 (b) Beat: a real ``powerfleet beat`` with every interval at 1 s (nothing consumes ``control``):
     its CPU seconds per tick sent (its work does not depend on the number of nodes).
 (c) ``powerfleet status --json``: wall and CPU seconds, output bytes, with the agents' workers
-    each consuming their node queues and one node queue per agent in Redis.
+    each consuming their node queues, and the N agents announced and answering inspect
+    broadcasts (bench/scale_pidbox.py: one process publishing each simulated agent's reply).
 (d) Flower (``powerfleet flower``): ``/api/queues/length`` and the Broker page: wall, bytes.
 (e) Budget (bench/scale_budget.py): 1,000 deployments over the N nodes' 8 N GPU pods on the
     loopback API server: the tick's reads (API calls, bytes, wall, CPU) and the batched
@@ -136,6 +137,7 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
     mem = [int(r.info("memory")["used_memory"])]
     for k in range(ticks):
         r.delete(PER_NODE, EXPIRED)
+        seed_agents(r, nodes)  # each agent beats once an interval: these are the ones the tick finds live
         cpu_w = [proc_cpu_s(p) for p in pids]
         w0, c0 = time.perf_counter(), tree_cpu_s(ctl)
         sent = app.send_task("powerfleet.fleet.reconcile", kwargs={})
@@ -269,13 +271,16 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
                  for w in range(workers)]
         procs.append(spawn([sys.executable, "-m", "powerfleet.cli", "worker", "-Q", "control", "-n", "ctl@scale",
                             "-c", "1", "-l", "WARNING"], env, tmp / "ctl.log"))
+        # N agents' answers to inspect broadcasts and their announcements (bench/scale_pidbox.py)
+        replies = spawn([sys.executable, str(ROOT / "bench" / "scale_pidbox.py"), server.url, ",".join(nodes)],
+                        env, tmp / "pidbox.log")
         try:
             t0 = time.perf_counter()
-            say(f"{n} nodes: seeding {n} live agents, starting {workers} agent workers ({share} queues each)")
-            seed_agents(r, nodes)
+            say(f"{n} nodes: starting {workers} agent workers ({share} queues each), {n} agents' control replies")
             for w in [f"agents{i}@scale" for i in range(workers)] + ["ctl@scale"]:
                 _wait(lambda w=w: app.control.ping(destination=[w], timeout=1.0), w, 900)
             out["workers_ready_s"] = time.perf_counter() - t0
+            seed_agents(r, nodes)
             out["agent_workers_start_cpu_s"] = sum(proc_cpu_s(p.pid) for p in procs[:-1])
             out["redis_agents"] = redis_census(r)
             if "a" in a.parts:
@@ -289,9 +294,9 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
                 say(f"{n} nodes: flower")
                 out["flower"] = flower_cost(server.url, tmp)
         finally:
-            for p in procs:
+            for p in [*procs, replies]:
                 p.terminate()
-            for p in procs:
+            for p in [*procs, replies]:
                 p.wait(60)
     out["load_end"] = loadavg()
     return out
