@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -131,14 +132,15 @@ def redis_census(r: Any) -> dict[str, Any]:
             "keys_by_kind": kinds, "keys_without_ttl": no_ttl}
 
 
-def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: int, ticks: int) -> dict[str, Any]:
+def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: int, ticks: int,
+                    redis_pid: int) -> dict[str, Any]:
     """``ticks`` real reconcile ticks, each run by the control worker ``ctl`` (its result stored)."""
     out: list[dict[str, Any]] = []
     mem = [int(r.info("memory")["used_memory"])]
     for k in range(ticks):
         r.delete(PER_NODE, EXPIRED)
         seed_agents(r, nodes)  # each agent beats once an interval: these are the ones the tick finds live
-        cpu_w = [proc_cpu_s(p) for p in pids]
+        cpu_w, cpu_r = [proc_cpu_s(p) for p in pids], proc_cpu_s(redis_pid)
         w0, c0 = time.perf_counter(), tree_cpu_s(ctl)
         sent = app.send_task("powerfleet.fleet.reconcile", kwargs={})
         result = sent.get(timeout=600)
@@ -154,6 +156,7 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
         stored = int(r.memory_usage(f"celery-task-meta-{sent.id}") or 0)  # kept for broker.result_expires_s
         out.append({"tick_wall_s": tick_wall, "tick_cpu_s": tick_cpu, "all_passes_ran_s": all_ran,
                     "agents_cpu_s": sum(proc_cpu_s(p) for p in pids) - sum(cpu_w),
+                    "redis_cpu_s": proc_cpu_s(redis_pid) - cpu_r,
                     "passes_min": min(counts), "passes_max": max(counts), "passes": sum(counts), "expired": expired,
                     "result_bytes": result_bytes, "result_redis_bytes": stored, "load": loadavg()})
         say(f"  tick {k + 1}/{ticks}: sent in {tick_wall:.2f} s ({tick_cpu:.2f} CPU s), {sum(counts)} passes ran, "
@@ -285,7 +288,8 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
             out["redis_agents"] = redis_census(r)
             if "a" in a.parts:
                 say(f"{n} nodes: {a.ticks} reconcile ticks")
-                out["reconcile"] = reconcile_ticks(app, r, nodes, [p.pid for p in procs[:-1]], procs[-1].pid, a.ticks)
+                out["reconcile"] = reconcile_ticks(app, r, nodes, [p.pid for p in procs[:-1]], procs[-1].pid, a.ticks,
+                                                   server._proc.pid)  # type: ignore[union-attr]
                 out["redis_after_ticks"] = redis_census(r)
             if "c" in a.parts:
                 say(f"{n} nodes: status")
@@ -313,7 +317,9 @@ def main() -> None:
     ap.add_argument("--deployments", type=int, default=1000, help="deployments for the budget part")
     ap.add_argument("--parts", default="abcde", help="which parts to run (letters)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--out", type=Path, help="also write each size's figures to OUT/<nodes>.json as it completes")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its processes
     results = []
     for n in (int(x) for x in a.sizes.split(",")):
         got = fleet_size(n, a)
@@ -323,6 +329,9 @@ def main() -> None:
             say(f"{n} nodes: budget tick over {8 * n} GPU pods, {a.deployments} deployments")
             got["budget"] = budget_size(n, a.deployments, say)
         results.append(got)
+        if a.out:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / f"{n}.json").write_text(json.dumps(got, indent=2))
     if a.json:
         print(json.dumps({"schema": "powerfleet.bench.scale/v1", "sizes": results}, indent=2))
         return

@@ -43,6 +43,7 @@ ROWS: list[Row] = [
     ("reconcile tick: fan-out sent (s, per tick)", lambda s: _ticks(s, lambda t: t["tick_wall_s"], ".2f")),
     ("reconcile tick: control worker CPU (s)", lambda s: _ticks(s, lambda t: t["tick_cpu_s"], ".2f")),
     ("every pass ran within (s)", lambda s: _ticks(s, lambda t: t["all_passes_ran_s"], ".1f")),
+    ("Redis CPU per tick (s)", lambda s: _ticks(s, lambda t: t["redis_cpu_s"], ".2f")),
     ("agent workers' CPU per tick (s)", lambda s: _ticks(s, lambda t: t["agents_cpu_s"], ".1f")),
     ("passes per node (min-max)", lambda s: _ticks(s, lambda t: t["passes_min"] * 1000 + t["passes_max"], "")
      .replace("1001", "1-1")),
