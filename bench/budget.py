@@ -159,6 +159,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     from powerfleet.cluster.kube import KubeCluster
     from powerfleet.cluster.scaling import KubeScaling
     from powerfleet.config.fleet import DeploymentBudgetConfig
+    from powerfleet.tasks.budget import EvaluateResult
     from powerfleet.twin.apiserver import ApiServer
     logging.getLogger("powerfleet").setLevel(logging.ERROR)  # holds and warnings are expected here
     views, node_groups, budgets = fleet(deployments, nodes, racks, seed, scale)
@@ -204,7 +205,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                 nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
                 source = EvidenceSource(PrefetchedReports(RedisReports(r, clock.now()), nodes), 45.0, 1000, "auto")
             got = {"snapshot_calls": calls["n"] - before, "scaled": 0, "scaled_calls": 0, "unchanged": 0,
-                   "unchanged_calls": 0}
+                   "unchanged_calls": 0, "result_bytes": 0}
             for v in views:
                 mark = calls["n"]
                 group = (verdict(Read(generation, newest, published, records.get(v.key)), clock.now(), 60.0)
@@ -213,6 +214,9 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                                           KubeDra(kube), source,
                                           fence=(lambda: allocations.outdated(generation)) if batched else None)
                 kind = "scaled" if out.replicas_written else "unchanged"
+                # what the evaluation task's result keeps in Redis for broker.result_expires_s
+                got["result_bytes"] += len(EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
+                                           .model_dump_json())
                 got[kind] += 1
                 got[f"{kind}_calls"] += calls["n"] - mark
             got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.process_time() - cpu

@@ -73,6 +73,8 @@ ROWS: list[Row] = [
     ("scaling tick evaluations: CPU (s)", _get("budget.first.cpu_s", ".1f")),
     ("scaling tick evaluations: calls per deployment", lambda s: f"{s['budget']['first']['calls'] / s['budget']['deployments']:.2f}"
      if "budget" in s else "-"),
+    ("evaluation results kept per tick; a day of ticks", lambda s: f"{_mb(s['budget']['quiet']['result_bytes'])}; "
+     f"{_mb(s['budget']['quiet']['result_bytes'] * 2880)}" if "budget" in s else "-"),
     ("quiet tick evaluations: wall (s), calls", lambda s: f"{s['budget']['quiet']['wall_s']:.1f}, "
      f"{s['budget']['quiet']['calls']}" if "budget" in s else "-"),
     ("load average (start, end)", lambda s: f"{s.get('load_start')} -> {s.get('load_end')}"),
