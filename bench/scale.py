@@ -115,6 +115,14 @@ def seed_agents(r: Any, nodes: list[str], interval_s: float = 15.0) -> None:
     pipe.execute()
 
 
+PER_NODE_KINDS = ("powerfleet:agent:alive:", "powerfleet:enforcement:", "powerfleet:worker:")
+
+
+def census_kind(key: str) -> str:
+    """bench/load.py's kinds, with one kind for each per-node (or per-worker) key family."""
+    return next((f"{p}*" for p in PER_NODE_KINDS if key.startswith(p)), None) or key_kind(key)
+
+
 def redis_census(r: Any) -> dict[str, Any]:
     kinds: dict[str, int] = {}
     no_ttl: dict[str, int] = {}
@@ -122,9 +130,7 @@ def redis_census(r: Any) -> dict[str, Any]:
         key = raw.decode()
         if key.startswith("bench:"):
             continue
-        kind = key_kind(key)
-        if kind.startswith("powerfleet:agent:alive") or kind.startswith("powerfleet:enforcement"):
-            kind = kind.rsplit(":", 1)[0] if kind.count(":") > 2 else kind
+        kind = census_kind(key)
         kinds[kind] = kinds.get(kind, 0) + 1
         if r.ttl(raw) < 0:
             no_ttl[kind] = no_ttl.get(kind, 0) + 1
@@ -143,12 +149,26 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
         cpu_w, cpu_r = [proc_cpu_s(p) for p in pids], proc_cpu_s(redis_pid)
         w0, c0 = time.perf_counter(), tree_cpu_s(ctl)
         sent = app.send_task("powerfleet.fleet.reconcile", kwargs={})
-        result = sent.get(timeout=600)
+        try:
+            result = sent.get(timeout=600)
+        except Exception as exc:  # noqa: BLE001 - e.g. the control soft limit on a starved worker: a figure
+            out.append({"failed": f"{type(exc).__name__}", "tick_wall_s": time.perf_counter() - w0,
+                        "tick_cpu_s": tree_cpu_s(ctl) - c0, "redis_cpu_s": proc_cpu_s(redis_pid) - cpu_r,
+                        "load": loadavg()})
+            say(f"  tick {k + 1}/{ticks}: {type(exc).__name__} after {out[-1]['tick_wall_s']:.1f} s "
+                f"({out[-1]['tick_cpu_s']:.2f} CPU s), load {loadavg()}")
+            continue
         tick_wall, tick_cpu = time.perf_counter() - w0, tree_cpu_s(ctl) - c0
         if len(result.get("dispatched", [])) != len(nodes) and result.get("count") != len(nodes):
             raise SystemExit(f"bench: the reconcile tick did not reach every node: {str(result)[:300]}")
-        _wait(lambda: r.hlen(PER_NODE) + r.hlen(EXPIRED) >= len(nodes), "every node's pass (run or expired)", 900)
-        all_ran = time.perf_counter() - w0
+        if pids:
+            _wait(lambda: r.hlen(PER_NODE) + r.hlen(EXPIRED) >= len(nodes), "every node's pass (run or expired)", 900)
+        else:  # --no-passes: the messages are dropped, as a consumer would take them
+            with r.pipeline(transaction=False) as p:
+                for node in nodes:
+                    p.delete(f"node.{node}")
+                p.execute()
+        all_ran = time.perf_counter() - w0 if pids else float("nan")
         counts = [int(v) for v in r.hvals(PER_NODE)] or [0]
         expired = int(r.hlen(EXPIRED))
         mem.append(int(r.info("memory")["used_memory"]))
@@ -163,7 +183,7 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
             f"{expired} expired, within {all_ran:.1f} s; result {stored} bytes in Redis, load {loadavg()}")
     # What a tick leaves behind: its stored result (the tick log is capped, the passes store none).
     # used_memory's own deltas are allocator noise at this size; MEMORY USAGE of the key is not.
-    per_tick = max(t["result_redis_bytes"] for t in out)
+    per_tick = max((t["result_redis_bytes"] for t in out if "failed" not in t), default=0)
     return {"ticks": out, "used_memory": mem, "result_per_tick": per_tick,
             "result_expires_s": app.fleet_config.broker.result_expires_s}
 
@@ -266,8 +286,8 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
             return out
         # Each simulating process consumes `share` queues: kombu re-sends BRPOP with all of them after
         # every message, so its cost per pass grows with `share` (a real agent consumes one queue).
-        workers = max(1, -(-n // a.queues_per_worker))
-        share = -(-n // workers)
+        workers = max(1, -(-n // a.queues_per_worker)) if a.passes else 0
+        share = -(-n // workers) if workers else 0
         out["agent_workers"], out["queues_per_worker"] = workers, share
         procs = [spawn([sys.executable, str(ROOT / "bench" / "load.py"), "--_worker", server.url, f"agents{w}@scale",
                         ",".join(nodes[w * share:(w + 1) * share])], env, tmp / f"agents{w}.log")
@@ -301,7 +321,11 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
             for p in [*procs, replies]:
                 p.terminate()
             for p in [*procs, replies]:
-                p.wait(60)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()  # a worker still in its warm shutdown on a loaded machine
+                    p.wait(30)
     out["load_end"] = loadavg()
     return out
 
@@ -317,6 +341,8 @@ def main() -> None:
     ap.add_argument("--deployments", type=int, default=1000, help="deployments for the budget part")
     ap.add_argument("--parts", default="abcde", help="which parts to run (letters)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--no-passes", dest="passes", action="store_false",
+                    help="no agent-simulating workers: the tick's send side, status and Flower only")
     ap.add_argument("--out", type=Path, help="also write each size's figures to OUT/<nodes>.json as it completes")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its processes

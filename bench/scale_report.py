@@ -13,7 +13,15 @@ def _mb(x: float) -> str:
 
 def _ticks(s: dict[str, Any], f: Callable[[dict[str, Any]], float], fmt: str) -> str:
     ticks = (s.get("reconcile") or {}).get("ticks") or []
-    return " / ".join(format(f(t), fmt) for t in ticks) or "-"
+    return " / ".join(t["failed"] if "failed" in t and not _kept(f, t) else format(f(t), fmt) for t in ticks) or "-"
+
+
+def _kept(f: Callable[[dict[str, Any]], float], t: dict[str, Any]) -> bool:
+    try:
+        f(t)
+        return True
+    except KeyError:
+        return False
 
 
 def _get(path: str, fmt: str = "", scale: float = 1.0) -> Callable[[dict[str, Any]], str]:
@@ -25,6 +33,14 @@ def _get(path: str, fmt: str = "", scale: float = 1.0) -> Callable[[dict[str, An
             v = v[part]
         return format(v if scale == 1.0 else v * scale, fmt) if isinstance(v, (int, float)) else str(v)
     return read
+
+
+def _no_ttl(s: dict[str, Any]) -> str:
+    kinds = (s.get("redis_after_ticks") or {}).get("keys_without_ttl")
+    if kinds is None:
+        return "-"
+    bindings = sum(v for k, v in kinds.items() if k.startswith("kombu bindings"))
+    return f"{bindings:,} kombu bindings + {sum(kinds.values()) - bindings} fleet keys"
 
 
 def _hour(s: dict[str, Any]) -> str:
@@ -55,7 +71,7 @@ ROWS: list[Row] = [
      if "redis_agents" in s else "-"),
     ("Redis: after the ticks", lambda s: f"{s['redis_after_ticks']['keys']:,} keys, "
      f"{_mb(s['redis_after_ticks']['used_memory'])}" if "redis_after_ticks" in s else "-"),
-    ("Redis: keys without a TTL", _get("redis_after_ticks.keys_without_ttl")),
+    ("Redis: keys without a TTL", _no_ttl),
     ("Redis: residue of an hour's reconcile ticks", _hour),
     ("status --json: wall (s)", _get("status.wall_s", ".2f")),
     ("status --json: CPU (s)", _get("status.cpu_s", ".2f")),
