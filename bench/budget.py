@@ -133,6 +133,32 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
     pipe.execute()
 
 
+def count_calls(kube) -> dict[str, int]:
+    """Count the client's API calls and response bytes from now on: {"n": calls, "bytes": bytes}."""
+    calls = {"n": 0, "bytes": 0}
+    request = kube.api_client.rest_client.request
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        resp = request(*a, **kw)
+        calls["bytes"] += len(resp.read() or b"")  # read once and kept: the caller reads the same bytes
+        return resp
+
+    kube.api_client.rest_client.request = counted
+    return calls
+
+
+def admitted(r, views, scale: int = 1):
+    """The deployments admitted in Redis, and their budget config (the bench's power limits)."""
+    from powerfleet.budget.state import BudgetState
+    from powerfleet.config.fleet import DeploymentBudgetConfig
+
+    state = BudgetState(r)
+    for v in views:
+        state.admit(v.key, v.admitted)
+    return state, {v.key: DeploymentBudgetConfig(power_limit_w=4000 * scale) for v in views}
+
+
 def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True,
                    scale: int = 1) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
@@ -150,7 +176,6 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     from powerfleet.budget.generations import Allocations, Read, verdict
     from powerfleet.budget.persist import ConfigMapStatus
     from powerfleet.budget.runner import evaluate_deployment
-    from powerfleet.budget.state import BudgetState
     from powerfleet.budget.tick import budget_of, tick_limits
     from powerfleet.clock import FakeClock
     from powerfleet.cluster.budget_store import KubeBudgetStore
@@ -158,7 +183,6 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.kube import KubeCluster
     from powerfleet.cluster.scaling import KubeScaling
-    from powerfleet.config.fleet import DeploymentBudgetConfig
     from powerfleet.tasks.budget import EvaluateResult
     from powerfleet.twin.apiserver import ApiServer
     logging.getLogger("powerfleet").setLevel(logging.ERROR)  # holds and warnings are expected here
@@ -168,20 +192,8 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
         clock = FakeClock(t=1_800_000_000.0)
         _seed_world(api, r, views, node_groups, clock.now())
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
-        calls = {"n": 0, "bytes": 0}
-        request = kube.api_client.rest_client.request
-
-        def counted(*a, **kw):
-            calls["n"] += 1
-            resp = request(*a, **kw)
-            calls["bytes"] += len(resp.read() or b"")  # read once and kept: the caller reads the same bytes
-            return resp
-
-        kube.api_client.rest_client.request = counted
-        state = BudgetState(r)
-        for v in views:
-            state.admit(v.key, v.admitted)
-        cfg = {v.key: DeploymentBudgetConfig(power_limit_w=4000 * scale) for v in views}
+        calls = count_calls(kube)
+        state, cfg = admitted(r, views, scale)
         scaling = KubeScaling(kube)
         evidence = EvidenceSource(RedisReports(r, clock.now()), 45.0, 1000, "auto")
         allocations = Allocations(r)

@@ -17,6 +17,7 @@ For each size (--sizes, default 1000,3000,10000), on a private redis-server on a
     each consuming their node queues, and the N agents announced and answering inspect
     broadcasts (bench/scale_pidbox.py: one process publishing each simulated agent's reply).
 (d) Flower (``powerfleet flower``): ``/api/queues/length`` and the Broker page: wall, bytes.
+(r) The budget tick's reads alone (``tick_limits``), twice, on (e)'s world: wall, CPU, calls, bytes, peak RSS.
 (e) Budget (bench/scale_budget.py): 1,000 deployments over the N nodes' 8 N GPU pods on the
     loopback API server: the tick's reads (API calls, bytes, wall, CPU) and the batched
     evaluations of a scaling tick (calls per deployment, wall).
@@ -222,11 +223,12 @@ def status_cost(url: str, tmp: Path) -> dict[str, Any]:
     if p.returncode != 0:
         raise SystemExit(f"bench: status failed ({p.returncode}): {p.stderr.decode()[-500:]}")
     data = json.loads(p.stdout)
+    say(f"  status: {wall:.2f} s wall, {cpu:.2f} CPU s, {len(p.stdout)} bytes")
     return {"wall_s": wall, "cpu_s": cpu, "bytes": len(p.stdout), "queues": len(data["queues"]),
             "workers": len(data["workers"]), "agents": len(data["agents"]), "load": loadavg()}
 
 
-def flower_cost(url: str, tmp: Path) -> dict[str, Any]:
+def flower_cost(url: str, tmp: Path, timeout_s: float = 120.0) -> dict[str, Any]:
     import httpx
 
     port = free_port()
@@ -248,14 +250,26 @@ def flower_cost(url: str, tmp: Path) -> dict[str, Any]:
         for name, path in (("queues_api", "/api/queues/length"), ("broker_page", "/broker")):
             for attempt in ("first", "second"):  # the first one may re-inspect the workers
                 c0, t0 = proc_cpu_s(p.pid), time.perf_counter()
-                resp = httpx.get(base + path, timeout=300)
+                try:
+                    resp = httpx.get(base + path, timeout=timeout_s)
+                except httpx.TimeoutException:
+                    out[f"{name}_{attempt}"] = {"status": "timeout", "wall_s": time.perf_counter() - t0,
+                                                "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": 0}
+                    say(f"  flower {path}: no answer within {timeout_s:g} s")
+                    break
                 out[f"{name}_{attempt}"] = {"status": resp.status_code, "wall_s": time.perf_counter() - t0,
                                             "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": len(resp.content)}
+                say(f"  flower {path} ({attempt}): {resp.status_code}, {out[name + '_' + attempt]['wall_s']:.2f} s, "
+                    f"{len(resp.content)} bytes")
             if name == "queues_api" and resp.status_code == 200:
                 out["queues_listed"] = len(resp.json().get("active_queues", []))
     finally:
         p.terminate()
-        p.wait(30)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(30)
     return out
 
 
@@ -332,7 +346,7 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Parts: a reconcile + Redis, b beat, c status, d flower, e budget.")
+                                 epilog="Parts: a reconcile + Redis, b beat, c status, d flower, e budget, r the budget tick's reads alone.")
     ap.add_argument("--sizes", default="1000,3000,10000", help="node counts, comma-separated (8 GPUs each)")
     ap.add_argument("--queues-per-worker", type=int, default=250,
                     help="node queues per agent-simulating worker process (1,000 nodes: 4 processes)")
@@ -349,6 +363,11 @@ def main() -> None:
     results = []
     for n in (int(x) for x in a.sizes.split(",")):
         got = fleet_size(n, a)
+        if "r" in a.parts:
+            from bench.scale_budget import tick_reads
+
+            say(f"{n} nodes: the budget tick's reads alone over {8 * n} GPU pods")
+            got["budget_reads"] = tick_reads(n, a.deployments, say)
         if "e" in a.parts:
             from bench.scale_budget import budget_size
 

@@ -101,7 +101,8 @@ def _pair(s: dict[str, Any], name: str, field: str, fmt: str) -> str:
     f = s.get("flower") or {}
     if f"{name}_first" not in f:
         return "-"
-    return f"{f[name + '_first'][field]:{fmt}} / {f[name + '_second'][field]:{fmt}}"
+    return " / ".join(f"{f[k][field]:{fmt}}" + ("" if f[k]["status"] == 200 else f" ({f[k]['status']})")
+                      for k in (f"{name}_first", f"{name}_second") if k in f)
 
 
 def report(sizes: list[dict[str, Any]]) -> None:
