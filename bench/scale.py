@@ -17,6 +17,7 @@ For each size (--sizes, default 1000,3000,10000), on a private redis-server on a
     each consuming their node queues, and the N agents announced and answering inspect
     broadcasts (bench/scale_pidbox.py: one process publishing each simulated agent's reply).
 (d) Flower (``powerfleet flower``): ``/api/queues/length`` and the Broker page: wall, bytes.
+(s) The reconcile tick's send side alone, in this process (bench/scale_send.py): CPU per tick.
 (r) The budget tick's reads alone (``tick_limits``), twice, on (e)'s world: wall, CPU, calls, bytes, peak RSS.
 (e) Budget (bench/scale_budget.py): 1,000 deployments over the N nodes' 8 N GPU pods on the
     loopback API server: the tick's reads (API calls, bytes, wall, CPU) and the batched
@@ -346,7 +347,7 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Parts: a reconcile + Redis, b beat, c status, d flower, e budget, r the budget tick's reads alone.")
+                                 epilog="Parts: a reconcile + Redis, b beat, c status, d flower, e budget, r the budget tick's reads alone, s the tick's send side alone.")
     ap.add_argument("--sizes", default="1000,3000,10000", help="node counts, comma-separated (8 GPUs each)")
     ap.add_argument("--queues-per-worker", type=int, default=250,
                     help="node queues per agent-simulating worker process (1,000 nodes: 4 processes)")
@@ -363,6 +364,11 @@ def main() -> None:
     results = []
     for n in (int(x) for x in a.sizes.split(",")):
         got = fleet_size(n, a)
+        if "s" in a.parts:
+            from bench.scale_send import send_ticks
+
+            say(f"{n} nodes: the reconcile tick's send side alone, in this process")
+            got["send"] = send_ticks(n, a.ticks, say)
         if "r" in a.parts:
             from bench.scale_budget import tick_reads
 
