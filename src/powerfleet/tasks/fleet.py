@@ -62,8 +62,8 @@ def fan_out(app: Any, nodes: list[str], expires: float) -> None:
     Redis a day at 10,000 nodes; bench/scale.py).
     ``declare=[]``: Celery publishes a node queue's message straight to its Redis list (the
     default exchange), so declaring the queue adds nothing but, once per connection and queue, two
-    round trips and kombu's binding key: a first tick at 10,000 nodes took 13.6 CPU s with, 3.5 without. The
-    agent declares its own queue when it starts consuming.
+    round trips and kombu's binding key: a first tick at 10,000 nodes took 13.6 CPU s with, 3.5
+    without. The agent declares its own queue when it starts consuming.
     """
     with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
         for node in nodes:
