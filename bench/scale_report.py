@@ -54,7 +54,8 @@ def _hour(s: dict[str, Any]) -> str:
 
 ROWS: list[Row] = [
     ("GPUs", _get("gpus", ",")),
-    ("agent-simulating processes x queues", lambda s: f"{s.get('agent_workers')} x {s.get('queues_per_worker')}"),
+    ("agent-simulating processes x queues", lambda s: f"{s['agent_workers']} x {s['queues_per_worker']}"
+     if "agent_workers" in s else "-"),
     ("agent workers ready (s)", _get("workers_ready_s", ".1f")),
     ("reconcile tick: fan-out sent (s, per tick)", lambda s: _ticks(s, lambda t: t["tick_wall_s"], ".2f")),
     ("reconcile tick: control worker CPU (s)", lambda s: _ticks(s, lambda t: t["tick_cpu_s"], ".2f")),
@@ -66,6 +67,8 @@ ROWS: list[Row] = [
     ("passes expired unrun", lambda s: _ticks(s, lambda t: t["expired"], ",")),
     ("tick result held in Redis (bytes)", lambda s: _ticks(s, lambda t: t["result_redis_bytes"], ",")),
     ("load average during the ticks", lambda s: " / ".join(t["load"] for t in s.get("reconcile", {}).get("ticks", []))),
+    ("send side alone (part s): CPU (s)", lambda s: _each(s, "send", "cpu_s", ".2f")),
+    ("send side alone (part s): wall (s)", lambda s: _each(s, "send", "wall_s", ".2f")),
     ("beat CPU per tick sent (ms)", _get("beat.cpu_ms_per_tick", ".1f")),
     ("Redis: agents' keys, memory", lambda s: f"{s['redis_agents']['keys']:,} keys, {_mb(s['redis_agents']['used_memory'])}"
      if "redis_agents" in s else "-"),
@@ -80,6 +83,11 @@ ROWS: list[Row] = [
     ("Flower /api/queues/length: bytes", _get("flower.queues_api_second.bytes", ",")),
     ("Flower Broker page: wall (s), 1st / 2nd", lambda s: _pair(s, "broker_page", "wall_s", ".2f")),
     ("Flower Broker page: bytes", _get("flower.broker_page_second.bytes", ",")),
+    ("budget reads alone (part r): wall (s)", lambda s: _each(s, "budget_reads", "wall_s", ".2f")),
+    ("budget reads alone (part r): CPU (s)", lambda s: _each(s, "budget_reads", "cpu_s", ".2f")),
+    ("budget reads alone (part r): calls, MB, peak RSS MB", lambda s: " / ".join(
+        f"{r['calls']}, {r['bytes'] / 1e6:.1f}, {r['maxrss_mb']}" for r in (s.get("budget_reads") or {}).get("rounds", []))
+     or "-"),
     ("budget: GPU pods", _get("budget.pods", ",")),
     ("budget tick reads: wall (s)", _get("budget.tick_s", ".2f")),
     ("budget tick reads: CPU (s, server included)", _get("budget.tick_cpu_s", ".2f")),
@@ -95,6 +103,12 @@ ROWS: list[Row] = [
      f"{s['budget']['quiet']['calls']}" if "budget" in s else "-"),
     ("load average (start, end)", lambda s: f"{s.get('load_start')} -> {s.get('load_end')}"),
 ]
+
+
+def _each(s: dict[str, Any], part: str, field: str, fmt: str) -> str:
+    got = s.get(part)
+    rows = got.get("rounds", []) if isinstance(got, dict) else got or []
+    return " / ".join(format(r[field], fmt) for r in rows) or "-"
 
 
 def _pair(s: dict[str, Any], name: str, field: str, fmt: str) -> str:
