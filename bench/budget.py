@@ -51,15 +51,18 @@ def bench_plans(n: int, seed: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def fleet(deployments: int, nodes: int, racks: int, seed: int) -> tuple[list[DeploymentView], dict[str, str], dict[str, int]]:
+def fleet(deployments: int, nodes: int, racks: int, seed: int,
+          scale: int = 1) -> tuple[list[DeploymentView], dict[str, str], dict[str, int]]:
+    """``scale``: replicas, proposals, limits and rack budgets times this (bench/scale.py: 8 GPU pods per node)."""
     rng = random.Random(seed)
     node_names = [f"gpu-{i:04d}" for i in range(nodes)]
     node_groups = {n: f"rack-{i % racks:02d}" for i, n in enumerate(node_names)}
     views = []
+    by_rack = [node_names[r::racks] for r in range(racks)]
     for d in range(deployments):
         name, rack = f"dgd-{d:04d}", d % racks
-        rack_nodes = [n for i, n in enumerate(node_names) if i % racks == rack]
-        counts = {"prefill": rng.randint(1, 3), "decode": rng.randint(1, 3)}
+        rack_nodes = by_rack[rack]
+        counts = {"prefill": rng.randint(1, 3) * scale, "decode": rng.randint(1, 3) * scale}
         comps = [{"name": c, "type": c, "replicas": k, "podTemplate": {
             "metadata": {"annotations": {POWER_ANNOTATION: "350"}},
             "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}
@@ -74,9 +77,10 @@ def fleet(deployments: int, nodes: int, racks: int, seed: int) -> tuple[list[Dep
                         labels={LABEL_DGD_NAME: name, LABEL_COMPONENT: c}, annotations={POWER_ANNOTATION: "350"})
                 for c, k in counts.items() for i in range(k)]
         views.append(DeploymentView(key=f"default/{name}", dgd=dgd, admitted=admit_power_inputs(dgd),
-                                    budget=DeploymentBudget(power_limit_w=4000),
-                                    proposal={"prefill": rng.randint(1, 6), "decode": rng.randint(1, 6)}, pods=pods))
-    budgets = {f"rack-{r:02d}": 35_000 for r in range(racks)}
+                                    budget=DeploymentBudget(power_limit_w=4000 * scale),
+                                    proposal={"prefill": rng.randint(1, 6) * scale, "decode": rng.randint(1, 6) * scale},
+                                    pods=pods))
+    budgets = {f"rack-{r:02d}": 35_000 * scale for r in range(racks)}
     return views, node_groups, budgets
 
 
@@ -129,7 +133,34 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
     pipe.execute()
 
 
-def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True) -> dict[str, float]:
+def count_calls(kube) -> dict[str, int]:
+    """Count the client's API calls and response bytes from now on: {"n": calls, "bytes": bytes}."""
+    calls = {"n": 0, "bytes": 0}
+    request = kube.api_client.rest_client.request
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        resp = request(*a, **kw)
+        calls["bytes"] += len(resp.read() or b"")  # read once and kept: the caller reads the same bytes
+        return resp
+
+    kube.api_client.rest_client.request = counted
+    return calls
+
+
+def admitted(r, views, scale: int = 1):
+    """The deployments admitted in Redis, and their budget config (the bench's power limits)."""
+    from powerfleet.budget.state import BudgetState
+    from powerfleet.config.fleet import DeploymentBudgetConfig
+
+    state = BudgetState(r)
+    for v in views:
+        state.admit(v.key, v.admitted)
+    return state, {v.key: DeploymentBudgetConfig(power_limit_w=4000 * scale) for v in views}
+
+
+def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True,
+                   scale: int = 1) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
     for the evaluations (``batched``: as budget.evaluate_batch runs them, on one snapshot, with the
     generation rule's Redis reads; else each with its own reads, as before batching)."""
@@ -145,7 +176,6 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     from powerfleet.budget.generations import Allocations, Read, verdict
     from powerfleet.budget.persist import ConfigMapStatus
     from powerfleet.budget.runner import evaluate_deployment
-    from powerfleet.budget.state import BudgetState
     from powerfleet.budget.tick import budget_of, tick_limits
     from powerfleet.clock import FakeClock
     from powerfleet.cluster.budget_store import KubeBudgetStore
@@ -153,27 +183,17 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.kube import KubeCluster
     from powerfleet.cluster.scaling import KubeScaling
-    from powerfleet.config.fleet import DeploymentBudgetConfig
+    from powerfleet.tasks.budget import EvaluateResult
     from powerfleet.twin.apiserver import ApiServer
     logging.getLogger("powerfleet").setLevel(logging.ERROR)  # holds and warnings are expected here
-    views, node_groups, budgets = fleet(deployments, nodes, racks, seed)
+    views, node_groups, budgets = fleet(deployments, nodes, racks, seed, scale)
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         r = redis.Redis.from_url(broker.url)
         clock = FakeClock(t=1_800_000_000.0)
         _seed_world(api, r, views, node_groups, clock.now())
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
-        calls = {"n": 0}
-        request = kube.api_client.rest_client.request
-
-        def counted(*a, **kw):
-            calls["n"] += 1
-            return request(*a, **kw)
-
-        kube.api_client.rest_client.request = counted
-        state = BudgetState(r)
-        for v in views:
-            state.admit(v.key, v.admitted)
-        cfg = {v.key: DeploymentBudgetConfig(power_limit_w=4000) for v in views}
+        calls = count_calls(kube)
+        state, cfg = admitted(r, views, scale)
         scaling = KubeScaling(kube)
         evidence = EvidenceSource(RedisReports(r, clock.now()), 45.0, 1000, "auto")
         allocations = Allocations(r)
@@ -187,7 +207,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
 
         def evaluations(generation, plan) -> dict[str, float]:
             """Wall time, snapshot calls, and calls and counts of the deployments that scaled and not."""
-            t, before = time.perf_counter(), calls["n"]
+            t, cpu, before = time.perf_counter(), time.process_time(), calls["n"]
             cluster, sink, scale, st, source = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling, state, evidence
             if batched:  # as budget.evaluate_batch does it (tasks/budget.py)
                 snap = read_snapshot(kube, scaling, list(cfg))
@@ -197,7 +217,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                 nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
                 source = EvidenceSource(PrefetchedReports(RedisReports(r, clock.now()), nodes), 45.0, 1000, "auto")
             got = {"snapshot_calls": calls["n"] - before, "scaled": 0, "scaled_calls": 0, "unchanged": 0,
-                   "unchanged_calls": 0}
+                   "unchanged_calls": 0, "result_bytes": 0}
             for v in views:
                 mark = calls["n"]
                 group = (verdict(Read(generation, newest, published, records.get(v.key)), clock.now(), 60.0)
@@ -206,9 +226,12 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                                           KubeDra(kube), source,
                                           fence=(lambda: allocations.outdated(generation)) if batched else None)
                 kind = "scaled" if out.replicas_written else "unchanged"
+                # what the evaluation task's result keeps in Redis for broker.result_expires_s
+                got["result_bytes"] += len(EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
+                                           .model_dump_json())
                 got[kind] += 1
                 got[f"{kind}_calls"] += calls["n"] - mark
-            got["wall_s"] = time.perf_counter() - t
+            got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.process_time() - cpu
             got["calls"] = calls["n"] - before
             return got
 
@@ -218,15 +241,17 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
         quiet = evaluations(*tick())  # and again: nothing changed, so nothing is written
         for v in views:
             state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
-        t0, start = time.perf_counter(), calls["n"]
+        t0, c0, start, b0 = time.perf_counter(), time.process_time(), calls["n"], calls["bytes"]
         generation, plan = tick()
         t_tick, tick_calls = time.perf_counter() - t0, calls["n"] - start
+        tick_cpu, tick_bytes = time.process_time() - c0, calls["bytes"] - b0
         first = evaluations(generation, plan)  # the scaling tick
         # the next tick: no operator runs here, so the scaled deployments stay in flight (held, figures unchanged)
         generation, plan = tick()
         steady = evaluations(generation, plan)
         kube.close()
-    return {"tick_s": t_tick, "tick_calls": tick_calls, "quiet": quiet, "first": first, "steady": steady}
+    return {"tick_s": t_tick, "tick_calls": tick_calls, "tick_cpu_s": tick_cpu, "tick_bytes": tick_bytes,
+            "pods": sum(len(v.pods) for v in views), "quiet": quiet, "first": first, "steady": steady}
 
 
 def _evaluation_line(label: str, got: dict[str, float]) -> str:

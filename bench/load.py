@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 PER_NODE = "bench:load:passes"
+EXPIRED = "bench:load:expired"  # passes dropped unrun: they waited past their expiry (one tick interval)
 AGENT_BENCH = "bench:agent:passes"  # bench/agent.py's stub worker also SADDs every node here
 
 
@@ -60,7 +61,12 @@ def counting_worker(broker: str, name: str, nodes: list[str]) -> None:
     def count(sender: Any = None, kwargs: Any = None, **_: Any) -> None:
         r.hincrby(PER_NODE, (kwargs or {}).get("node", "?"), 1)
 
+    def dropped(request: Any = None, expired: bool = False, **_: Any) -> None:
+        if expired:
+            r.hincrby(EXPIRED, (getattr(request, "kwargs", None) or {}).get("node", "?"), 1)
+
     signals.task_postrun.connect(count, weak=False)
+    signals.task_revoked.connect(dropped, weak=False)
     stub_worker(broker, name, nodes)
 
 

@@ -37,6 +37,19 @@ def node_queue(node: str) -> str:
     return f"{NODE_QUEUE_PREFIX}{node}"
 
 
+AGENT_WORKER_PREFIX = "agent@"  # a node's agent runs as the Celery worker agent@<node>, on node.<node> only
+
+
+def agent_worker(node: str) -> str:
+    return f"{AGENT_WORKER_PREFIX}{node}"
+
+
+def agent_worker_node(worker: str) -> str | None:
+    """The node whose agent the worker ``agent@<node>`` is (None: not an agent's name)."""
+    node = worker[len(AGENT_WORKER_PREFIX):] if worker.startswith(AGENT_WORKER_PREFIX) else ""
+    return node if is_node_name(node) else None
+
+
 def family_of(task_name: str) -> str:
     """'node', 'sweep' or 'control': also selects the task's time limits."""
     if task_name.startswith("powerfleet.agent."):

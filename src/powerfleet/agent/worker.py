@@ -19,7 +19,7 @@ from celery import bootsteps, signals
 from powerfleet.agent import runtime as agent_runtime
 from powerfleet.agent.build import build_runtime
 from powerfleet.config import FleetConfig
-from powerfleet.queues import node_queue
+from powerfleet.queues import agent_worker, node_queue
 
 log = logging.getLogger("powerfleet.agent")
 
@@ -118,7 +118,7 @@ def run_agent_worker(app: Any, config: FleetConfig, node: str, loglevel: str,
     signals.worker_shutdown.connect(on_shutdown, weak=False)
     signals.worker_shutting_down.connect(on_shutting_down, weak=False)
     try:
-        app.worker_main(["worker", "-Q", node_queue(node), "-n", f"agent@{node}", "-P", "solo", "-c", "1",
+        app.worker_main(["worker", "-Q", node_queue(node), "-n", agent_worker(node), "-P", "solo", "-c", "1",
                          "--prefetch-multiplier", "1", "--loglevel", loglevel, "--without-mingle",
                          "--without-gossip"])
     finally:

@@ -33,6 +33,7 @@ from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.ports import NotFound
 from powerfleet.cluster.retries import with_retries
 from powerfleet.cluster.scaling import KubeScaling, ScalingAdapter
+from powerfleet.heap import paused_gc
 
 Key = tuple[str, str]  # (namespace, DGD name)
 
@@ -50,6 +51,7 @@ def _key(deployment: str) -> Key:
     return ns, name
 
 
+@paused_gc()  # the bulk reads' objects: src/powerfleet/heap.py
 def read_snapshot(kube: KubeCluster, scaling: KubeScaling, deployments: Iterable[str],
                   pods: KubeGpuPods | None = None) -> ClusterSnapshot:
     """The cluster as a batch of ``deployments`` sees it, in a handful of LISTs. Raises ClusterError."""

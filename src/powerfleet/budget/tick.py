@@ -25,6 +25,7 @@ from powerfleet.budget.tenants import tenant_charges
 from powerfleet.cluster.dgd import DGD, LABEL_DGD_NAME
 from powerfleet.cluster.gpu_pods import GpuPod
 from powerfleet.cluster.ports import ClusterError, ClusterReader
+from powerfleet.heap import paused_gc
 
 
 class GpuPodReader(Protocol):
@@ -94,6 +95,7 @@ def _with_admission(limits: Mapping[str, GroupLimit], touched: Mapping[str, set[
     return out
 
 
+@paused_gc()  # the bulk reads' objects: src/powerfleet/heap.py
 def tick_limits(cluster: ClusterReader, state: BudgetState, deployments: Mapping[str, Any], groups: Mapping[str, int],
                 group_label: str, pods_reader: GpuPodReader | None = None, reports: EnforcementReports | None = None,
                 *, now: float = 0.0, fresh_s: float = 90.0, max_settable_w: int = 1000,

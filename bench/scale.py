@@ -1,0 +1,395 @@
+"""Fleet scale: 1,000, 3,000 and 10,000 GPU nodes (8 GPUs each), measured (issue 36).
+
+For each size (--sizes, default 1000,3000,10000), on a private redis-server on a free port:
+
+(a) Reconcile: the nodes' agents are live (each one's heartbeat key and its 8-GPU enforcement
+    report, written as a real agent writes them) and simulated by --workers Celery worker
+    processes (one per --queues-per-worker node queues) running the real ``powerfleet.agent.reconcile`` task against a stub runtime
+    (bench/load.py's counting worker). The real ``powerfleet.fleet.reconcile`` task runs
+    --ticks times in this process: its wall and CPU seconds (the live-agent SCAN, the fan-out,
+    its result), the seconds until every node's pass ran, the agent workers' CPU seconds, and
+    Redis ``used_memory`` and keys after each tick's passes, hence what one tick leaves behind.
+    Redis after an hour: the N-independent hour of bench/load.py (b), plus 240 reconcile ticks'
+    residue as measured here, all of it expiring (``broker.result_expires_s``).
+(b) Beat: a real ``powerfleet beat`` with every interval at 1 s (nothing consumes ``control``):
+    its CPU seconds per tick sent (its work does not depend on the number of nodes).
+(c) ``powerfleet status --json``: wall and CPU seconds, output bytes, with the agents' workers
+    each consuming their node queues, and the N agents announced and answering inspect
+    broadcasts (bench/scale_pidbox.py: one process publishing each simulated agent's reply).
+(d) Flower (``powerfleet flower``): ``/api/queues/length`` and the Broker page: wall, bytes.
+(s) The reconcile tick's send side alone, in this process (bench/scale_send.py): CPU per tick.
+(r) The budget tick's reads alone (``tick_limits``), twice, on (e)'s world: wall, CPU, calls, bytes, peak RSS.
+(e) Budget (bench/scale_budget.py): 1,000 deployments over the N nodes' 8 N GPU pods on the
+    loopback API server: the tick's reads (API calls, bytes, wall, CPU) and the batched
+    evaluations of a scaling tick (calls per deployment, wall).
+
+Wall times depend on what else runs (the load average is printed beside them); CPU seconds are
+the figure that holds on a shared machine. Progress goes to stderr.
+
+    .venv/bin/python bench/scale.py [--sizes 1000,3000,10000] [--queues-per-worker 250] [--ticks 3]
+                                    [--parts a,b,c,d,e] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+from bench.load import EXPIRED, PER_NODE, _wait, key_kind  # noqa: E402
+
+HOUR_TICKS = 3600 // 15  # reconcile ticks in an hour at the default interval
+
+
+def say(msg: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__().replace("'", "")
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of one process, in seconds (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (a prefork worker's children)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        q = todo.pop()
+        try:
+            total += proc_cpu_s(q)
+            for t in Path(f"/proc/{q}/task").iterdir():
+                todo += [int(c) for c in (t / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def seed_agents(r: Any, nodes: list[str], interval_s: float = 15.0) -> None:
+    """What N live agents keep in Redis: the heartbeat (agent/presence.py) and the node's
+    enforcement report of 8 GPUs (the fields agent/evidence.py writes), both expiring."""
+    from powerfleet.agent.evidence import evidence_key
+    from powerfleet.agent.presence import SEEN_KEY, heartbeat_key, heartbeat_ttl_s
+
+    now = time.time()
+    pipe = r.pipeline(transaction=False)
+    for i, n in enumerate(nodes):
+        pipe.set(heartbeat_key(n), f"{now:.3f}", ex=heartbeat_ttl_s(interval_s))
+        pipe.hset(SEEN_KEY, n, f"{now:.3f}")
+        fields = {f"GPU-{i:05d}-{g}": json.dumps({
+            "node": n, "gpu": g, "uuid": f"GPU-{i:05d}-{g}", "pods": [{"uid": f"uid-{i}-{g}", "name": f"pod-{i}-{g}"}],
+            "decision": "agreed", "requested_w": 350, "target_w": 350, "enforced_w": 350, "current_w": 350,
+            "draw_w": 301.5, "min_w": 100, "max_w": 700, "write": "unchanged", "readback": "match", "revision": 3,
+            "error": None, "observed_at": now, "pod_uid": f"uid-{i}-{g}", "at": now}, sort_keys=True)
+            for g in range(8)}
+        pipe.hset(evidence_key(n), mapping=fields)
+        pipe.expire(evidence_key(n), 45)
+        if i % 500 == 499:
+            pipe.execute()
+    pipe.execute()
+
+
+PER_NODE_KINDS = ("powerfleet:agent:alive:", "powerfleet:enforcement:", "powerfleet:worker:")
+
+
+def census_kind(key: str) -> str:
+    """bench/load.py's kinds, with one kind for each per-node (or per-worker) key family."""
+    return next((f"{p}*" for p in PER_NODE_KINDS if key.startswith(p)), None) or key_kind(key)
+
+
+def redis_census(r: Any) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    no_ttl: dict[str, int] = {}
+    for raw in r.scan_iter(count=1000):
+        key = raw.decode()
+        if key.startswith("bench:"):
+            continue
+        kind = census_kind(key)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if r.ttl(raw) < 0:
+            no_ttl[kind] = no_ttl.get(kind, 0) + 1
+    return {"used_memory": int(r.info("memory")["used_memory"]), "keys": int(r.dbsize()),
+            "keys_by_kind": kinds, "keys_without_ttl": no_ttl}
+
+
+def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: int, ticks: int,
+                    redis_pid: int) -> dict[str, Any]:
+    """``ticks`` real reconcile ticks, each run by the control worker ``ctl`` (its result stored)."""
+    out: list[dict[str, Any]] = []
+    mem = [int(r.info("memory")["used_memory"])]
+    for k in range(ticks):
+        r.delete(PER_NODE, EXPIRED)
+        seed_agents(r, nodes)  # each agent beats once an interval: these are the ones the tick finds live
+        cpu_w, cpu_r = [proc_cpu_s(p) for p in pids], proc_cpu_s(redis_pid)
+        w0, c0 = time.perf_counter(), tree_cpu_s(ctl)
+        sent = app.send_task("powerfleet.fleet.reconcile", kwargs={})
+        try:
+            result = sent.get(timeout=600)
+        except Exception as exc:  # noqa: BLE001 - e.g. the control soft limit on a starved worker: a figure
+            out.append({"failed": f"{type(exc).__name__}", "tick_wall_s": time.perf_counter() - w0,
+                        "tick_cpu_s": tree_cpu_s(ctl) - c0, "redis_cpu_s": proc_cpu_s(redis_pid) - cpu_r,
+                        "load": loadavg()})
+            say(f"  tick {k + 1}/{ticks}: {type(exc).__name__} after {out[-1]['tick_wall_s']:.1f} s "
+                f"({out[-1]['tick_cpu_s']:.2f} CPU s), load {loadavg()}")
+            continue
+        tick_wall, tick_cpu = time.perf_counter() - w0, tree_cpu_s(ctl) - c0
+        if len(result.get("dispatched", [])) != len(nodes) and result.get("count") != len(nodes):
+            raise SystemExit(f"bench: the reconcile tick did not reach every node: {str(result)[:300]}")
+        if pids:
+            _wait(lambda: r.hlen(PER_NODE) + r.hlen(EXPIRED) >= len(nodes), "every node's pass (run or expired)", 900)
+        else:  # --no-passes: the messages are dropped, as a consumer would take them
+            with r.pipeline(transaction=False) as p:
+                for node in nodes:
+                    p.delete(f"node.{node}")
+                p.execute()
+        all_ran = time.perf_counter() - w0 if pids else float("nan")
+        counts = [int(v) for v in r.hvals(PER_NODE)] or [0]
+        expired = int(r.hlen(EXPIRED))
+        mem.append(int(r.info("memory")["used_memory"]))
+        result_bytes = len(json.dumps(result))
+        stored = int(r.memory_usage(f"celery-task-meta-{sent.id}") or 0)  # kept for broker.result_expires_s
+        out.append({"tick_wall_s": tick_wall, "tick_cpu_s": tick_cpu, "all_passes_ran_s": all_ran,
+                    "agents_cpu_s": sum(proc_cpu_s(p) for p in pids) - sum(cpu_w),
+                    "redis_cpu_s": proc_cpu_s(redis_pid) - cpu_r,
+                    "passes_min": min(counts), "passes_max": max(counts), "passes": sum(counts), "expired": expired,
+                    "result_bytes": result_bytes, "result_redis_bytes": stored, "load": loadavg()})
+        say(f"  tick {k + 1}/{ticks}: sent in {tick_wall:.2f} s ({tick_cpu:.2f} CPU s), {sum(counts)} passes ran, "
+            f"{expired} expired, within {all_ran:.1f} s; result {stored} bytes in Redis, load {loadavg()}")
+    # What a tick leaves behind: its stored result (the tick log is capped, the passes store none).
+    # used_memory's own deltas are allocator noise at this size; MEMORY USAGE of the key is not.
+    per_tick = max((t["result_redis_bytes"] for t in out if "failed" not in t), default=0)
+    return {"ticks": out, "used_memory": mem, "result_per_tick": per_tick,
+            "result_expires_s": app.fleet_config.broker.result_expires_s}
+
+
+def beat_cost(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
+    """A real beat with 1 s intervals, nothing consuming control: CPU seconds per tick sent."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url,
+           "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
+           "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "1"}
+    r.delete("control")
+    with open(tmp / "beat.log", "wb") as log:
+        p = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "beat", "-l", "WARNING"], env=env,
+                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        _wait(lambda: r.llen("control") > 0, "beat's first tick", 120)
+        n0, c0, t0 = r.llen("control"), proc_cpu_s(p.pid), time.perf_counter()
+        time.sleep(seconds)  # a measuring window, not synchronisation
+        n1, c1, wall = r.llen("control"), proc_cpu_s(p.pid), time.perf_counter() - t0
+    finally:
+        p.terminate()
+        p.wait(30)
+        r.delete("control")
+    return {"ticks": n1 - n0, "cpu_s": c1 - c0, "wall_s": wall,
+            "cpu_ms_per_tick": 1000 * (c1 - c0) / max(1, n1 - n0)}
+
+
+def status_cost(url: str, tmp: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url}
+    c0, t0 = children_cpu_s(), time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "powerfleet.cli", "status", "--json"], env=env, cwd=tmp,
+                       capture_output=True, timeout=300)
+    wall, cpu = time.perf_counter() - t0, children_cpu_s() - c0
+    if p.returncode != 0:
+        raise SystemExit(f"bench: status failed ({p.returncode}): {p.stderr.decode()[-500:]}")
+    data = json.loads(p.stdout)
+    say(f"  status: {wall:.2f} s wall, {cpu:.2f} CPU s, {len(p.stdout)} bytes")
+    return {"wall_s": wall, "cpu_s": cpu, "bytes": len(p.stdout), "queues": len(data["queues"]),
+            "workers": len(data["workers"]), "agents": len(data["agents"]), "load": loadavg()}
+
+
+def flower_cost(url: str, tmp: Path, timeout_s: float = 120.0) -> dict[str, Any]:
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url}
+    with open(tmp / "flower.log", "wb") as log:
+        p = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "flower", "--port", str(port)], env=env,
+                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    out: dict[str, Any] = {}
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/healthcheck", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait(up, "flower", 120)
+        for name, path in (("queues_api", "/api/queues/length"), ("broker_page", "/broker")):
+            for attempt in ("first", "second"):  # the first one may re-inspect the workers
+                c0, t0 = proc_cpu_s(p.pid), time.perf_counter()
+                try:
+                    resp = httpx.get(base + path, timeout=timeout_s)
+                except httpx.TimeoutException:
+                    out[f"{name}_{attempt}"] = {"status": "timeout", "wall_s": time.perf_counter() - t0,
+                                                "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": 0}
+                    say(f"  flower {path}: no answer within {timeout_s:g} s")
+                    break
+                out[f"{name}_{attempt}"] = {"status": resp.status_code, "wall_s": time.perf_counter() - t0,
+                                            "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": len(resp.content)}
+                say(f"  flower {path} ({attempt}): {resp.status_code}, {out[name + '_' + attempt]['wall_s']:.2f} s, "
+                    f"{len(resp.content)} bytes")
+            if name == "queues_api" and resp.status_code == 200:
+                out["queues_listed"] = len(resp.json().get("active_queues", []))
+    finally:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(30)
+    return out
+
+
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as f:  # the child keeps its own copy of the handle
+        return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
+    import redis
+
+    from powerfleet.broker.embedded import EmbeddedRedis
+    from powerfleet.config import load_config
+    from powerfleet.workers.app import create_app
+
+    nodes = [f"n{i:05d}" for i in range(n)]
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
+    out: dict[str, Any] = {"nodes": n, "gpus": 8 * n, "load_start": loadavg()}
+    with EmbeddedRedis() as server:
+        app = create_app(load_config(environ={"POWERFLEET_BROKER__URL": server.url}))
+        r = redis.Redis.from_url(server.url)
+        out["redis_empty"] = int(r.info("memory")["used_memory"])
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "POWERFLEET_BROKER__URL": server.url}
+        if "b" in a.parts:
+            say(f"{n} nodes: beat, {a.beat_s:g} s at 1 s intervals")
+            out["beat"] = beat_cost(server.url, a.beat_s, tmp)
+        if not set("acd") & set(a.parts):
+            return out
+        # Each simulating process consumes `share` queues: kombu re-sends BRPOP with all of them after
+        # every message, so its cost per pass grows with `share` (a real agent consumes one queue).
+        workers = max(1, -(-n // a.queues_per_worker)) if a.passes else 0
+        share = -(-n // workers) if workers else 0
+        out["agent_workers"], out["queues_per_worker"] = workers, share
+        procs = [spawn([sys.executable, str(ROOT / "bench" / "load.py"), "--_worker", server.url, f"agents{w}@scale",
+                        ",".join(nodes[w * share:(w + 1) * share])], env, tmp / f"agents{w}.log")
+                 for w in range(workers)]
+        procs.append(spawn([sys.executable, "-m", "powerfleet.cli", "worker", "-Q", "control", "-n", "ctl@scale",
+                            "-c", "1", "-l", "WARNING"], env, tmp / "ctl.log"))
+        # N agents' answers to inspect broadcasts and their announcements (bench/scale_pidbox.py)
+        replies = spawn([sys.executable, str(ROOT / "bench" / "scale_pidbox.py"), server.url, ",".join(nodes)],
+                        env, tmp / "pidbox.log")
+        try:
+            t0 = time.perf_counter()
+            say(f"{n} nodes: starting {workers} agent workers ({share} queues each), {n} agents' control replies")
+            for w in [f"agents{i}@scale" for i in range(workers)] + ["ctl@scale"]:
+                _wait(lambda w=w: app.control.ping(destination=[w], timeout=1.0), w, 900)
+            out["workers_ready_s"] = time.perf_counter() - t0
+            seed_agents(r, nodes)
+            out["agent_workers_start_cpu_s"] = sum(proc_cpu_s(p.pid) for p in procs[:-1])
+            out["redis_agents"] = redis_census(r)
+            if "a" in a.parts:
+                say(f"{n} nodes: {a.ticks} reconcile ticks")
+                out["reconcile"] = reconcile_ticks(app, r, nodes, [p.pid for p in procs[:-1]], procs[-1].pid, a.ticks,
+                                                   server._proc.pid)  # type: ignore[union-attr]
+                out["redis_after_ticks"] = redis_census(r)
+            if "c" in a.parts:
+                say(f"{n} nodes: status")
+                out["status"] = status_cost(server.url, tmp)
+            if "d" in a.parts:
+                say(f"{n} nodes: flower")
+                out["flower"] = flower_cost(server.url, tmp)
+        finally:
+            for p in [*procs, replies]:
+                p.terminate()
+            for p in [*procs, replies]:
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()  # a worker still in its warm shutdown on a loaded machine
+                    p.wait(30)
+    out["load_end"] = loadavg()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="Parts: a reconcile + Redis, b beat, c status, d flower, e budget, r the budget tick's reads alone, s the tick's send side alone.")
+    ap.add_argument("--sizes", default="1000,3000,10000", help="node counts, comma-separated (8 GPUs each)")
+    ap.add_argument("--queues-per-worker", type=int, default=250,
+                    help="node queues per agent-simulating worker process (1,000 nodes: 4 processes)")
+    ap.add_argument("--ticks", type=int, default=3, help="reconcile ticks per size")
+    ap.add_argument("--beat-s", type=float, default=20.0, help="seconds beat runs at 1 s intervals")
+    ap.add_argument("--deployments", type=int, default=1000, help="deployments for the budget part")
+    ap.add_argument("--parts", default="abcde", help="which parts to run (letters)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--no-passes", dest="passes", action="store_false",
+                    help="no agent-simulating workers: the tick's send side, status and Flower only")
+    ap.add_argument("--out", type=Path, help="also write each size's figures to OUT/<nodes>.json as it completes")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its processes
+    results = []
+    for n in (int(x) for x in a.sizes.split(",")):
+        got = fleet_size(n, a)
+        if "s" in a.parts:
+            from bench.scale_send import send_ticks
+
+            say(f"{n} nodes: the reconcile tick's send side alone, in this process")
+            got["send"] = send_ticks(n, a.ticks, say)
+        if "r" in a.parts:
+            from bench.scale_budget import tick_reads
+
+            say(f"{n} nodes: the budget tick's reads alone over {8 * n} GPU pods")
+            got["budget_reads"] = tick_reads(n, a.deployments, say)
+        if "e" in a.parts:
+            from bench.scale_budget import budget_size
+
+            say(f"{n} nodes: budget tick over {8 * n} GPU pods, {a.deployments} deployments")
+            got["budget"] = budget_size(n, a.deployments, say)
+        results.append(got)
+        if a.out:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / f"{n}.json").write_text(json.dumps(got, indent=2))
+    if a.json:
+        print(json.dumps({"schema": "powerfleet.bench.scale/v1", "sizes": results}, indent=2))
+        return
+    from bench.scale_report import report
+
+    report(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""bench/scale.py part (e): the budget tick at scale, as bench/budget.py measures it.
+
+1,000 deployments (``deployments``) in 50 racks over ``nodes`` nodes, their replicas scaled so
+the cluster holds about 8 GPU pods per node (one GPU each): 8,000 pods at 1,000 nodes, 80,000 at
+10,000. The loopback API server and the client run in this one process, so the CPU seconds
+include the server's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def budget_size(nodes: int, deployments: int, say: Callable[[str], None]) -> dict[str, Any]:
+    from bench.budget import bench_api_tick
+
+    scale = max(1, round(8 * nodes / (4 * deployments)))  # bench/budget.py's fleet averages 4 pods each
+    t0 = time.perf_counter()
+    got = bench_api_tick(deployments, nodes, 50, 7, batched=True, scale=scale)
+    got["bench_wall_s"] = time.perf_counter() - t0
+    got["deployments"], got["scale"] = deployments, scale
+    say(f"  budget: {got['pods']} pods; tick reads {got['tick_s']:.2f} s ({got['tick_cpu_s']:.2f} CPU s), "
+        f"{got['tick_calls']} calls, {got['tick_bytes'] / 1e6:.1f} MB; scaling tick's evaluations "
+        f"{got['first']['wall_s']:.1f} s, {got['first']['calls']} calls")
+    return got
+
+
+def tick_reads(nodes: int, deployments: int, say: Callable[[str], None], rounds: int = 2) -> dict[str, Any]:
+    """The budget tick's reads and allowances alone (``tick_limits``), ``rounds`` times, on the same
+    world as ``budget_size``: wall and CPU seconds, API calls and bytes, the process's peak RSS."""
+    import logging
+    import resource
+    import tempfile
+    from pathlib import Path
+
+    import redis
+
+    from bench.budget import _seed_world, admitted, count_calls, fleet
+    from powerfleet.broker.embedded import EmbeddedRedis
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.tick import tick_limits
+    from powerfleet.clock import FakeClock
+    from powerfleet.cluster.dra import KubeDra
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
+    from powerfleet.cluster.kube import KubeCluster
+    from powerfleet.twin.apiserver import ApiServer
+
+    logging.getLogger("powerfleet").setLevel(logging.ERROR)
+    scale = max(1, round(8 * nodes / (4 * deployments)))
+    views, groups, budgets = fleet(deployments, nodes, 50, 7, scale)
+    out: dict[str, Any] = {"pods": sum(len(v.pods) for v in views), "rounds": []}
+    with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
+        r, clock = redis.Redis.from_url(broker.url), FakeClock(t=1_800_000_000.0)
+        t0 = time.perf_counter()
+        _seed_world(api, r, views, groups, clock.now())
+        say(f"  reads: seeded {out['pods']} pods in {time.perf_counter() - t0:.0f} s")
+        kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
+        seen = count_calls(kube)
+        state, cfg = admitted(r, views, scale)
+        for _ in range(rounds):
+            calls, sent, c0, t0 = seen["n"], seen["bytes"], time.process_time(), time.perf_counter()
+            tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", KubeGpuPods(kube), RedisReports(r),
+                        now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
+            got = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                   "calls": seen["n"] - calls, "bytes": seen["bytes"] - sent,
+                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                   "load": Path("/proc/loadavg").read_text().split()[:3]}
+            out["rounds"].append(got)
+            say(f"  reads: {got['wall_s']:.2f} s wall, {got['cpu_s']:.2f} CPU s, {got['calls']} calls, "
+                f"{got['bytes'] / 1e6:.1f} MB, peak RSS {got['maxrss_mb']} MB, load {got['load']}")
+        kube.close()
+    return out
