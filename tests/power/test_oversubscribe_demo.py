@@ -122,7 +122,11 @@ def test_the_report_gains_its_section_plot_and_html(tmp_path: Path) -> None:
 def test_an_unknown_scenario_fails_in_one_line(tmp_path: Path) -> None:
     from tests.integration.conftest import run_cli
 
+    from powerfleet.twin.demo.scenario_load import shipped
+
     out = run_cli("demo", "--scenario", "nope", "--report", str(tmp_path / "r"))
+    names = shipped()
+    assert {"default", "oversubscribe"} <= set(names), names
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        "powerfleet: error: --scenario: 'nope' is neither a shipped scenario (agent-dies-mid-rebalance, default, "
-        "limit-below-minimums, oversubscribe, tenant-pending) nor a file path"], out.stderr
+        f"powerfleet: error: --scenario: 'nope' is neither a shipped scenario ({', '.join(names)}) nor a file path"
+    ], out.stderr
