@@ -14,7 +14,11 @@
    calls per scaled deployment and calls for the unchanged ones. ``--unbatched`` also runs them
    each with its own reads (DGD GET, ConfigMap GET, pod LIST, adapters), as before batching.
 
+Each deployment's pods carry a nodeSelector on their rack (``--unpinned``: none, so every scale-up is
+bounded by all 50 racks' free watts, docs/budget.md routes 9 and 11).
+
 Usage: python bench/budget.py [--plans N] [--deployments N] [--nodes N] [--racks N] [--seed S] [--no-api] [--unbatched]
+       [--unpinned]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 
 from powerfleet.budget.fleet import DeploymentView, group_limits
 from powerfleet.budget.planner import Budget, RoleFacts, plan
@@ -93,8 +98,10 @@ def bench_fleet(deployments: int, nodes: int, racks: int, seed: int) -> tuple[fl
     return t_groups, time.perf_counter() - t, scaled
 
 
-def _seed_world(api, r, views, node_groups, now: float) -> None:
-    """The loopback server's nodes, DGDs and pods, and every node's agent reporting its pods' GPUs."""
+def _seed_world(api, r, views, node_groups, now: float, pinned: bool = True) -> None:
+    """The loopback server's nodes, DGDs and pods, and every node's agent reporting its pods' GPUs.
+    ``pinned``: each deployment's pods carry a nodeSelector on their rack (else none: a scale-up may
+    land on any of the 50 racks, so each of them bounds it, docs/budget.md route 9)."""
     from powerfleet.budget.evidence import ENFORCEMENT_KEY
 
     for n, g in node_groups.items():
@@ -116,9 +123,10 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
                    "metadata": {"name": v.dgd.name, "namespace": "default"},
                    "spec": {"components": comps}, "status": status})
         for p in v.pods:
+            selector = {"nodeSelector": {"powerfleet.io/rack": node_groups[p.node_name]}} if pinned else {}
             api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
                 "name": p.name, "namespace": "default", "labels": p.labels, "annotations": p.annotations},
-                "spec": {"nodeName": p.node_name, "containers": [{"name": "main", "resources": {
+                "spec": {"nodeName": p.node_name, **selector, "containers": [{"name": "main", "resources": {
                     "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
     # Every node's agent reports its pods' GPUs enforced at their cap (budget.enforcement_evidence
     # auto, the default: the evaluations judge them).
@@ -129,7 +137,8 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
     pipe.execute()
 
 
-def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True) -> dict[str, float]:
+def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True,
+                   pinned: bool = True) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
     for the evaluations (``batched``: as budget.evaluate_batch runs them, on one snapshot, with the
     generation rule's Redis reads; else each with its own reads, as before batching)."""
@@ -160,14 +169,15 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         r = redis.Redis.from_url(broker.url)
         clock = FakeClock(t=1_800_000_000.0)
-        _seed_world(api, r, views, node_groups, clock.now())
+        _seed_world(api, r, views, node_groups, clock.now(), pinned)
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
-        calls = {"n": 0}
+        calls: dict = {"n": 0, "by": Counter()}
         request = kube.api_client.rest_client.request
 
-        def counted(*a, **kw):
+        def counted(method, url, *a, **kw):
             calls["n"] += 1
-            return request(*a, **kw)
+            calls["by"][_call_kind(method, url)] += 1
+            return request(method, url, *a, **kw)
 
         kube.api_client.rest_client.request = counted
         state = BudgetState(r)
@@ -187,7 +197,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
 
         def evaluations(generation, plan) -> dict[str, float]:
             """Wall time, snapshot calls, and calls and counts of the deployments that scaled and not."""
-            t, before = time.perf_counter(), calls["n"]
+            t, cpu, before, by = time.perf_counter(), time.thread_time(), calls["n"], Counter(calls["by"])
             cluster, sink, scale, st, source = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling, state, evidence
             if batched:  # as budget.evaluate_batch does it (tasks/budget.py)
                 snap = read_snapshot(kube, scaling, list(cfg))
@@ -208,8 +218,8 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                 kind = "scaled" if out.replicas_written else "unchanged"
                 got[kind] += 1
                 got[f"{kind}_calls"] += calls["n"] - mark
-            got["wall_s"] = time.perf_counter() - t
-            got["calls"] = calls["n"] - before
+            got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.thread_time() - cpu
+            got["calls"], got["by"] = calls["n"] - before, dict(calls["by"] - by)
             return got
 
         # a first tick with no proposal: every deployment's status and condition are written once
@@ -229,11 +239,25 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     return {"tick_s": t_tick, "tick_calls": tick_calls, "quiet": quiet, "first": first, "steady": steady}
 
 
-def _evaluation_line(label: str, got: dict[str, float]) -> str:
+def _call_kind(method: str, url: str) -> str:
+    """``PATCH configmaps``, ``POST events``, ``PATCH dynamographdeployments/status``: what a call is."""
+    path = url.split("?", 1)[0].rstrip("/").split("/")
+    kind = path[-1] if path[-1] in ("status", "scale") else ""
+    plural = next((seg for seg in reversed(path) if seg in _PLURALS), "other")
+    return f"{method} {plural}{'/' + kind if kind else ''}"
+
+
+_PLURALS = ("events", "configmaps", "pods", "nodes", "dynamographdeployments",
+            "dynamographdeploymentscalingadapters", "resourceclaimtemplates")
+
+
+def _evaluation_line(label: str, got: dict) -> str:
     per = got["scaled_calls"] / got["scaled"] if got["scaled"] else 0.0
-    return (f"{label}: evaluations {got['wall_s']:.1f} s, {got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} "
-            f"for the snapshot); {got['scaled']:.0f} scaled at {per:.2f} calls each; {got['unchanged']:.0f} "
-            f"unchanged, {got['unchanged_calls']:.0f} calls in all")
+    by = ", ".join(f"{k} {v}" for k, v in sorted(got["by"].items(), key=lambda kv: -kv[1]))
+    return (f"{label}: evaluations {got['wall_s']:.1f} s ({got['cpu_s']:.1f} s CPU in the evaluating thread), "
+            f"{got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} for the snapshot); {got['scaled']:.0f} "
+            f"scaled at {per:.2f} calls each; {got['unchanged']:.0f} unchanged, {got['unchanged_calls']:.0f} calls "
+            f"in all\n      calls: {by}")
 
 
 def main() -> None:
@@ -245,6 +269,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-api", action="store_true", help="skip the full tick against the loopback API server")
     ap.add_argument("--unbatched", action="store_true", help="also run the evaluations each with its own reads")
+    ap.add_argument("--unpinned", action="store_true", help="pods without a nodeSelector on their rack")
     args = ap.parse_args()
     print(f"plans/s (random two-role inputs, {args.plans}): {bench_plans(args.plans, args.seed):,.0f}")
     t_groups, total, scaled = bench_fleet(args.deployments, args.nodes, args.racks, args.seed)
@@ -252,7 +277,7 @@ def main() -> None:
           f"{total:.3f} s (group allowances {t_groups:.3f} s; {scaled} deployments scaled; goal << 30 s)")
     if not args.no_api:
         for batched in ((True, False) if args.unbatched else (True,)):
-            got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, batched)
+            got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, batched, not args.unpinned)
             how = "batched, one snapshot" if batched else "each with its own reads (before batching)"
             print(f"full tick against the loopback API server ({args.deployments} deployments, {args.nodes} nodes, "
                   f"{args.racks} racks; {how}, in one process): tick reads + allowances {got['tick_s']:.2f} s in "

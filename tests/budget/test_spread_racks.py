@@ -79,6 +79,7 @@ def test_a_deployment_on_one_rack_gets_the_single_group_rule():
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 30_000), members_st)
 def test_deployments_wholly_on_one_group_get_exactly_the_single_group_allowance(budget, members):
+    members = {k: replace(m, remote=False) for k, m in members.items()}  # each holds its pods there
     single = allocate(budget, members)
     prints = {k: Footprint(m.minimum_w, m.demand_w, m.current_w, m.own_limit_w, {"g": m.current_w})
               for k, m in members.items()}
