@@ -137,8 +137,18 @@ def _seed_world(api, r, views, node_groups, now: float, pinned: bool = True) -> 
     pipe.execute()
 
 
+def small_moves(views, seed: int) -> dict[str, dict[str, int]]:
+    """A steady tick's proposals: one role of each deployment one replica up or down (never below 1)."""
+    rng = random.Random(seed + 1)
+    out = {}
+    for v in views:
+        comp = rng.choice(v.dgd.components)
+        out[v.key] = {comp.name: max(1, comp.replicas + rng.choice((-1, 1)))}
+    return out
+
+
 def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True,
-                   pinned: bool = True) -> dict[str, float]:
+                   pinned: bool = True, steady: bool = False) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
     for the evaluations (``batched``: as budget.evaluate_batch runs them, on one snapshot, with the
     generation rule's Redis reads; else each with its own reads, as before batching)."""
@@ -226,8 +236,9 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
         # (a fleet's steady state), nothing scales; a second one changes nothing
         evaluations(*tick())
         quiet = evaluations(*tick())  # and again: nothing changed, so nothing is written
+        moves = small_moves(views, seed)
         for v in views:
-            state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
+            state.propose(v.key, moves[v.key] if steady else dict(v.proposal or {}), at=0, source="bench")
         t0, start = time.perf_counter(), calls["n"]
         generation, plan = tick()
         t_tick, tick_calls = time.perf_counter() - t0, calls["n"] - start
@@ -283,8 +294,13 @@ def main() -> None:
                   f"{args.racks} racks; {how}, in one process): tick reads + allowances {got['tick_s']:.2f} s in "
                   f"{got['tick_calls']:.0f} API calls")
             print("  " + _evaluation_line("a quiet tick (nothing proposed, statuses already written)", got["quiet"]))
-            print("  " + _evaluation_line("the scaling tick", got["first"]))
+            print("  " + _evaluation_line("the scaling tick (proposals 1-6 per role: most clamped)", got["first"]))
             print("  " + _evaluation_line("the next tick (the scaled ones in flight)", got["steady"]))
+            if batched:
+                small = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, True, not args.unpinned,
+                                       steady=True)["first"]
+                print("  " + _evaluation_line("a steady scaling tick (one role of each one replica up or down)",
+                                              small))
 
 if __name__ == "__main__":
     main()
