@@ -217,3 +217,34 @@ def test_a_deployment_that_may_land_on_a_rack_never_shrinks_what_that_racks_own_
     # b grows only into r1's free 500 W (its new pod may land there): one decode replica
     assert b.replicas_written == {"decode": 2}, b
     assert rack_watts(api, r, clock.now()) == {"r1": 2000, "r2": 1000}
+
+
+def test_a_deployment_whose_pods_are_all_pending_is_charged_where_they_may_bind(rack):
+    # issue 30, left from the last session: groups_of answered UNPLACED and the deployment was charged
+    # on no rack, so another grew into the watts its pods then took when the scheduler bound them
+    api, kube, state, r, clock = rack
+    api.apply(dgd("a", 1, 1))
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)  # 1,000 W on r1
+    api.apply(dgd("b", 1, 1))
+    settle(api, kube, "b", ["gpu-1"], with_gpus=True)
+    for pod in api.list("v1", "Pod", "default"):  # b's two pods wait for a node (no nodeSelector)
+        if pod["metadata"]["name"].startswith("b-"):
+            pod["spec"].pop("nodeName")
+            pod["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+            api.apply(pod)
+    cfg = configs({"default/a": 100_000, "default/b": 100_000})
+    tick_and_evaluate(kube, state, r, cfg, {"r1": 3000}, clock)  # a admitted (b's pods are not settled)
+    state.propose("default/a", {"decode": 9}, at=0, source="test")
+    state.propose("default/b", {"decode": 9}, at=0, source="test")
+    got = tick_and_evaluate(kube, state, r, cfg, {"r1": 3000}, clock)
+    assert got.plan.limits["default/b"].limit_w is None, got.plan.limits["default/b"]  # b waits
+    a = got.outcomes["default/a"]
+    # before: a took r1's whole 3,000 W (decode 5), 4,000 W once b's pods bound
+    assert a.replicas_written == {"decode": 3} and a.limit_w == 2000, a
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)
+    for pod in api.list("v1", "Pod", "default"):  # the scheduler binds b's pods on r1
+        if pod["metadata"]["name"].startswith("b-"):
+            pod["spec"]["nodeName"], pod["status"] = "gpu-1", {"phase": "Running"}
+            api.apply(pod)
+    assert rack_watts(api, r, clock.now()) == {"r1": 3000}

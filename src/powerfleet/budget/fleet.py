@@ -4,7 +4,8 @@ it physically holds on each, and the planning limit each gets from its groups' b
 
 A deployment belongs to every budgeted group that holds one of its live pods, to the group its
 DGD names with the group label, and, while a replica of it holds no node, to every group with a
-node that replica may be scheduled on (``reachable_groups``). A group is charged what the deployment's pods on its nodes
+node that replica may be scheduled on (``reachable_groups``; also for a deployment whose pods are
+all Pending, which gets no allowance itself but is charged, like a Pending tenant, where they may bind). A group is charged what the deployment's pods on its nodes
 are charged (Terminating and surge pods included, on the evaluation's evidence basis) plus every
 charged replica of it that holds no node yet (the scheduler may put it on any of its groups). One
 that has no placed pod and names no group while group budgets exist gets no allowance: its
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from powerfleet.budget.evidence import Evidence, role_charge
 from powerfleet.budget.groups import UNMANAGED, Footprint, Member, allocate_racks, unmanaged_member
@@ -101,7 +102,9 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
     if pinned in budgets:
         out.add(pinned)
     if not out and budgets and not any(p.node_name for p in own):
-        out.add(UNPLACED)
+        out.add(UNPLACED)  # no allowance (its scale-ups wait), but its Pending pods are charged where they may bind
+        if node_labels is not None:
+            out |= reachable_groups(view, node_groups, budgets, node_labels)
     elif not out and budgets and _may_reach_a_group(own, node_groups, budgets, node_labels):
         out.add(UNGROUPED)  # its pods are on nodes in no group, its new ones may land on one: scale-ups wait
     elif node_labels is not None:
@@ -198,6 +201,9 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
             continue
         prints[view.key] = footprint(view, power, node_groups)
         touched[view.key] = groups_of(view, node_groups, budgets, group_label, node_labels)
+        if UNPLACED in touched[view.key]:  # it cannot grow: charged what it holds, like a Pending tenant
+            f = prints[view.key]
+            prints[view.key] = replace(f, demand_w=max(f.current_w, f.minimum_w))
     racks = allocate_racks(budgets, prints, touched, unmanaged_w)
     out: dict[str, GroupLimit] = {}
     for view in views:
