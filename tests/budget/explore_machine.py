@@ -16,7 +16,8 @@ Invariants, each rack's watts computed independently (``explore_world``):
   messages carry only ``(deployment, generation)`` and stay queued across later ticks, so they are
   run late (after the next tick), twice (a duplicate delivery), again after a 409 (a retry) and in
   any order, each through the task's path (``verdict`` when it runs, the fence before its writes).
-  One whose tick is no longer the newest writes nothing.
+  One whose tick is no longer the newest writes nothing. The real redis-server may also restart (a
+  step: connections dropped, everything in it lost).
 - **Over the limit, everyone above its minimum shrinks and is reported**: once every evaluation of a
   tick has run with nothing changed since, a rack still projected over its limit holds, once settled,
   no more than its limit while its minimums fit (tenants plus every listed deployment that may land on
@@ -49,7 +50,7 @@ from tests.budget.stand_in_operator import budget_status
 RACKS = ("r1", "r2")
 RESET = [("v1", "Pod"), (DGD_V, DGD_KIND), ("v1", "ConfigMap"), ("v1", "Node"),
          ("nvidia.com/v1alpha1", "DynamoGraphDeploymentScalingAdapter")]
-STATS = {"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0}
+STATS = {"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0, "restarts": 0}
 MAX_AGE_S = 60.0  # 2 x the budget interval: how old a tick's allowance may be when applied
 
 
@@ -100,7 +101,8 @@ class Projection:
 
 
 class BudgetMachine(RuleBasedStateMachine):
-    redis_url = ""  # set by the caller (pytest's fixture, the bench's embedded server)
+    redis_url = ""  # set by the caller (its own embedded server: the test's, the bench's)
+    restart_redis: Any = None  # restarts that real redis-server (no persistence: everything in it is lost)
     api: ApiServer  # one server for the whole run, emptied for each example (``explore``)
     kube: KubeCluster
 
@@ -323,6 +325,13 @@ class BudgetMachine(RuleBasedStateMachine):
     def flush_redis(self) -> None:
         self._safe(self.w.r.flushall)
 
+    @precondition(lambda self: self.restart_redis is not None)
+    @rule()
+    def redis_restarts(self) -> None:
+        """The real redis-server stops and starts again: every connection drops, its data is gone."""
+        STATS["restarts"] += 1
+        self._safe(self.restart_redis)
+
     # -- the round's judgement --
 
     def _judge_round(self) -> None:
@@ -351,14 +360,15 @@ class BudgetMachine(RuleBasedStateMachine):
                         f"status {status[k]}")
 
 
-def explore(redis_url: str, *, examples: int, steps: int, seed: int) -> dict[str, int]:
-    """Run the machine: ``examples`` runs of up to ``steps`` steps, seeded; raises the counterexample."""
+def explore(redis_url: str, *, examples: int, steps: int, seed: int, restart: Any = None) -> dict[str, int]:
+    """Run the machine: ``examples`` runs of up to ``steps`` steps, seeded; raises the counterexample.
+    ``restart``: restarts the redis-server at ``redis_url`` (a step; None: not explored)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis import seed as with_seed
     from hypothesis.stateful import run_state_machine_as_test
 
-    STATS.update({"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0})
-    BudgetMachine.redis_url = redis_url
+    STATS.update({"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0, "restarts": 0})
+    BudgetMachine.redis_url, BudgetMachine.restart_redis = redis_url, staticmethod(restart) if restart else None
 
     def factory() -> BudgetMachine:
         return BudgetMachine()
