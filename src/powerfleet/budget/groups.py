@@ -23,7 +23,8 @@ peaks stays at or below the budget whenever the group's current draw fits.
 there (``Footprint.member_on``): what its pods on the group's nodes are charged plus its replicas
 that hold no node yet, which the scheduler may put on any of its groups, so each is charged them.
 Any growth may land wholly on any one of its groups, so it is granted the smallest change any of
-its groups allows: ``limit = min(own, current + min over groups (group limit - footprint there))``.
+its groups allows: ``limit = min(own, current + min over groups (group limit - footprint there))``,
+and, over its share on a group, no more than its limit there in all (the operator picks which pods go).
 On a group where it holds no pod (a new pod of it may land there, the scheduler decides) it is
 *remote*: it takes part in the split of the free watts, not in the shares, so the growth of many
 deployments that may land anywhere never shrinks what a rack's own deployments hold.
@@ -168,6 +169,7 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
     deployment on no budgeted group gets no limit (absent from ``limits``)."""
     fixed_w = fixed_w or {}
     changes: dict[str, list[int]] = {k: [] for k in footprints}
+    over: dict[str, list[int]] = {k: [] for k in footprints}  # its limits on the groups it is over its share on
     projected: dict[str, int] = {}
     for group, budget_w in budgets.items():
         on = {k: f.member_on(group) for k, f in footprints.items() if group in groups.get(k, ())}
@@ -178,7 +180,13 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
         result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
         for k, m in on.items():
             changes[k].append(result.allowances[k].limit_w - m.current_w)
-    limits = {k: min(footprints[k].own_limit_w, footprints[k].current_w + min(c)) for k, c in changes.items() if c}
+            if result.allowances[k].limit_w < m.current_w:
+                over[k].append(result.allowances[k].limit_w)
+    # Over its share on a group: the operator, not powerfleet, picks which pods go, and it may keep every
+    # one on that group, so what it keeps in all must fit its limit there (a shrink landing elsewhere
+    # would leave the group over): ``min(over[k])`` besides its smallest change.
+    limits = {k: min(footprints[k].own_limit_w, footprints[k].current_w + min(c), *over[k])
+              for k, c in changes.items() if c}
     peak = {g: w + sum(max(0, limits[k] - footprints[k].current_w) for k in limits if g in groups.get(k, ()))
             for g, w in projected.items()}
     return RackPlan(limits, projected, peak)
