@@ -14,7 +14,11 @@
    calls per scaled deployment and calls for the unchanged ones. ``--unbatched`` also runs them
    each with its own reads (DGD GET, ConfigMap GET, pod LIST, adapters), as before batching.
 
+Each deployment's pods carry a nodeSelector on their rack (``--unpinned``: none, so every scale-up is
+bounded by all 50 racks' free watts, docs/budget.md routes 9 and 11).
+
 Usage: python bench/budget.py [--plans N] [--deployments N] [--nodes N] [--racks N] [--seed S] [--no-api] [--unbatched]
+       [--unpinned]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 
 from powerfleet.budget.fleet import DeploymentView, group_limits
 from powerfleet.budget.planner import Budget, RoleFacts, plan
@@ -97,8 +102,10 @@ def bench_fleet(deployments: int, nodes: int, racks: int, seed: int) -> tuple[fl
     return t_groups, time.perf_counter() - t, scaled
 
 
-def _seed_world(api, r, views, node_groups, now: float) -> None:
-    """The loopback server's nodes, DGDs and pods, and every node's agent reporting its pods' GPUs."""
+def _seed_world(api, r, views, node_groups, now: float, pinned: bool = True) -> None:
+    """The loopback server's nodes, DGDs and pods, and every node's agent reporting its pods' GPUs.
+    ``pinned``: each deployment's pods carry a nodeSelector on their rack (else none: a scale-up may
+    land on any of the 50 racks, so each of them bounds it, docs/budget.md route 9)."""
     from powerfleet.budget.evidence import ENFORCEMENT_KEY
 
     for n, g in node_groups.items():
@@ -120,9 +127,10 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
                    "metadata": {"name": v.dgd.name, "namespace": "default"},
                    "spec": {"components": comps}, "status": status})
         for p in v.pods:
+            selector = {"nodeSelector": {"powerfleet.io/rack": node_groups[p.node_name]}} if pinned else {}
             api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {
                 "name": p.name, "namespace": "default", "labels": p.labels, "annotations": p.annotations},
-                "spec": {"nodeName": p.node_name, "containers": [{"name": "main", "resources": {
+                "spec": {"nodeName": p.node_name, **selector, "containers": [{"name": "main", "resources": {
                     "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
     # Every node's agent reports its pods' GPUs enforced at their cap (budget.enforcement_evidence
     # auto, the default: the evaluations judge them).
@@ -134,13 +142,14 @@ def _seed_world(api, r, views, node_groups, now: float) -> None:
 
 
 def count_calls(kube) -> dict[str, int]:
-    """Count the client's API calls and response bytes from now on: {"n": calls, "bytes": bytes}."""
-    calls = {"n": 0, "bytes": 0}
+    """Count the client's API calls and response bytes from now on: {"n": calls, "bytes": bytes, "by": calls by kind}."""
+    calls: dict = {"n": 0, "bytes": 0, "by": Counter()}
     request = kube.api_client.rest_client.request
 
-    def counted(*a, **kw):
+    def counted(method, url, *a, **kw):
         calls["n"] += 1
-        resp = request(*a, **kw)
+        calls["by"][_call_kind(method, url)] += 1
+        resp = request(method, url, *a, **kw)
         calls["bytes"] += len(resp.read() or b"")  # read once and kept: the caller reads the same bytes
         return resp
 
@@ -159,8 +168,18 @@ def admitted(r, views, scale: int = 1):
     return state, {v.key: DeploymentBudgetConfig(power_limit_w=4000 * scale) for v in views}
 
 
+def small_moves(views, seed: int) -> dict[str, dict[str, int]]:
+    """A steady tick's proposals: one role of each deployment one replica up or down (never below 1)."""
+    rng = random.Random(seed + 1)
+    out = {}
+    for v in views:
+        comp = rng.choice(v.dgd.components)
+        out[v.key] = {comp.name: max(1, comp.replicas + rng.choice((-1, 1)))}
+    return out
+
+
 def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched: bool = True,
-                   scale: int = 1) -> dict[str, float]:
+                   pinned: bool = True, steady: bool = False, scale: int = 1) -> dict[str, float]:
     """The full tick against a loopback API server: seconds and API calls, for the tick's reads and
     for the evaluations (``batched``: as budget.evaluate_batch runs them, on one snapshot, with the
     generation rule's Redis reads; else each with its own reads, as before batching)."""
@@ -190,7 +209,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
     with EmbeddedRedis() as broker, ApiServer() as api, tempfile.TemporaryDirectory() as tmp:
         r = redis.Redis.from_url(broker.url)
         clock = FakeClock(t=1_800_000_000.0)
-        _seed_world(api, r, views, node_groups, clock.now())
+        _seed_world(api, r, views, node_groups, clock.now(), pinned)
         kube = KubeCluster.from_kubeconfig(str(api.write_kubeconfig(Path(tmp) / "kc")))
         calls = count_calls(kube)
         state, cfg = admitted(r, views, scale)
@@ -207,7 +226,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
 
         def evaluations(generation, plan) -> dict[str, float]:
             """Wall time, snapshot calls, and calls and counts of the deployments that scaled and not."""
-            t, cpu, before = time.perf_counter(), time.process_time(), calls["n"]
+            t, cpu, before, by = time.perf_counter(), time.thread_time(), calls["n"], Counter(calls["by"])
             cluster, sink, scale, st, source = kube, ConfigMapStatus(KubeBudgetStore(kube)), scaling, state, evidence
             if batched:  # as budget.evaluate_batch does it (tasks/budget.py)
                 snap = read_snapshot(kube, scaling, list(cfg))
@@ -231,16 +250,17 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                                            .model_dump_json())
                 got[kind] += 1
                 got[f"{kind}_calls"] += calls["n"] - mark
-            got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.process_time() - cpu
-            got["calls"] = calls["n"] - before
+            got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.thread_time() - cpu
+            got["calls"], got["by"] = calls["n"] - before, dict(calls["by"] - by)
             return got
 
         # a first tick with no proposal: every deployment's status and condition are written once
         # (a fleet's steady state), nothing scales; a second one changes nothing
         evaluations(*tick())
         quiet = evaluations(*tick())  # and again: nothing changed, so nothing is written
+        moves = small_moves(views, seed)
         for v in views:
-            state.propose(v.key, dict(v.proposal or {}), at=0, source="bench")
+            state.propose(v.key, moves[v.key] if steady else dict(v.proposal or {}), at=0, source="bench")
         t0, c0, start, b0 = time.perf_counter(), time.process_time(), calls["n"], calls["bytes"]
         generation, plan = tick()
         t_tick, tick_calls = time.perf_counter() - t0, calls["n"] - start
@@ -254,11 +274,25 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
             "pods": sum(len(v.pods) for v in views), "quiet": quiet, "first": first, "steady": steady}
 
 
-def _evaluation_line(label: str, got: dict[str, float]) -> str:
+def _call_kind(method: str, url: str) -> str:
+    """``PATCH configmaps``, ``POST events``, ``PATCH dynamographdeployments/status``: what a call is."""
+    path = url.split("?", 1)[0].rstrip("/").split("/")
+    kind = path[-1] if path[-1] in ("status", "scale") else ""
+    plural = next((seg for seg in reversed(path) if seg in _PLURALS), "other")
+    return f"{method} {plural}{'/' + kind if kind else ''}"
+
+
+_PLURALS = ("events", "configmaps", "pods", "nodes", "dynamographdeployments",
+            "dynamographdeploymentscalingadapters", "resourceclaimtemplates")
+
+
+def _evaluation_line(label: str, got: dict) -> str:
     per = got["scaled_calls"] / got["scaled"] if got["scaled"] else 0.0
-    return (f"{label}: evaluations {got['wall_s']:.1f} s, {got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} "
-            f"for the snapshot); {got['scaled']:.0f} scaled at {per:.2f} calls each; {got['unchanged']:.0f} "
-            f"unchanged, {got['unchanged_calls']:.0f} calls in all")
+    by = ", ".join(f"{k} {v}" for k, v in sorted(got["by"].items(), key=lambda kv: -kv[1]))
+    return (f"{label}: evaluations {got['wall_s']:.1f} s ({got['cpu_s']:.1f} s CPU in the evaluating thread), "
+            f"{got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} for the snapshot); {got['scaled']:.0f} "
+            f"scaled at {per:.2f} calls each; {got['unchanged']:.0f} unchanged, {got['unchanged_calls']:.0f} calls "
+            f"in all\n      calls: {by}")
 
 
 def main() -> None:
@@ -270,6 +304,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-api", action="store_true", help="skip the full tick against the loopback API server")
     ap.add_argument("--unbatched", action="store_true", help="also run the evaluations each with its own reads")
+    ap.add_argument("--unpinned", action="store_true", help="pods without a nodeSelector on their rack")
     args = ap.parse_args()
     print(f"plans/s (random two-role inputs, {args.plans}): {bench_plans(args.plans, args.seed):,.0f}")
     t_groups, total, scaled = bench_fleet(args.deployments, args.nodes, args.racks, args.seed)
@@ -277,14 +312,19 @@ def main() -> None:
           f"{total:.3f} s (group allowances {t_groups:.3f} s; {scaled} deployments scaled; goal << 30 s)")
     if not args.no_api:
         for batched in ((True, False) if args.unbatched else (True,)):
-            got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, batched)
+            got = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, batched, not args.unpinned)
             how = "batched, one snapshot" if batched else "each with its own reads (before batching)"
             print(f"full tick against the loopback API server ({args.deployments} deployments, {args.nodes} nodes, "
                   f"{args.racks} racks; {how}, in one process): tick reads + allowances {got['tick_s']:.2f} s in "
                   f"{got['tick_calls']:.0f} API calls")
             print("  " + _evaluation_line("a quiet tick (nothing proposed, statuses already written)", got["quiet"]))
-            print("  " + _evaluation_line("the scaling tick", got["first"]))
+            print("  " + _evaluation_line("the scaling tick (proposals 1-6 per role: most clamped)", got["first"]))
             print("  " + _evaluation_line("the next tick (the scaled ones in flight)", got["steady"]))
+            if batched:
+                small = bench_api_tick(args.deployments, args.nodes, args.racks, args.seed, True, not args.unpinned,
+                                       steady=True)["first"]
+                print("  " + _evaluation_line("a steady scaling tick (one role of each one replica up or down)",
+                                              small))
 
 if __name__ == "__main__":
     main()

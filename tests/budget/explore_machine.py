@@ -9,8 +9,15 @@ Invariants, each rack's watts computed independently (``explore_world``):
   powerfleet wrote, pods starting or going, agents dying, Redis flushed, a 409), each rack's projected
   watts are at most ``max(limit, what they were before the step)``. The cluster's own steps (a limit
   lowered, a tenant or deployment added, an agent reporting a limit above a cap) may take it over;
-  the evaluations sent before them are dropped (an allowance from before the change is the outdated
-  share of issue 30 route 3, the budget tick's generation rule, explored once it lands).
+  the newest tick's evaluations sent before them are dropped (the tick computed its allowances on
+  the cluster before the change), while older ticks' stay queued.
+- **An evaluation message applies only the newest tick's allowance** (route 3): each tick opens a
+  generation and publishes its allowances (budget/generations.py, as ``budget.tick`` does); its
+  messages carry only ``(deployment, generation)`` and stay queued across later ticks, so they are
+  run late (after the next tick), twice (a duplicate delivery), again after a 409 (a retry) and in
+  any order, each through the task's path (``verdict`` when it runs, the fence before its writes).
+  One whose tick is no longer the newest writes nothing. The real redis-server may also restart (a
+  step: connections dropped, everything in it lost).
 - **Over the limit, everyone above its minimum shrinks and is reported**: once every evaluation of a
   tick has run with nothing changed since, a rack still projected over its limit holds, once settled,
   no more than its limit while its minimums fit (tenants plus every listed deployment that may land on
@@ -30,7 +37,7 @@ import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from powerfleet.budget.program import GroupLimit
+from powerfleet.budget.generations import Allocations, verdict
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, parse_dgd
 from powerfleet.cluster.kube import KubeCluster
@@ -43,7 +50,8 @@ from tests.budget.stand_in_operator import budget_status
 RACKS = ("r1", "r2")
 RESET = [("v1", "Pod"), (DGD_V, DGD_KIND), ("v1", "ConfigMap"), ("v1", "Node"),
          ("nvidia.com/v1alpha1", "DynamoGraphDeploymentScalingAdapter")]
-STATS = {"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0}
+STATS = {"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0, "restarts": 0}
+MAX_AGE_S = 60.0  # 2 x the budget interval: how old a tick's allowance may be when applied
 
 
 def rack_nodes(rack: str) -> list[str]:
@@ -93,7 +101,8 @@ class Projection:
 
 
 class BudgetMachine(RuleBasedStateMachine):
-    redis_url = ""  # set by the caller (pytest's fixture, the bench's embedded server)
+    redis_url = ""  # set by the caller (its own embedded server: the test's, the bench's)
+    restart_redis: Any = None  # restarts that real redis-server (no persistence: everything in it is lost)
     api: ApiServer  # one server for the whole run, emptied for each example (``explore``)
     kube: KubeCluster
 
@@ -108,7 +117,8 @@ class BudgetMachine(RuleBasedStateMachine):
         r.flushall()
         self.w = World(self.api, self.kube, r, FakeClock(t=1_800_000_000.0))
         self.w.setup()
-        self.pending: dict[str, GroupLimit] = {}  # the latest tick's evaluations not run yet
+        self.pending: list[tuple[str, int]] = []  # queued evaluation messages: (deployment, generation)
+        self.newest = 0  # the latest tick's generation
         self.judged: dict[str, int] | None = None  # desired watts at the latest tick (None: no round to judge)
         self.conflict_next = False
 
@@ -140,19 +150,24 @@ class BudgetMachine(RuleBasedStateMachine):
                 f"({dict(after.of[g])})")
 
     def _cluster(self, step: Any) -> None:
-        """The cluster's own change: it may take a rack over; evaluations sent before it are outdated."""
+        """The cluster's own change: it may take a rack over; the newest tick's evaluations, computed on
+        the cluster before it, are dropped (older ticks' stay queued: they must be skipped)."""
         self.steps += 1
         STATS["steps"] += 1
         step()
-        self.pending, self.judged = {}, None
+        self.pending, self.judged = [m for m in self.pending if m[1] != self.newest], None
+
+    def _round_done(self) -> bool:
+        return not any(g == self.newest for _, g in self.pending)
 
     # -- the cluster's own changes --
 
     @precondition(lambda self: len(self.w.kinds) < 4)
     @rule(kind=st.sampled_from(["ok", "ok", "ok", "typo", "main"]), prefill=st.integers(1, 2),
-          decode=st.integers(1, 3), rack=st.sampled_from(["r1", "r2", None]))
-    def add_deployment(self, kind: str, prefill: int, decode: int, rack: str | None) -> None:
-        self._cluster(lambda: self.w.add_deployment(kind, prefill, decode, rack))
+          decode=st.integers(1, 3), rack=st.sampled_from(["r1", "r2", None]), placed=st.booleans())
+    def add_deployment(self, kind: str, prefill: int, decode: int, rack: str | None, placed: bool) -> None:
+        """``placed`` False: its pods are created and wait for a node (the scheduler binds them later)."""
+        self._cluster(lambda: self.w.add_deployment(kind, prefill, decode, rack, placed))
 
     @precondition(lambda self: len(self.w.pods()) < 40)
     @rule(gpus=st.integers(1, 2), cap=st.sampled_from([None, "300", "500"]),
@@ -182,26 +197,32 @@ class BudgetMachine(RuleBasedStateMachine):
         def run() -> None:
             self.w.clock.advance(30.0)
             self.w.agents_report()  # every live agent's pass (the caps it enforces: no watts added)
+            allocations = Allocations(self.w.r)
+            generation = allocations.open(self.w.clock.now())  # as budget.tick does
             plan = tick_and_evaluate(self.w.kube, self.w.state, self.w.r, configs({k: 20_000 for k in self.w.cfg}),
                                      self.w.limits, self.w.clock, evaluate=False).plan
-            self.pending = dict(plan.limits)
+            allocations.publish(generation, plan.limits)
+            # the earlier ticks' messages stay queued (at most two ticks back: older ones are lost)
+            self.pending = [m for m in self.pending if m[1] >= self.newest] + [(k, generation) for k in plan.limits]
+            self.newest = generation
         self._safe(run)
         self.judged = Projection(self.w).desired_w
-        if not self.pending:
+        if self._round_done():
             self._judge_round()
 
     @precondition(lambda self: bool(self.pending))
-    @rule(i=st.integers(0, 3), again=st.booleans())
+    @rule(i=st.integers(0, 11), again=st.booleans())
     def evaluate(self, i: int, again: bool) -> None:
-        key = sorted(self.pending)[i % len(self.pending)]
+        """One queued message, of the latest tick or an earlier one (late); ``again``: delivered twice."""
+        key, generation = message = self.pending[i % len(self.pending)]
         conflict, self.conflict_next = self.conflict_next, False
-        self._safe(lambda: self._evaluate(key, self.pending[key], conflict))
-        if not conflict and not again:
-            del self.pending[key]
-        if not self.pending and self.judged is not None:
+        self._safe(lambda: self._evaluate(key, generation, conflict))
+        if not conflict and not again:  # a 409 leaves it queued: the retry
+            self.pending.remove(message)
+        if self._round_done() and self.judged is not None:
             self._judge_round()
 
-    def _evaluate(self, key: str, gl: GroupLimit, conflict: bool) -> None:
+    def _evaluate(self, key: str, generation: int, conflict: bool) -> None:
         from powerfleet.budget.evidence import EvidenceSource, RedisReports
         from powerfleet.budget.persist import ConfigMapStatus
         from powerfleet.budget.program import DeploymentBudget
@@ -210,6 +231,13 @@ class BudgetMachine(RuleBasedStateMachine):
         from powerfleet.cluster.scaling import KubeScaling
         from tests.budget.routes import FRESH_S
 
+        allocations = Allocations(self.w.r)
+        gl = verdict(allocations.read(generation, key), self.w.clock.now(), MAX_AGE_S)
+        if generation != self.newest:
+            STATS["late"] += 1
+            assert isinstance(gl, str), f"{key}: tick {generation}'s message applied after tick {self.newest}: {gl}"
+        if isinstance(gl, str):
+            return  # skipped, as the task records it (Outdated)
         kube = self.w.kube
         real = kube.patch_dgd_replicas
         if conflict:
@@ -220,7 +248,8 @@ class BudgetMachine(RuleBasedStateMachine):
             out = evaluate_deployment(kube, self.w.state, key, DeploymentBudget(power_limit_w=20_000), gl, self.w.clock,
                                 ConfigMapStatus(KubeBudgetStore(kube)), KubeScaling(kube),
                                 evidence=EvidenceSource(RedisReports(self.w.r, self.w.clock.now()), FRESH_S,
-                                                        MAX_SETTABLE_W, "auto"))
+                                                        MAX_SETTABLE_W, "auto"),
+                                fence=lambda: allocations.outdated(generation))
             STATS["writes"] = STATS.get("writes", 0) + bool(out.replicas_written)
         finally:
             kube.patch_dgd_replicas = real  # type: ignore[method-assign]
@@ -243,11 +272,12 @@ class BudgetMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.pending))
     @rule(order=st.randoms(use_true_random=False))
     def evaluate_all(self, order: Any) -> None:
-        """The round's evaluations, in any order (the control workers run them in parallel)."""
-        keys = sorted(self.pending)
-        order.shuffle(keys)
-        for key in keys:
-            self.evaluate(sorted(self.pending).index(key), False)
+        """Every queued message, the late ones too, in any order (the control workers run them in parallel)."""
+        messages = list(self.pending)
+        order.shuffle(messages)
+        for m in messages:
+            if m in self.pending:
+                self.evaluate(self.pending.index(m), False)
 
     @rule()
     def next_write_conflicts(self) -> None:
@@ -295,6 +325,13 @@ class BudgetMachine(RuleBasedStateMachine):
     def flush_redis(self) -> None:
         self._safe(self.w.r.flushall)
 
+    @precondition(lambda self: self.restart_redis is not None)
+    @rule()
+    def redis_restarts(self) -> None:
+        """The real redis-server stops and starts again: every connection drops, its data is gone."""
+        STATS["restarts"] += 1
+        self._safe(self.restart_redis)
+
     # -- the round's judgement --
 
     def _judge_round(self) -> None:
@@ -323,14 +360,15 @@ class BudgetMachine(RuleBasedStateMachine):
                         f"status {status[k]}")
 
 
-def explore(redis_url: str, *, examples: int, steps: int, seed: int) -> dict[str, int]:
-    """Run the machine: ``examples`` runs of up to ``steps`` steps, seeded; raises the counterexample."""
+def explore(redis_url: str, *, examples: int, steps: int, seed: int, restart: Any = None) -> dict[str, int]:
+    """Run the machine: ``examples`` runs of up to ``steps`` steps, seeded; raises the counterexample.
+    ``restart``: restarts the redis-server at ``redis_url`` (a step; None: not explored)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis import seed as with_seed
     from hypothesis.stateful import run_state_machine_as_test
 
-    STATS.update({"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0})
-    BudgetMachine.redis_url = redis_url
+    STATS.update({"examples": 0, "steps": 0, "rounds_judged": 0, "longest": 0, "writes": 0, "late": 0, "restarts": 0})
+    BudgetMachine.redis_url, BudgetMachine.restart_redis = redis_url, staticmethod(restart) if restart else None
 
     def factory() -> BudgetMachine:
         return BudgetMachine()

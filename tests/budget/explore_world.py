@@ -89,16 +89,18 @@ class World:
 
     # -- the cluster's events --
 
-    def add_deployment(self, kind: str, prefill: int, decode: int, rack: str | None) -> str:
+    def add_deployment(self, kind: str, prefill: int, decode: int, rack: str | None, placed: bool = True) -> str:
+        """``placed``: already running when listed (its pods placed and started); else its pods wait, Pending."""
         name = f"d{next(self.names)}"
         self.api.apply(dgd_body(name, kind, prefill, decode, rack))
         key = f"default/{name}"
         self.cfg[key] = DeploymentBudgetConfig(power_limit_w=20_000)
         self.kinds[key] = kind
-        self.operate(key)  # already running when listed: its pods placed and started
-        self.schedule_all([0])
-        self.start_all()
         self.operate(key)
+        if placed:
+            self.schedule_all([0])
+            self.start_all()
+            self.operate(key)
         return key
 
     def operate_all(self) -> None:

@@ -82,3 +82,43 @@ def test_a_deployment_missing_from_the_snapshot_is_not_found(world):
                               FakeClock(t=1_800_000_000.0), SnapshotStatus(KubeBudgetStore(kube), snap),
                               SnapshotScaling(scaling, snap))
     assert out.reason == "NotFound", out
+
+
+def _writes(log: list[tuple[str, str]], name: str) -> list[str]:
+    """The writes for one deployment (its DGD, its status ConfigMap, its events) as 'METHOD what'."""
+    out = []
+    for method, path in log:
+        if method == "GET" or name not in path and "events" not in path:
+            continue
+        what = "events" if "events" in path else "condition" if path.endswith("/status") else \
+            "configmap" if "configmaps" in path else "dgd"
+        out.append(f"{method} {what}")
+    return sorted(out)
+
+
+def test_a_scale_costs_its_replica_patch_its_status_and_one_event(world):
+    # issue 30 item 4: before, a scale within budget also rewrote the DGD condition (its
+    # observedGeneration, moved on by powerfleet's own write) and a clamped one sent a BudgetReasons
+    # event beside its Scaled event: 4 and 5 calls
+    api, kube, state = world
+    api.apply(dgd("alpha", 1, 1))
+    settle(api, kube, "alpha", ["gpu-0"])
+    clock, scaling = FakeClock(t=1_800_000_000.0), KubeScaling(kube)
+    kube.dgd_version()
+    _batch(kube, state, clock, scaling)  # the statuses and conditions written once
+    log = _calls(kube)
+    state.propose("default/alpha", {"decode": 3}, at=clock.now(), source="test")
+    steady = _batch(kube, state, clock, scaling)["default/alpha"]
+    assert steady.replicas_written == {"decode": 3} and steady.events == ["Scaled"], steady
+    assert _writes(log, "alpha") == ["PATCH configmap", "PATCH dgd", "POST events"], log
+    settle(api, kube, "alpha", ["gpu-0"])
+    clock.advance(30)
+    _batch(kube, state, clock, scaling)
+    del log[:]
+    state.propose("default/alpha", {"decode": 20}, at=clock.now(), source="test")  # above its 5,000 W
+    clamped = _batch(kube, state, clock, scaling)["default/alpha"]
+    assert clamped.replicas_written == {"decode": 9} and clamped.events == ["Scaled"], clamped
+    # the condition's message changed (power_budget_clamped): written; its reasons ride on the one event
+    assert _writes(log, "alpha") == ["PATCH condition", "PATCH configmap", "PATCH dgd", "POST events"], log
+    (event,) = [e for e in kube.list_events("default") if e.reason == "Scaled" and "decode replicas 3 -> 9" in e.message]
+    assert "reasons: power_budget_clamped" in event.message, event

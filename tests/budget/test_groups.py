@@ -31,10 +31,25 @@ def test_minimums_that_do_not_fit_refuse_growth():
     assert not res.feasible and res.allowances["a"].limit_w == 800
 
 
+def test_deployments_that_may_land_on_a_rack_never_shrink_what_its_own_deployments_hold():
+    # a holds 4,000 W of a 10,000 W rack and wants 6,000; ten deployments placed elsewhere, whose new
+    # pods may land here, want 2,000 W each. Before: they took part in the shares, a's share fell to
+    # 1,000 W and it was shrunk to 1,000 W (the whole fleet shrank to its minimums in bench/budget.py).
+    members = {"a": Member(minimum_w=1000, demand_w=6000, current_w=4000, own_limit_w=10_000),
+               **{f"r{i}": Member(minimum_w=0, demand_w=2000, current_w=0, own_limit_w=10_000, remote=True)
+                  for i in range(10)}}
+    res = allocate(10_000, members)
+    assert res.allowances["a"].limit_w >= 4000, res.allowances["a"]
+    # the free 6,000 W are split max-min fair among the eleven growers, a included
+    growth = {k: a.growth_w for k, a in res.allowances.items()}
+    assert sum(growth.values()) <= 6000 and min(growth.values()) >= 545, growth
+    assert res.allowances["r0"].limit_w == growth["r0"], res.allowances["r0"]
+
+
 members_st = st.dictionaries(
     st.sampled_from("abcdef"),
-    st.builds(lambda mn, extra, cur, own: Member(mn, mn + extra, cur, own),
-              st.integers(0, 3000), st.integers(0, 8000), st.integers(0, 9000), st.integers(0, 20_000)),
+    st.builds(lambda mn, extra, cur, own, remote: Member(mn, mn + extra, cur, own, remote),
+              st.integers(0, 3000), st.integers(0, 8000), st.integers(0, 9000), st.integers(0, 20_000), st.booleans()),
     min_size=1)
 
 
@@ -48,7 +63,10 @@ def test_group_invariants(budget, members):
     for k, a in res.allowances.items():
         m = members[k]
         assert a.share_w >= m.minimum_w  # everyone keeps its minimum footprint
-        assert a.limit_w <= min(m.own_limit_w, a.share_w)
+        # a remote member grows only into free watts, toward its demand
+        assert a.limit_w <= min(m.own_limit_w, m.demand_w if m.remote else a.share_w)
+        if m.remote:
+            assert a.limit_w <= m.current_w + a.growth_w
     # Each deployment's transition peak is at most max(current, limit); their sum fits whenever the
     # group's current draw fits.
     current = sum(m.current_w for m in members.values())

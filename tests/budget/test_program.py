@@ -128,6 +128,17 @@ def test_one_evaluation_derives_the_power_inputs_once(monkeypatch):
     assert calls == ["llama"]
 
 
+def test_a_deployment_over_its_allowance_whose_proposal_alone_fits_says_it_is_shrinking():
+    # found in bench/budget.py's steady tick: a proposal one replica down that fits the new share is
+    # clamped by nothing, and the status said "within budget" beside overBudgetWatts 700
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 1},
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)))
+    assert res.replicas == {"prefill": 1} and res.status["overBudgetWatts"] == 700, res.status
+    assert res.status["reasons"] == ["power_over_budget_shrink"], res.status
+    assert res.status["message"] == "power_over_budget_shrink", res.status
+
+
 def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_and_shrinks():
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
     # it draws 2 x 700 + 2,400 = 3,800 W; the group allows it 3,100 W (its minimum footprint):

@@ -195,3 +195,56 @@ def test_a_scale_up_is_shared_by_every_rack_its_new_pods_may_land_on(rack):
     out = got.outcomes["default/a"]
     # before: decode 9 (r1 had the watts), up to 4,000 W more landing on r2
     assert out.replicas_written == {"decode": 2} and got.plan.limits["default/a"].group == "r1,r2", out
+
+
+def test_a_deployment_that_may_land_on_a_rack_never_shrinks_what_that_racks_own_deployments_hold(rack):
+    # found by bench/budget.py once route 9 was closed: every unpinned deployment that proposed growth
+    # entered every rack's max-min shares with that growth, and the racks' own deployments were shrunk
+    # toward their minimums (880 of 1,000 reported over budget and shrank in one tick)
+    api, kube, state, r, clock = rack
+    node(api, "gpu-9", "r2", gpus=8)
+    api.apply(dgd("a", 2, 2))  # 2,000 W on r1
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)
+    api.apply(dgd("b", 1, 1))  # on r2, no nodeSelector: its new pods may land on r1
+    settle(api, kube, "b", ["gpu-9"], with_gpus=True)
+    cfg = configs({"default/a": 100_000, "default/b": 100_000})
+    tick_and_evaluate(kube, state, r, cfg, {"r1": 2500, "r2": 10_000}, clock)  # admitted
+    state.propose("default/b", {"decode": 9}, at=0, source="test")
+    got = tick_and_evaluate(kube, state, r, cfg, {"r1": 2500, "r2": 10_000}, clock)
+    a, b = got.outcomes["default/a"], got.outcomes["default/b"]
+    # before: a's share of r1 fell to 1,750 W beside b's wanted 4,000 W, and a shrank to (1, 2)
+    assert a.replicas_written == {} and a.over_w == 0, a
+    # b grows only into r1's free 500 W (its new pod may land there): one decode replica
+    assert b.replicas_written == {"decode": 2}, b
+    assert rack_watts(api, r, clock.now()) == {"r1": 2000, "r2": 1000}
+
+
+def test_a_deployment_whose_pods_are_all_pending_is_charged_where_they_may_bind(rack):
+    # issue 30, left from the last session: groups_of answered UNPLACED and the deployment was charged
+    # on no rack, so another grew into the watts its pods then took when the scheduler bound them
+    api, kube, state, r, clock = rack
+    api.apply(dgd("a", 1, 1))
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)  # 1,000 W on r1
+    api.apply(dgd("b", 1, 1))
+    settle(api, kube, "b", ["gpu-1"], with_gpus=True)
+    for pod in api.list("v1", "Pod", "default"):  # b's two pods wait for a node (no nodeSelector)
+        if pod["metadata"]["name"].startswith("b-"):
+            pod["spec"].pop("nodeName")
+            pod["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+            api.apply(pod)
+    cfg = configs({"default/a": 100_000, "default/b": 100_000})
+    tick_and_evaluate(kube, state, r, cfg, {"r1": 3000}, clock)  # a admitted (b's pods are not settled)
+    state.propose("default/a", {"decode": 9}, at=0, source="test")
+    state.propose("default/b", {"decode": 9}, at=0, source="test")
+    got = tick_and_evaluate(kube, state, r, cfg, {"r1": 3000}, clock)
+    assert got.plan.limits["default/b"].limit_w is None, got.plan.limits["default/b"]  # b waits
+    a = got.outcomes["default/a"]
+    # before: a took r1's whole 3,000 W (decode 5), 4,000 W once b's pods bound
+    assert a.replicas_written == {"decode": 3} and a.limit_w == 2000, a
+    settle(api, kube, "a", ["gpu-0"], with_gpus=True)
+    for pod in api.list("v1", "Pod", "default"):  # the scheduler binds b's pods on r1
+        if pod["metadata"]["name"].startswith("b-"):
+            pod["spec"]["nodeName"], pod["status"] = "gpu-1", {"phase": "Running"}
+            api.apply(pod)
+    assert rack_watts(api, r, clock.now()) == {"r1": 3000}

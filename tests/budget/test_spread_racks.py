@@ -79,6 +79,7 @@ def test_a_deployment_on_one_rack_gets_the_single_group_rule():
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 30_000), members_st)
 def test_deployments_wholly_on_one_group_get_exactly_the_single_group_allowance(budget, members):
+    members = {k: replace(m, remote=False) for k, m in members.items()}  # each holds its pods there
     single = allocate(budget, members)
     prints = {k: Footprint(m.minimum_w, m.demand_w, m.current_w, m.own_limit_w, {"g": m.current_w})
               for k, m in members.items()}
@@ -142,3 +143,15 @@ def test_no_rack_is_over_its_limit_after_any_plan_wherever_the_scale_ups_land(fl
     over = {r: (physical[r], budgets[r]) for r in racks if physical[r] > budgets[r]}
     assert not over, over
     assert all(physical[r] <= got.peak_w[r] for r in racks)
+
+
+def test_a_deployment_over_its_share_on_one_rack_keeps_no_more_than_that_share_wherever_it_shrinks():
+    # found by the exploration (tests/budget/explore_machine.py): d0 held 3,000 W on r1 and 2,000 W on
+    # r2 and was over its share of r1 (1,000 W); it was given 5,000 - 2,000 = 3,000 W, the operator
+    # removed its pods on r2, and r1 stayed at 5,300 W on 4,000 once settled
+    prints = {"d0": Footprint(1000, 3000, 5000, 20_000, {"r1": 3000, "r2": 2000}),
+              "d4": Footprint(1000, 2000, 2000, 20_000, {"r1": 2000})}
+    racks = allocate_racks({"r1": 4000, "r2": 8000}, prints, {"d0": {"r1", "r2"}, "d4": {"r1"}}, {"r1": 300})
+    assert racks.limits["d0"] == 1000, racks.limits
+    # every pod it keeps on r1, the worst the operator can do: r1 fits
+    assert min(racks.limits["d0"], 3000) + racks.limits["d4"] + 300 <= 4000, racks.limits

@@ -105,6 +105,9 @@ def test_condition_patch_touches_only_its_own_entry():
         {"op": "test", "path": "/status/conditions/1/type", "value": CONDITION_TYPE},
         {"op": "replace", "path": "/status/conditions/1", "value": ours}]
     assert condition_patch({"metadata": meta, "status": {"conditions": [OPERATOR_CONDITION, ours]}}, ours) is None
+    # a generation moved on by powerfleet's own replica write alone rewrites nothing
+    moved = {**ours, "observedGeneration": 8}
+    assert condition_patch({"metadata": meta, "status": {"conditions": [OPERATOR_CONDITION, ours]}}, moved) is None
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

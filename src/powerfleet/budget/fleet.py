@@ -4,7 +4,8 @@ it physically holds on each, and the planning limit each gets from its groups' b
 
 A deployment belongs to every budgeted group that holds one of its live pods, to the group its
 DGD names with the group label, and, while a replica of it holds no node, to every group with a
-node that replica may be scheduled on (``reachable_groups``). A group is charged what the deployment's pods on its nodes
+node that replica may be scheduled on (``reachable_groups``; also for a deployment whose pods are
+all Pending, which gets no allowance itself but is charged, like a Pending tenant, where they may bind). A group is charged what the deployment's pods on its nodes
 are charged (Terminating and surge pods included, on the evaluation's evidence basis) plus every
 charged replica of it that holds no node yet (the scheduler may put it on any of its groups). One
 that has no placed pod and names no group while group budgets exist gets no allowance: its
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from powerfleet.budget.evidence import Evidence, role_charge
 from powerfleet.budget.groups import UNMANAGED, Footprint, Member, allocate_racks, unmanaged_member
@@ -91,9 +92,11 @@ def member(view: DeploymentView, power: PowerConfig) -> Member:
 
 
 def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
-              group_label: str, node_labels: Mapping[str, Mapping[str, str]] | None = None) -> set[str]:
+              group_label: str, node_labels: Mapping[str, Mapping[str, str]] | None = None,
+              admitted: dict[str, set[str]] | None = None) -> set[str]:
     """The budgeted groups holding one of its live pods, the one its label names, and (given
-    ``node_labels``) every one with a node its replicas without a node may be scheduled on."""
+    ``node_labels``) every one with a node its replicas without a node may be scheduled on
+    (``admitted``: the groups each placement admits, kept across the deployments of one tick)."""
     own = [p for p in view.pods if p.namespace == view.dgd.namespace and p.labels.get(LABEL_DGD_NAME) == view.dgd.name]
     out = {node_groups[p.node_name] for p in own
            if p.node_name in node_groups and p.is_running_or_starting and node_groups[p.node_name] in budgets}
@@ -101,11 +104,13 @@ def groups_of(view: DeploymentView, node_groups: Mapping[str, str], budgets: Map
     if pinned in budgets:
         out.add(pinned)
     if not out and budgets and not any(p.node_name for p in own):
-        out.add(UNPLACED)
+        out.add(UNPLACED)  # no allowance (its scale-ups wait), but its Pending pods are charged where they may bind
+        if node_labels is not None:
+            out |= reachable_groups(view, node_groups, budgets, node_labels, admitted)
     elif not out and budgets and _may_reach_a_group(own, node_groups, budgets, node_labels):
         out.add(UNGROUPED)  # its pods are on nodes in no group, its new ones may land on one: scale-ups wait
     elif node_labels is not None:
-        out |= reachable_groups(view, node_groups, budgets, node_labels)
+        out |= reachable_groups(view, node_groups, budgets, node_labels, admitted)
     return out
 
 
@@ -121,7 +126,8 @@ def _may_reach_a_group(own: Sequence[PodInfo], node_groups: Mapping[str, str], b
 
 
 def reachable_groups(view: DeploymentView, node_groups: Mapping[str, str], budgets: Mapping[str, int],
-                     node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
+                     node_labels: Mapping[str, Mapping[str, str]], admitted: dict[str, set[str]] | None = None
+                     ) -> set[str]:
     """The budgeted groups with a node that a role's replica holding no node yet, or one its
     proposal adds, may be scheduled on (its pods' nodeSelector and required node affinity,
     cluster/placement.py): the scheduler, not the racks it is on now, decides where it lands, so a
@@ -146,9 +152,19 @@ def reachable_groups(view: DeploymentView, node_groups: Mapping[str, str], budge
         if ANYWHERE in placements:  # no constraint (the common case): every budgeted group with a node
             out |= {g for g in node_groups.values() if g in budgets}
             continue
-        out |= {g for n, g in node_groups.items() if g in budgets and g not in out
-                and any(pl.admits(n, node_labels.get(n, {})) for pl in placements)}
+        for pl in placements:
+            out |= _admitted_by(pl, node_groups, budgets, node_labels, {} if admitted is None else admitted)
     return out
+
+
+def _admitted_by(pl: Placement, node_groups: Mapping[str, str], budgets: Mapping[str, int],
+                 node_labels: Mapping[str, Mapping[str, str]], admitted: dict[str, set[str]]) -> set[str]:
+    """The budgeted groups with a node ``pl`` admits, computed once per distinct placement (the pods
+    of a template share one: 1,000 deployments on 1,000 nodes made 2.5 million node checks a tick)."""
+    key = pl.model_dump_json()
+    if key not in admitted:
+        admitted[key] = {g for n, g in node_groups.items() if g in budgets and pl.admits(n, node_labels.get(n, {}))}
+    return admitted[key]
 
 
 def footprint(view: DeploymentView, power: PowerConfig, node_groups: Mapping[str, str]) -> Footprint:
@@ -192,12 +208,16 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
     its labels, so a replica without a node is charged to every group it may be scheduled on."""
     prints: dict[str, Footprint] = {}
     touched: dict[str, set[str]] = {}
+    admitted: dict[str, set[str]] = {}
     for view in views:
         power = power_of(view)
         if power is None:
             continue
         prints[view.key] = footprint(view, power, node_groups)
-        touched[view.key] = groups_of(view, node_groups, budgets, group_label, node_labels)
+        touched[view.key] = groups_of(view, node_groups, budgets, group_label, node_labels, admitted)
+        if UNPLACED in touched[view.key]:  # it cannot grow: charged what it holds, like a Pending tenant
+            f = prints[view.key]
+            prints[view.key] = replace(f, demand_w=max(f.current_w, f.minimum_w))
     racks = allocate_racks(budgets, prints, touched, unmanaged_w)
     out: dict[str, GroupLimit] = {}
     for view in views:

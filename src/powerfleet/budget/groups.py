@@ -23,7 +23,11 @@ peaks stays at or below the budget whenever the group's current draw fits.
 there (``Footprint.member_on``): what its pods on the group's nodes are charged plus its replicas
 that hold no node yet, which the scheduler may put on any of its groups, so each is charged them.
 Any growth may land wholly on any one of its groups, so it is granted the smallest change any of
-its groups allows: ``limit = min(own, current + min over groups (group limit - footprint there))``.
+its groups allows: ``limit = min(own, current + min over groups (group limit - footprint there))``,
+and, over its share on a group, no more than its limit there in all (the operator picks which pods go).
+On a group where it holds no pod (a new pod of it may land there, the scheduler decides) it is
+*remote*: it takes part in the split of the free watts, not in the shares, so the growth of many
+deployments that may land anywhere never shrinks what a rack's own deployments hold.
 A deployment on one group is the single-group rule above, unchanged.
 """
 
@@ -41,6 +45,9 @@ class Member:
     demand_w: int  # settled watts it would draw at its proposals (unproposed roles at ready)
     current_w: int  # what it draws or may draw now: max of desired, ready and live-pod counts
     own_limit_w: int  # its own power limit
+    # only here because a new pod of it may land here (it holds no pod on the group, others elsewhere):
+    # it shares the free watts with the growers, but claims no share of what the group's holders hold
+    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,14 +101,15 @@ def allocate(budget_w: int, members: Mapping[str, Member]) -> GroupResult:
         allowances = {k: Allowance(share_w=m.minimum_w, growth_w=0,
                                    limit_w=min(m.own_limit_w, m.current_w, m.minimum_w)) for k, m in members.items()}
         return GroupResult(budget_w, allowances, feasible=False, current_w=current)
-    extra = water_fill({k: max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w) for k, m in members.items()},
-                       budget_w - minimum)
+    extra = water_fill({k: 0 if m.remote else max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)
+                        for k, m in members.items()}, budget_w - minimum)
     shares = {k: m.minimum_w + extra[k] for k, m in members.items()}
-    growth = water_fill({k: max(0, min(m.own_limit_w, shares[k]) - m.current_w) for k, m in members.items()},
-                        budget_w - current)
+    # what each may grow to: its share, or for a remote member its demand (its growth comes out of
+    # the free watts only, so it never lowers a holder's share)
+    ceiling = {k: min(m.own_limit_w, m.demand_w if m.remote else shares[k]) for k, m in members.items()}
+    growth = water_fill({k: max(0, ceiling[k] - m.current_w) for k, m in members.items()}, budget_w - current)
     allowances = {
-        k: Allowance(share_w=shares[k], growth_w=growth[k],
-                     limit_w=min(m.own_limit_w, shares[k], m.current_w + growth[k]))
+        k: Allowance(share_w=shares[k], growth_w=growth[k], limit_w=min(ceiling[k], m.current_w + growth[k]))
         for k, m in members.items()
     }
     return GroupResult(budget_w, allowances, feasible=True, current_w=current)
@@ -136,12 +144,15 @@ class Footprint:
     def member_on(self, group: str) -> Member:
         """Its figures on one group: current = its footprint there; a growth (demand above current,
         up to its own limit) may land wholly there; its minimum footprint there is at most what it
-        holds there now plus what it lacks of its minimum (shrinking adds no pod there)."""
+        holds there now plus what it lacks of its minimum (shrinking adds no pod there). On a group
+        where it holds no pod while it holds some elsewhere it is ``remote``: there only because a new
+        pod may land there."""
         here = self.on(group)
         minimum = min(self.minimum_w, here + max(0, self.minimum_w - self.current_w))
         change = min(self.demand_w, self.own_limit_w) - self.current_w
         return Member(minimum_w=minimum, demand_w=max(minimum, here + change), current_w=here,
-                      own_limit_w=max(0, here + self.own_limit_w - self.current_w))
+                      own_limit_w=max(0, here + self.own_limit_w - self.current_w),
+                      remote=not self.placed_w.get(group) and any(self.placed_w.values()))
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,7 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
     deployment on no budgeted group gets no limit (absent from ``limits``)."""
     fixed_w = fixed_w or {}
     changes: dict[str, list[int]] = {k: [] for k in footprints}
+    over: dict[str, list[int]] = {k: [] for k in footprints}  # its limits on the groups it is over its share on
     projected: dict[str, int] = {}
     for group, budget_w in budgets.items():
         on = {k: f.member_on(group) for k, f in footprints.items() if group in groups.get(k, ())}
@@ -168,7 +180,13 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
         result = allocate(budget_w, {**on, UNMANAGED: unmanaged_member(tenants)} if tenants else on)
         for k, m in on.items():
             changes[k].append(result.allowances[k].limit_w - m.current_w)
-    limits = {k: min(footprints[k].own_limit_w, footprints[k].current_w + min(c)) for k, c in changes.items() if c}
+            if result.allowances[k].limit_w < m.current_w:
+                over[k].append(result.allowances[k].limit_w)
+    # Over its share on a group: the operator, not powerfleet, picks which pods go, and it may keep every
+    # one on that group, so what it keeps in all must fit its limit there (a shrink landing elsewhere
+    # would leave the group over): ``min(over[k])`` besides its smallest change.
+    limits = {k: min(footprints[k].own_limit_w, footprints[k].current_w + min(c), *over[k])
+              for k, c in changes.items() if c}
     peak = {g: w + sum(max(0, limits[k] - footprints[k].current_w) for k in limits if g in groups.get(k, ()))
             for g, w in projected.items()}
     return RackPlan(limits, projected, peak)

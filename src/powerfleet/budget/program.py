@@ -17,7 +17,7 @@ from typing import Any
 
 from powerfleet.budget.evidence import Evidence, RoleCharge, role_charge
 from powerfleet.budget.ledger import role_counts
-from powerfleet.budget.planner import Budget, Plan, PlanError, RoleFacts, plan
+from powerfleet.budget.planner import Budget, Plan, PlanError, Reason, RoleFacts, plan
 from powerfleet.cluster.dgd import DGD, ComponentType, RolloutPhase
 from powerfleet.cluster.errors import DGDInputError
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs, check_power_inputs_unchanged
@@ -308,7 +308,10 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         res.replicas, res.scale_events = {}, []
     if roll.rolling and result.held and not snap.was_rolling:
         res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
-    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons,
+    # over its share with a proposal that alone fits: the planner clamps nothing, yet it is shrinking
+    over = [Reason.POWER_OVER_BUDGET_SHRINK.value] if charged_w > limit and not any(
+        r.startswith("power_over_budget") for r in result.reasons) else []
+    notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons, *over,
              *(f"enforcement_evidence_stale: {why}" for why in stale.values())]
     if group_note:
         notes.append(group_note)
@@ -327,7 +330,7 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         # targets: the counts to reach; a component absent from it is left as is (no proposal, or held)
         targets={by_role[r]: t for r, t in result.targets.items() if t is not None},
         held=sorted(by_role[r] for r in result.held),
-        reasons=[*result.reasons, *(["enforcement_evidence_stale"] if stale else [])], rolling=roll.rolling,
+        reasons=[*result.reasons, *over, *(["enforcement_evidence_stale"] if stale else [])], rolling=roll.rolling,
         # what each role's watts are charged at: requested_cap (no agent reports from its nodes, or
         # evidence off), enforced (fresh reports for its pods) or max_settable (stale: budget/evidence.py)
         chargeBasis={by_role[r]: c.basis for r, c in charges.items()})

@@ -84,6 +84,7 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
            fence: Fence | None = None) -> Result:
     dgd = snap.dgd
     emitter = _Emitter(cluster, dgd, out)
+    scaled: Event | None = None  # emitted once the status is written (or fails to be): it may carry its reasons
     if fence is not None and (why := fence()) is not None:  # a later tick re-divided the budget meanwhile
         out.reason, out.ready, out.skipped = "Outdated", False, why
         return res
@@ -109,7 +110,7 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
         else:
             out.replicas_written = changed
             if changed and res.scale_events:  # one write, one event naming every component it scaled
-                emitter.emit([Event("Scaled", "; ".join(ev.message for ev in res.scale_events))])
+                scaled = Event("Scaled", "; ".join(ev.message for ev in res.scale_events))
             if version:  # the condition's patch is fenced on the DGD as powerfleet left it
                 obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
                 # and the status describes it so: the write changed the spec, so the server moved its
@@ -120,18 +121,33 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
         try:
             sink.write(obj, res.status)
         except Conflict as exc:
-            # As for replicas: nothing written, no event; the next evaluation computes it again.
+            # As for replicas: nothing written, no status event; the next evaluation computes it again.
+            emitter.emit([scaled] if scaled else [])
             log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
                         dgd.namespace, dgd.name, exc)
             return res
         except ClusterError as exc:
+            emitter.emit([scaled] if scaled else [])
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
             raise
         out.status_written = True
-        emitter.emit(res.status_events)
+        emitter.emit(_one_scaled_event(scaled, res.status_events))
+    elif scaled:
+        emitter.emit([scaled])
     sink.report(obj, res.status)
     return res
+
+
+def _one_scaled_event(scaled: Event | None, status_events: list[Event]) -> list[Event]:
+    """The events after a status write: a write that scaled names its new reasons in its ``Scaled``
+    event instead of a separate ``BudgetReasons`` one (one event, one API call, per scale)."""
+    if scaled is None:
+        return status_events
+    reasons = [e for e in status_events if e.reason == "BudgetReasons"]
+    if reasons:
+        scaled = Event("Scaled", f"{scaled.message}; reasons: {reasons[0].message}")
+    return [scaled, *(e for e in status_events if e.reason != "BudgetReasons")]
 
 
 class ClaimTemplates(Protocol):

@@ -34,6 +34,9 @@ READABLE_KEYS = ("ready", "reason", "message")  # copied as plain strings for ku
 LABEL_FOR = "powerfleet.io/budget-for"  # the DGD's name
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 CONDITION_TYPE = "powerfleet.io/PowerBudget"
+# the condition is rewritten only when one of these changes (the reconcile contract: not for an
+# observedGeneration that powerfleet's own replica write moved on, one PATCH per scale saved)
+CONDITION_CHANGES = ("status", "reason", "message", "lastTransitionTime")
 
 
 def status_object_name(dgd_name: str) -> str:
@@ -112,8 +115,8 @@ def condition_patch(obj: Mapping[str, Any], condition: Mapping[str, Any]) -> lis
         return [*fence, {"op": "add", "path": "/status/conditions", "value": [dict(condition)]}]
     for i, c in enumerate(conditions):
         if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE:
-            if dict(c) == dict(condition):
-                return None
+            if all(c.get(k) == condition.get(k) for k in CONDITION_CHANGES):
+                return None  # its observedGeneration is the generation it last changed at
             return [{"op": "test", "path": f"/status/conditions/{i}/type", "value": CONDITION_TYPE},
                     {"op": "replace", "path": f"/status/conditions/{i}", "value": dict(condition)}]
     return [{"op": "add", "path": "/status/conditions/-", "value": dict(condition)}]
