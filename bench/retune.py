@@ -8,15 +8,17 @@ shard timeout still fits); objective mean TTFT; tests/retune/test_one_path.py sh
 live window computes the same decision) and the live dwell (a knob moved may not move back
 for ``dwell_windows`` windows: ``keep (dwell)``) starting from what it chose before, and the choice is then
 replayed on window i+1 next to (a) the default settings held fixed and (b) the best single
-fixed setting, chosen once by a sweep of the first window. Printed per window: mean and p90
-TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a) and (b)
-in mean TTFT, the worst window, and the sweep wall time per window.
+fixed setting, chosen once by a sweep of the first window (so serving from window 1). The
+judge (``retune_hindsight.judged``): window i+1 warmed by window i under what served window
+i, a setting that moved at the boundary continuing from that state. Printed per window: mean
+and p90 TTFT and mean ITL under (a), (b), (c = retune); then the mean gains of (c) over (a)
+and (b) in mean TTFT, the worst window, the gains over (b) as judged before (every setting
+replayed as if it had also served the window before), and the sweep wall time per window.
 
-``--hindsight`` adds (d), the best single setting in hindsight, a bound no loop can know in
-advance: one sweep replays every candidate over the whole judged span (windows 1 to the end,
-warmed by window 0), and of its five best the one with the lowest mean over the judged
-windows (each replayed as (a)-(c) are) is held fixed. (c) over (d) says whether following the
-traffic beats the one setting that suited all of it.
+``--hindsight`` adds (d), the best fixed setting in hindsight, a bound no loop can know in
+advance (``retune_hindsight.hindsight_bound``): searched on the judge's own mean over the
+judged windows with the setting held from the start, over the live grid, the live edge
+search and the settings the comparison used, so no fixed setting of that family beats it.
 
 Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_trace.jsonl
 (../shared/traces beside the clone).
