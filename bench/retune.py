@@ -25,6 +25,7 @@ Traces: the first 1,800 s of conversation_trace.jsonl.gz and all of synthetic_tr
 
 Usage: python bench/retune.py [--window-s 300] [--workers 8] [--processes 2] [--traces conversation,synthetic]
        [--shift-z Z]  (the load-change detector's threshold; 0: off)  [--hindsight]
+       [--untimed]  (no wall-clock stop for the edge search: deterministic figures on a loaded machine)
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from powerfleet.sim.trace import TraceRequest, read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 KNOBS = ("overlap_score_credit", "prefill_load_scale", "temperature")
+UNTIMED = ("every edge-search round runs, as on an idle machine: the live stop rule ends the search when a shard "
+           "timeout no longer fits in the time budget, so on a loaded machine the decisions depend on the load")
 
 
 def _fmt(p: RouterPolicy) -> str:
@@ -58,9 +61,10 @@ def _gain(base: float, new: float) -> float:
     return 100.0 * (base - new) / base if base else 0.0
 
 
-def live_settings(window_s: float, shift_z: float | None = None) -> dict[str, Any]:
+def live_settings(window_s: float, shift_z: float | None = None, timed: bool = True) -> dict[str, Any]:
     """The live loop's sweep options for a deployment with ``window_s`` windows (defaults
-    otherwise; ``shift_z``: the load-change detector's threshold, 0 off, None the default)."""
+    otherwise; ``shift_z``: the load-change detector's threshold, 0 off, None the default;
+    ``timed`` False: no wall-clock stop for the edge search, as on an idle machine)."""
     extra = {} if shift_z is None else {"shift_z": shift_z}
     cfg = RetuneConfig(deployments=["bench"], window_interval_s=int(window_s),
                        time_budget_s=min(240.0, 0.8 * window_s), shard_timeout_s=min(120.0, 0.5 * window_s), **extra)
@@ -68,7 +72,7 @@ def live_settings(window_s: float, shift_z: float | None = None) -> dict[str, An
     # The live harvest's stop rule: a search round goes out only while a shard still fits
     # before the deadline (harvest._search), i.e. while the elapsed time stays under the
     # budget less one shard timeout.
-    opts = {**sweep_options(s), "budget_s": max(0.0, s.time_budget_s - s.shard_timeout_s)}
+    opts = {**sweep_options(s), "budget_s": max(0.0, s.time_budget_s - s.shard_timeout_s) if timed else None}
     return {"grid": s.grid, "objective": s.objective, "shift": s.shift, **opts}
 
 
@@ -85,11 +89,12 @@ def _sweep(reqs: list[TraceRequest], ts: list[float], isl: list[int], live: dict
 
 
 def run(name: str, reqs: list[TraceRequest], span_s: float, window_s: float, workers: int,
-        processes: int, shift_z: float | None = None, hindsight: bool = False) -> dict[int, tuple[float, float | None]]:
+        processes: int, shift_z: float | None = None, hindsight: bool = False,
+        timed: bool = True) -> dict[int, tuple[float, float | None]]:
     """Print the table; returns each judged window's gain of retune over the best fixed setting
     chosen on the first window, and over the best in hindsight (None without ``hindsight``)."""
     n = int(-(-span_s // window_s))  # the last window may be partial
-    live = live_settings(window_s, shift_z)
+    live = live_settings(window_s, shift_z, timed)
     wins = [(i * window_s, min(span_s, (i + 1) * window_s)) for i in range(n)]
     t0 = min(r.timestamp_ms for r in reqs)
     ts, isl = [(r.timestamp_ms - t0) / 1000.0 for r in reqs], [r.input_length for r in reqs]
@@ -172,6 +177,7 @@ def main() -> None:
                     help="the load-change detector's threshold (retune.shift_z; 0: off; default: the live default)")
     ap.add_argument("--hindsight", action="store_true",
                     help="also hold the best single setting in hindsight fixed (column d)")
+    ap.add_argument("--untimed", action="store_true", help=UNTIMED)
     args = ap.parse_args()
     which = set(args.traces.split(","))
     if "conversation" in which:
@@ -179,13 +185,13 @@ def main() -> None:
         t0 = min(r.timestamp_ms for r in conv)
         conv = [r for r in conv if r.timestamp_ms < t0 + 1_800_000]
         run("conversation_trace.jsonl.gz, first 1,800 s", conv, 1800.0, args.window_s, args.workers, args.processes,
-            args.shift_z, args.hindsight)
+            args.shift_z, args.hindsight, not args.untimed)
     if "synthetic" in which:
         syn = read_trace(TRACES / "synthetic_trace.jsonl").requests
         ts = [r.timestamp_ms for r in syn]
         span = (max(ts) - min(ts)) / 1000.0
         run("synthetic_trace.jsonl, all", syn, span + 0.001, args.window_s, args.workers, args.processes, args.shift_z,
-            args.hindsight)
+            args.hindsight, not args.untimed)
 
 
 if __name__ == "__main__":
