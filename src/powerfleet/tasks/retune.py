@@ -257,7 +257,8 @@ def _remember_worker(sender: Any = None, **kw: Any) -> None:
 @signals.worker_ready.connect(weak=False)
 def _clear_stop_mark(sender: Any = None, **kw: Any) -> None:
     """A worker that starts under an identity that stopped before may lead again."""
-    if _stop.get("pid") == os.getpid() and _stop.get("identity"):
+    cfg = getattr(getattr(_stop.get("app"), "fleet_config", None), "retune", None)
+    if _stop.get("pid") == os.getpid() and _stop.get("identity") and cfg is not None and configured(cfg):
         try:
             shutdown.clear(fleet_redis(_stop["app"]), _stop["identity"])
         except Exception:  # noqa: BLE001 - the mark expires on its own
