@@ -247,6 +247,7 @@ def _stop_pass(step: Any) -> None:
         pass
     finally:
         ports.router.close()
+        getattr(ports.cluster, "close", lambda: None)()
 
 
 @signals.worker_init.connect(weak=False)
