@@ -7,15 +7,17 @@ source in order and compresses or stretches their inter-arrival gaps by the phas
 factor (1.5: the rate rises by half; 0.5: it falls by half), so the requests (and their
 prefix sharing) stay those of the trace. The loop is bench/retune.py's (the live options,
 including the load-change detector that scores a window from a change inside it); printed:
-the table, the mean gain over the best fixed setting (chosen on the first window) and over the
-best single setting in hindsight (column d: a bound no loop can know in advance), and the
-gains in the window right after each change.
+the table, the mean gain over the best fixed setting (chosen on the first window, serving
+from the second) and over the best fixed setting in hindsight ((d), bench/retune_hindsight.py:
+searched on the judge's own mean, a bound for fixed settings no loop can know in advance), and
+the gains in the window right after each change.
 
 Usage: python bench/retune_shift.py [--trace conversation|synthetic] [--window-s 300] [--workers 8] [--processes 2]
        [--phases 1,1.5,0.5]  (rate factor per phase; two windows per phase)
        [--offset-s S]  (each change S seconds into a window instead of on its boundary)
        [--shift-z Z]   (the detector's threshold, retune.shift_z; 0: off)
        [--no-hindsight]  (skip column d)
+       [--untimed]  (no wall-clock stop for the edge search: deterministic figures on a loaded machine)
        [--held-out]   (the conversation trace after its first 30 minutes: evaluation only, never
                        for choosing the loop's settings)
 The synthetic trace is 1,022 s long: with the default phases it covers 150 s windows
@@ -33,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retune import TRACES, run  # noqa: E402  (bench/retune.py: one loop, the live options)
+from retune import TRACES, UNTIMED, run  # noqa: E402  (bench/retune.py: one loop, the live options)
 
 from powerfleet.sim.trace import TraceRequest, read_trace  # noqa: E402
 
@@ -72,6 +74,7 @@ def main() -> None:
     ap.add_argument("--no-hindsight", action="store_true", help="skip the best setting in hindsight (column d)")
     ap.add_argument("--held-out", action="store_true",
                     help="the conversation trace after its first 30 minutes (evaluation only: do not tune to it)")
+    ap.add_argument("--untimed", action="store_true", help=UNTIMED)
     args = ap.parse_args()
     factors = [float(x) for x in args.phases.split(",")]
     if args.held_out and args.trace != "conversation":
@@ -96,7 +99,8 @@ def main() -> None:
         print(f"note: the {args.trace} trace fills {last:.0f} s of {span:g} s: the last window is partial")
     gains = run(f"{name} re-timed, rate factors {factors} x {args.windows_per_phase} windows"
                 + (f", each change {args.offset_s:g} s into a window" if args.offset_s else ""),
-                reqs, span, args.window_s, args.workers, args.processes, args.shift_z, not args.no_hindsight)
+                reqs, span, args.window_s, args.workers, args.processes, args.shift_z, not args.no_hindsight,
+                not args.untimed)
     # the judged window right after each change: the one it starts (on a boundary) or the next one
     changes = [p * args.windows_per_phase + (1 if args.offset_s else 0) for p in range(1, len(factors))
                if factors[p] != factors[p - 1]]

@@ -23,7 +23,7 @@ from powerfleet.retune.leadership import STATE_ANNOTATION, leader_lease_name, st
 from powerfleet.retune.settings import resolve
 from powerfleet.retune.state import RetuneState, parse_state
 from powerfleet.retune.windows import dedupe_key
-from powerfleet.testing.retune_world import BASE_K, GRID, INTERVAL, World, start_of, traffic_lines, write_segments
+from powerfleet.testing.retune_world import BASE_K, World, live_retune_section, start_of, traffic_lines, write_segments
 from powerfleet.twin.apiserver import ApiServer
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
@@ -44,12 +44,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         world.add_deployment("llama")
         world.add_deployment("adv")
         config = {"broker": {"url": redis_url},
-                  "retune": {"deployments": ["llama", "adv"], "window_interval_s": INTERVAL,
-                             "trace_dir": str(world.trace_dir), "kubeconfig": str(world.kubeconfig), "grid": GRID,
-                             "objective": "ttft", "min_improvement_percentage": 0.0, "max_shards": 2,
-                             "min_requests": 0, "confidence": 0.0, "dwell_windows": 0, "search_rounds": 0,
-                             "time_budget_s": 50, "shard_timeout_s": 40, "lease_duration_s": 30, "lease_renew_s": 5,
-                             "per_deployment": {"adv": {"mode": "advisory"}}}}
+                  "retune": live_retune_section(world, ["llama", "adv"], per_deployment={"adv": {"mode": "advisory"}})}
         cfg_path = tmp / "fleet.yaml"
         cfg_path.write_text(yaml.safe_dump(config))
         env = {"POWERFLEET_CONFIG": str(cfg_path)}

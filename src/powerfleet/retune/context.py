@@ -52,6 +52,7 @@ class Ports:
     identity: str  # this process's holder identity for the Leases
     send: Callable[[str, dict[str, Any], dict[str, Any]], None]  # (task name, kwargs, options)
     sweep_consumers: Callable[[str], dict[str, bool]]  # trace dir -> {sweep worker: can read it}
+    stopping: Callable[[], bool] = lambda: False  # this process's stop has begun (retune.shutdown)
 
     @property
     def fanin(self) -> FanIn:
@@ -109,7 +110,8 @@ class Deployment:
             except DGDInputError:
                 dgd = None
         lead = Leadership(ports.cluster, cfg.namespace, name, ports.identity,
-                          duration_s=settings.lease_duration_s, clock=ports.clock, renew_s=settings.lease_renew_s)
+                          duration_s=settings.lease_duration_s, clock=ports.clock, renew_s=settings.lease_renew_s,
+                          stopping=ports.stopping)
         return cls(name, settings, obj, dgd, lead, StateStore(ports.cluster, lead), ports.cluster)
 
     @property

@@ -22,10 +22,10 @@ from powerfleet.retune.accounting import LEGACY_ENABLED_AT, WINDOW_TASK, audit, 
 from powerfleet.retune.context import Deployment, Ports
 from powerfleet.retune.fanin import PREFIX
 from powerfleet.retune.fencing import Barriers
-from powerfleet.retune.leadership import Fenced, Term
+from powerfleet.retune.leadership import Fenced, Leadership, Term
 from powerfleet.retune.live import HARVEST_TASK, actuate
 from powerfleet.retune.metrics import CORRUPT_STATE, TERM
-from powerfleet.retune.settings import SettingsError, configured
+from powerfleet.retune.settings import SettingsError, configured, resolve
 from powerfleet.retune.state import DecisionRecord, RetuneState
 from powerfleet.retune.windows import last_closed_window
 
@@ -291,12 +291,14 @@ def release_all(cfg: RetuneConfig, ports: Ports) -> list[str]:
     except Exception:  # Redis gone at shutdown: the configured ones are still released
         pass
     out = []
-    for name in sorted(names):
+    for name in sorted(names):  # the Lease alone: no DGD read on the way out
         try:
-            dep = Deployment.open(cfg, ports, name)
+            base = resolve(cfg, name)
         except SettingsError:
             continue
-        if dep.leadership.release():
+        lead = Leadership(ports.cluster, cfg.namespace, name, ports.identity, duration_s=base.lease_duration_s,
+                          clock=ports.clock)
+        if lead.release():
             out.append(name)
     return out
 

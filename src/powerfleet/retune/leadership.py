@@ -66,9 +66,11 @@ _RENEWED: dict[tuple[str, str, str], float] = {}
 
 class Leadership:
     def __init__(self, leases: LeasePort, namespace: str, dgd: str, identity: str, *,
-                 duration_s: int, clock: Clock, renew_s: float = 0.0) -> None:
+                 duration_s: int, clock: Clock, renew_s: float = 0.0,
+                 stopping: Callable[[], bool] | None = None) -> None:
         self.leases, self.namespace, self.dgd, self.identity = leases, namespace, dgd, identity
         self.duration_s, self.clock, self.renew_s = duration_s, clock, renew_s
+        self.stopping = stopping or (lambda: False)  # this holder's stop has begun (retune.shutdown)
         self.name = leader_lease_name(dgd)
 
     def _now(self) -> datetime:
@@ -91,7 +93,18 @@ class Leadership:
             return None
 
     def claim(self) -> tuple[Term | None, str | None, bool]:
-        """(term, holder, acquired): take or renew the Lease; term None when another holds it."""
+        """(term, holder, acquired): take or renew the Lease; term None when another holds it,
+        or when this holder has begun to stop (then it holds nothing: a claim that landed just
+        before the stop's mark is given back, as the stop's release may have read before it)."""
+        if self.stopping():
+            return None, f"{self.identity} (stopping)", False
+        t, holder, acquired = self._claim()
+        if t is not None and self.stopping():
+            self.release()
+            return None, f"{self.identity} (stopping)", False
+        return t, holder, acquired
+
+    def _claim(self) -> tuple[Term | None, str | None, bool]:
         lease = self.current()
         now = self._now()
         if lease is None:
@@ -148,15 +161,21 @@ class Leadership:
                          f"(holder {holder!r}, term {now_term})")
 
     def release(self) -> bool:
-        """Give the Lease up if this process holds it (graceful shutdown); True if released."""
-        lease = self.current()
-        if lease is None or lease.holder_identity != self.identity:
-            return False
-        try:
-            self.leases.update_lease(lease.model_copy(update={"holder_identity": None, "renew_time": None}))
-        except (LeaseConflict, NotFound):
-            return False
-        return True
+        """Give the Lease up if this process holds it (a stop); True if released. A conflict
+        (a renewal by this holder's own running task, between the read and the write) re-reads
+        and tries again, up to ``STATE_ATTEMPTS`` times."""
+        for _ in range(STATE_ATTEMPTS):
+            lease = self.current()
+            if lease is None or lease.holder_identity != self.identity:
+                return False
+            try:
+                self.leases.update_lease(lease.model_copy(update={"holder_identity": None, "renew_time": None}))
+            except LeaseConflict:
+                continue
+            except NotFound:
+                return False
+            return True
+        return False
 
 
 # Tries of one fenced state update against resourceVersion conflicts (each re-reads).

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from powerfleet.beat.ticklog import TickLog
 from powerfleet.cluster.leases import connect
 from powerfleet.cluster.router import RouterClient
 from powerfleet.queues import SWEEP_QUEUE
-from powerfleet.retune import control, harvest, live
+from powerfleet.retune import control, harvest, live, shutdown
 from powerfleet.retune.context import Ports
 from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.settings import SettingsError, closed_window, configured
@@ -34,6 +35,7 @@ from powerfleet.tasks.ports import clock, fleet_redis
 _DGD = Field(min_length=1, max_length=253)
 MAX_TICK_AHEAD_S = 60.0  # clock skew a replayed tick's "now" may have over the task clock
 _clusters: dict[str | None, Any] = {}
+STOP_JOIN_S = 10.0  # how long the last pass waits for the first
 _consumers: dict[str, tuple[float, dict[str, bool]]] = {}
 
 
@@ -135,11 +137,13 @@ def ports_for(task: Any, at: float | None = None) -> Ports:
     if cluster is None:
         cluster = _clusters[cfg.kubeconfig] = connect(cfg.kubeconfig)
     identity = task.request.hostname or "powerfleet"
+    r = fleet_redis(app)
     return Ports(
-        r=fleet_redis(app), cluster=cluster, router=RouterClient(leader=identity), clock=_At(at),
+        r=r, cluster=cluster, router=RouterClient(leader=identity), clock=_At(at),
         identity=identity,
         send=lambda name, kwargs, opts: app.send_task(name, kwargs=kwargs, **opts),
         sweep_consumers=lambda trace_dir: _sweep_consumers(app, trace_dir),
+        stopping=lambda: shutdown.stopping(r, identity),
     )
 
 
@@ -216,23 +220,66 @@ def retune_reset_window(self: Any, params: DeploymentArgs) -> dict[str, Any]:
     return _run(self, control.reset_window, params.dgd)
 
 
-@signals.worker_shutdown.connect(weak=False)
-def _release_leases(sender: Any = None, **kw: Any) -> None:
-    """Graceful shutdown releases every retune Lease this worker holds."""
-    app = getattr(sender, "app", None)
+# The stop's two passes (retune.shutdown): the main process remembers its app at start; its
+# children (forked later) inherit this but never act on it (the pid differs).
+_stop: dict[str, Any] = {}
+
+
+def _stop_ports(app: Any, cfg: Any, identity: str) -> Ports:
+    cluster = connect(cfg.kubeconfig)
+    return Ports(r=fleet_redis(app), cluster=cluster, router=RouterClient(), clock=clock, identity=identity,
+                 send=lambda *a: None, sweep_consumers=lambda _dir: {})
+
+
+def _stop_pass(step: Any) -> None:
+    """Run one pass of the stop (best effort: no cluster or Redis, the Leases expire on their own)."""
+    app, identity = _stop.get("app"), _stop.get("identity") or "powerfleet"
     cfg = getattr(getattr(app, "fleet_config", None), "retune", None)
     if cfg is None or not configured(cfg):
         return
-    identity = getattr(sender, "hostname", None) or "powerfleet"
     try:
-        cluster = _clusters.get(cfg.kubeconfig) or connect(cfg.kubeconfig)
-    except Exception:  # no cluster reachable at shutdown: the Lease expires on its own
+        ports = _stop_ports(app, cfg, identity)
+    except Exception:  # noqa: BLE001 - shutting down: never block the exit on the API server
         return
-    ports = Ports(r=fleet_redis(app), cluster=cluster, router=RouterClient(), clock=clock, identity=identity,
-                  send=lambda *a: None, sweep_consumers=lambda _dir: {})
     try:
-        control.release_all(cfg, ports)
-    except Exception:  # shutting down: never block the exit on the API server
+        step(cfg, ports)
+    except Exception:  # noqa: BLE001
         pass
     finally:
         ports.router.close()
+        getattr(ports.cluster, "close", lambda: None)()
+
+
+@signals.worker_init.connect(weak=False)
+def _remember_worker(sender: Any = None, **kw: Any) -> None:
+    _stop.update(pid=os.getpid(), app=getattr(sender, "app", None), identity=getattr(sender, "hostname", None))
+
+
+@signals.worker_ready.connect(weak=False)
+def _clear_stop_mark(sender: Any = None, **kw: Any) -> None:
+    """A worker that starts under an identity that stopped before may lead again."""
+    cfg = getattr(getattr(_stop.get("app"), "fleet_config", None), "retune", None)
+    if _stop.get("pid") == os.getpid() and _stop.get("identity") and cfg is not None and configured(cfg):
+        try:
+            shutdown.clear(fleet_redis(_stop["app"]), _stop["identity"])
+        except Exception:  # noqa: BLE001 - the mark expires on its own
+            pass
+
+
+@signals.worker_shutting_down.connect(weak=False)
+def _release_when_the_stop_begins(sender: Any = None, **kw: Any) -> None:
+    """SIGTERM: release the Leases now, on a thread (this runs inside the signal handler)."""
+    if _stop.get("pid") == os.getpid() and "begin" not in _stop:
+        _stop["begin"] = threading.Thread(target=_stop_pass, args=(shutdown.begin,), name="retune-stop", daemon=True)
+        _stop["begin"].start()
+
+
+@signals.worker_shutdown.connect(weak=False)
+def _release_leases(sender: Any = None, **kw: Any) -> None:
+    """After the drain: release what a running task claimed meanwhile, and clear the mark."""
+    if _stop.get("pid") != os.getpid():
+        return
+    begun = _stop.get("begin")
+    if begun is not None:
+        begun.join(timeout=STOP_JOIN_S)
+    _stop_pass(shutdown.finish)
