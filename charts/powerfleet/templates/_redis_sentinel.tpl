@@ -42,6 +42,7 @@ done
         --dir /data \
         --maxmemory {{ .Values.redis.maxmemory | quote }} \
         --maxmemory-policy noeviction \
+        --maxclients {{ .Values.redis.maxclients | int }} \
         --appendonly yes \
         --save '' \
         --repl-diskless-sync yes \
