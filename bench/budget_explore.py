@@ -1,5 +1,5 @@
 """The seeded exploration of the budget's state space, run longer than ``make test`` does (issue 30
-item 3): the state machine of tests/budget/explore_machine.py over the real tick and evaluation code,
+item 3): the state machine of src/powerfleet/testing/budget/explore_machine.py over the real tick and evaluation code,
 the loopback API server and a real (embedded) Redis, which a step restarts. Prints the examples and steps run, the rounds
 judged, the replica writes, the late evaluation messages run (each skipped: its tick was no longer the
 newest), the longest run, and any counterexample (hypothesis prints its steps; exit 1).
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from powerfleet.broker.embedded import EmbeddedRedis  # noqa: E402
-from tests.budget.explore_machine import STATS, explore  # noqa: E402
+from powerfleet.testing.budget.explore_machine import STATS, explore  # noqa: E402
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ import redis
 from powerfleet.budget.state import BudgetState
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import dgd, settle
+from powerfleet.testing.budget.stand_in_operator import dgd, settle
 from tests.integration.conftest import app, broker_url, fleet_env, launcher, redis_server  # noqa: F401
 
 

@@ -9,7 +9,7 @@ from powerfleet.budget.runner import evaluate_deployment
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.scaling import KubeScaling
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 
 BUDGET = DeploymentBudget(power_limit_w=5000)
 KEYS = ["default/llama", "default/alpha", "other/beta"]

@@ -16,7 +16,7 @@ import pytest
 
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 

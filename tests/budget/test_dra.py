@@ -15,7 +15,7 @@ from powerfleet.clock import FakeClock
 from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.dra import KubeDra, device_classes
 from powerfleet.twin.apiserver.resources import ResourceType
-from tests.budget.stand_in_operator import budget_status, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, settle
 
 TEMPLATES = ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate")
 

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from tests.budget.conftest import RACK_A_NODES
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 

@@ -24,7 +24,7 @@ from powerfleet.cluster.dgd import POWER_ANNOTATION
 from powerfleet.twin.apiserver import ApiServer
 from tests.agent.conftest import device
 from tests.budget.conftest import RACK_A_NODES
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import wait_worker
 from tests.waiting import wait_for
 

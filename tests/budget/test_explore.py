@@ -1,10 +1,10 @@
 """The seeded exploration of the budget's state space, bounded for ``make test`` (issue 30 item 3;
-tests/budget/explore_machine.py has the steps and invariants; bench/budget_explore.py runs it longer)."""
+src/powerfleet/testing/budget/explore_machine.py has the steps and invariants; bench/budget_explore.py runs it longer)."""
 
 from __future__ import annotations
 
 from powerfleet.broker.embedded import EmbeddedRedis
-from tests.budget.explore_machine import explore
+from powerfleet.testing.budget.explore_machine import explore
 
 
 def test_no_route_over_a_racks_limit_in_a_seeded_exploration():

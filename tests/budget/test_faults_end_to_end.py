@@ -12,7 +12,7 @@ import pytest
 
 from tests.budget.conftest import RACK_A_NODES
 from tests.budget.control import start_control
-from tests.budget.stand_in_operator import dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import dgd, replicas, settle
 
 pytestmark = pytest.mark.integration
 LIMIT_W, REPLICA_W = 4000, 500

@@ -18,7 +18,7 @@ from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.placement import ANYWHERE, Placement, placement_of
 from powerfleet.config.fleet import DeploymentBudgetConfig
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import dgd, settle
+from powerfleet.testing.budget.stand_in_operator import dgd, settle
 from tests.budget.test_state_record import json_values
 
 RACK = "powerfleet.io/rack"

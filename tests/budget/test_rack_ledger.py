@@ -19,7 +19,7 @@ from powerfleet.cluster.gpu_pods import KubeGpuPods, pod_gpus
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config.fleet import DeploymentBudgetConfig
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import dgd, settle
+from powerfleet.testing.budget.stand_in_operator import dgd, settle
 
 RACK = "powerfleet.io/rack"
 

@@ -13,8 +13,8 @@ from powerfleet.budget.state import BudgetState
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.routes import MAX_SETTABLE_W, configs, node, rack_watts, report, tenant, tick_and_evaluate
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.routes import MAX_SETTABLE_W, configs, node, rack_watts, report, tenant, tick_and_evaluate
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 
 T0 = 1_800_000_000.0
 
@@ -183,7 +183,7 @@ def test_a_partial_write_is_recorded_as_powerfleets_own(rack, monkeypatch):
 
 
 def test_a_scale_up_is_shared_by_every_rack_its_new_pods_may_land_on(rack):
-    # found by the exploration (tests/budget/explore_machine.py): a deployment on r1 whose pods have
+    # found by the exploration (src/powerfleet/testing/budget/explore_machine.py): a deployment on r1 whose pods have
     # no nodeSelector grew into r1's free watts, and the scheduler put its new pods on a full r2
     api, kube, state, r, clock = rack
     node(api, "gpu-9", "r2", gpus=8)

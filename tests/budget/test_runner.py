@@ -25,7 +25,7 @@ from powerfleet.cluster.ports import ClusterError, Conflict, NotFound
 from powerfleet.tasks.base import TaskInputError, decode_args
 from powerfleet.tasks.budget import ProposeArgs
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.stand_in_operator import budget_status, component_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, component_status, dgd, replicas, settle
 
 BUDGET = DeploymentBudget(power_limit_w=5000)
 

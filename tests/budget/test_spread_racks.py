@@ -146,7 +146,7 @@ def test_no_rack_is_over_its_limit_after_any_plan_wherever_the_scale_ups_land(fl
 
 
 def test_a_deployment_over_its_share_on_one_rack_keeps_no_more_than_that_share_wherever_it_shrinks():
-    # found by the exploration (tests/budget/explore_machine.py): d0 held 3,000 W on r1 and 2,000 W on
+    # found by the exploration (src/powerfleet/testing/budget/explore_machine.py): d0 held 3,000 W on r1 and 2,000 W on
     # r2 and was over its share of r1 (1,000 W); it was given 5,000 - 2,000 = 3,000 W, the operator
     # removed its pods on r2, and r1 stayed at 5,300 W on 4,000 once settled
     prints = {"d0": Footprint(1000, 3000, 5000, 20_000, {"r1": 3000, "r2": 2000}),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from powerfleet.budget.state import ADMITTED, PROPOSALS, BudgetState, _admitted_record, _proposal_record, _replicas_record
 from powerfleet.cluster.dgd import parse_dgd
 from powerfleet.cluster.immutability import AdmittedPowerInputs, admit_power_inputs
-from tests.budget.stand_in_operator import dgd
+from powerfleet.testing.budget.stand_in_operator import dgd
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,

@@ -22,7 +22,7 @@ from powerfleet.cluster.budget_store import (
     status_object_name,
     stored_status,
 )
-from tests.budget.stand_in_operator import budget_status
+from powerfleet.testing.budget.stand_in_operator import budget_status
 
 DGD_V = "nvidia.com/v1beta1"
 KIND = "DynamoGraphDeployment"

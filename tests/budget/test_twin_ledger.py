@@ -31,7 +31,7 @@ from powerfleet.twin.cluster.manifests import AGG, DISAGG, dgd_manifests
 from powerfleet.twin.cluster.tenants import TENANT_LABEL, tenant_pods
 from powerfleet.twin.cluster.topology import GPU_MAX_W, RACK_LABEL, TwinSpec, node_objects
 from powerfleet.twin.cluster.writer import OperatorLoop
-from tests.budget.stand_in_operator import budget_status
+from powerfleet.testing.budget.stand_in_operator import budget_status
 from tests.integration.conftest import wait_worker
 
 pytestmark = pytest.mark.integration

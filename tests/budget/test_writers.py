@@ -17,7 +17,7 @@ from powerfleet.cluster.budget_store import KubeBudgetStore
 from powerfleet.cluster.patch_errors import Rejected, raise_for_patch
 from powerfleet.cluster.ports import Conflict
 from powerfleet.cluster.scaling import KubeScaling
-from tests.budget.stand_in_operator import budget_status, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, replicas, settle
 
 DGD_V, KIND = "nvidia.com/v1beta1", "DynamoGraphDeployment"
 

@@ -24,7 +24,7 @@ from powerfleet.power.admission import AdmissionRule
 from powerfleet.power.telemetry import publish_telemetry
 from powerfleet.testing.waiting import wait_for
 from tests.budget.conftest import RACK_A_NODES, rack_a  # noqa: F401 - fixture
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from tests.integration.conftest import app, broker_url, fleet_env, launcher, redis_server, wait_worker  # noqa: F401
 from tests.power.test_admission import StoredPower
 

@@ -39,7 +39,7 @@ from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.workers.app import TICK_FAMILIES, FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
 from tests.agent.conftest import device
-from tests.budget.stand_in_operator import dgd, settle
+from powerfleet.testing.budget.stand_in_operator import dgd, settle
 
 NODES = ("gpu-node-h", "gpu-node-i")
 ALPHA = "default/alpha"  # the power-aware deployment

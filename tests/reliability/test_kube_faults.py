@@ -34,7 +34,7 @@ from powerfleet.retune import control
 from powerfleet.retune.windows import dedupe_key
 from powerfleet.testing.retune_world import BASE_K, World, start_of
 from tests.agent.conftest import device
-from tests.budget.stand_in_operator import budget_status, dgd, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 from powerfleet.testing.api_faults import FaultyApiServer
 from tests.retune.conftest import Outbox, make_ports, retune_config
 

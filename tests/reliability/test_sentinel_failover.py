@@ -36,7 +36,7 @@ from powerfleet.testing.retune_world import BASE_K, start_of, traffic_lines, wri
 from powerfleet.testing.sentinels import TEST_PASSWORD, SentinelCluster
 from powerfleet.testing.waiting import wait_for, wait_worker
 from powerfleet.workers.app import TICK_FAMILIES, create_app
-from tests.budget.stand_in_operator import budget_status, replicas, settle
+from powerfleet.testing.budget.stand_in_operator import budget_status, replicas, settle
 from tests.integration.conftest import run_cli
 from tests.reliability.sentinel_fleet import (
     ALPHA,

@@ -26,9 +26,9 @@ from powerfleet.cluster.gpu_pods import pod_gpus
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.config.fleet import DeploymentBudgetConfig
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.routes import MAX_SETTABLE_W, RACK, node, report, tenant
-from tests.budget.routes import pod_cap as cap_of
-from tests.budget.stand_in_operator import component_status
+from powerfleet.testing.budget.routes import MAX_SETTABLE_W, RACK, node, report, tenant
+from powerfleet.testing.budget.routes import pod_cap as cap_of
+from powerfleet.testing.budget.stand_in_operator import component_status
 
 DGD_V, DGD_KIND = "nvidia.com/v1beta1", "DynamoGraphDeployment"
 NODES = {"gpu-0": "r1", "gpu-1": "r1", "gpu-2": "r2", "loose": None}

@@ -1,6 +1,6 @@
 """The seeded exploration of the budget's state space (issue 30 item 3): a hypothesis state machine
-over the real ``tick_limits`` and ``evaluate_deployment`` (tests/budget/routes.py) against the loopback
-API server and a real Redis (tests/budget/explore_world.py), whose steps are what a cluster does.
+over the real ``tick_limits`` and ``evaluate_deployment`` (src/powerfleet/testing/budget/routes.py) against the loopback
+API server and a real Redis (src/powerfleet/testing/budget/explore_world.py), whose steps are what a cluster does.
 
 Invariants, each rack's watts computed independently (``explore_world``):
 
@@ -43,9 +43,9 @@ from powerfleet.cluster.dgd import LABEL_COMPONENT, LABEL_DGD_NAME, parse_dgd
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.ports import Conflict
 from powerfleet.twin.apiserver import ApiServer
-from tests.budget.explore_world import CAP_W, DGD_KIND, DGD_V, NODES, World, admits, cap_of, terminating
-from tests.budget.routes import MAX_SETTABLE_W, configs, fresh_enforced, pod_truth, tick_and_evaluate
-from tests.budget.stand_in_operator import budget_status
+from powerfleet.testing.budget.explore_world import CAP_W, DGD_KIND, DGD_V, NODES, World, admits, cap_of, terminating
+from powerfleet.testing.budget.routes import MAX_SETTABLE_W, configs, fresh_enforced, pod_truth, tick_and_evaluate
+from powerfleet.testing.budget.stand_in_operator import budget_status
 
 RACKS = ("r1", "r2")
 RESET = [("v1", "Pod"), (DGD_V, DGD_KIND), ("v1", "ConfigMap"), ("v1", "Node"),
@@ -229,7 +229,7 @@ class BudgetMachine(RuleBasedStateMachine):
         from powerfleet.budget.runner import evaluate_deployment
         from powerfleet.cluster.budget_store import KubeBudgetStore
         from powerfleet.cluster.scaling import KubeScaling
-        from tests.budget.routes import FRESH_S
+        from powerfleet.testing.budget.routes import FRESH_S
 
         allocations = Allocations(self.w.r)
         gl = verdict(allocations.read(generation, key), self.w.clock.now(), MAX_AGE_S)
