@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from powerfleet.broker.embedded import EmbeddedRedis
 from powerfleet.config import load_config
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
+from tests.envs import subprocess_env
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def wait_worker(app: FleetCelery, name: str, timeout_s: float = 60.0) -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    full_env = subprocess_env()
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout)

@@ -5,13 +5,13 @@ agent killed in the middle of a rebalance and started again), judged from its JS
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.envs import subprocess_env
 
 SCENARIO = {
     "version": 1, "name": "operator-what-if", "duration_s": 60,
@@ -38,7 +38,7 @@ def what_if(tmp_path_factory):
     root = tmp_path_factory.mktemp("what-if")
     path = root / "mine.yaml"
     path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    env = subprocess_env()
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--scenario", str(path), "--plain",
                           "--report", str(root / "report"), "--json"], env=env, capture_output=True, text=True,
                          timeout=500)
