@@ -180,3 +180,65 @@ def test_up_restarts_a_process_that_died_and_says_so(tmp_path) -> None:
         assert "stopping the fleet" not in text and "Traceback" not in text, text
     finally:
         _stop(proc)
+
+
+def _processes() -> dict[int, tuple[int, str, str, str]]:
+    """Every process: pid -> (ppid, start time, state, argv)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            out[int(entry.name)] = (int(fields[1]), fields[19], fields[0], argv)
+    return out
+
+
+def _fleet_of(root: int) -> dict[int, tuple[str, str]]:
+    """Every descendant of ``root``: pid -> (start time, argv), so a reused pid is not mistaken for it."""
+    procs, fleet, todo = _processes(), {}, [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, start, _, argv) in procs.items():
+            if ppid == parent:
+                fleet[pid] = (start, argv)
+                todo.append(pid)
+    return fleet
+
+
+def _still_running(fleet: dict[int, tuple[str, str]]) -> dict[int, str]:
+    now = _processes()
+    return {pid: argv for pid, (start, argv) in fleet.items()
+            if pid in now and now[pid][1] == start and now[pid][2] not in ("Z", "X")}
+
+
+def test_up_killed_with_sigkill_takes_its_whole_fleet_with_it(tmp_path) -> None:
+    # Its children have sessions of their own: before the parent-death signal, SIGKILL of `up` left
+    # its Redis, worker, agent, beat and Flower running.
+    proc, err = _start_up(tmp_path, POWERFLEET_NODES="[k-a]", POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1")
+    fleet: dict[int, tuple[str, str]] = {}
+    try:
+        url = wait_for(lambda: (m := re.search(r"embedded redis-server at (\S+)", err.read_text())) and m.group(1),
+                       "up to start its embedded Redis")
+        wait_for(lambda: "fleet up:" in err.read_text(), "up to start every process", timeout_s=60)
+        wait_for(lambda: TickLog(redis.Redis.from_url(url)).counts().get("reconcile", 0) >= 1, "a reconcile tick",
+                 timeout_s=60)
+        fleet = _fleet_of(proc.pid)
+        started = " ".join(argv for _, argv in fleet.values())
+        for part in ("redis-server", "cli worker", "cli agent", "cli beat", "cli flower"):
+            assert part in started, (part, fleet)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        # Each child stops as on SIGTERM (a warm shutdown): the launcher's own stop allows 20 s a child.
+        def gone() -> bool:
+            left = _still_running(fleet)
+            assert not left, f"still running: {left}"
+            return True
+        wait_for(gone, "up's fleet to stop after up was killed", timeout_s=90, every_s=0.2)
+    finally:
+        _stop(proc)
+        for pid in _still_running(fleet):  # only processes this test started
+            os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in err.read_text(), err.read_text()

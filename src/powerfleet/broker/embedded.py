@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Callable
 
 import redis
 
@@ -58,8 +59,10 @@ class EmbeddedRedis:
     ``restart()`` keeps the port, so clients configured with ``url`` reconnect to it.
     """
 
-    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0,
+                 preexec: Callable[[], None] | None = None) -> None:
         self.port = port or free_loopback_port()
+        self.preexec = preexec  # run in the child before exec (`up`: die with the parent)
         self.start_timeout_s = start_timeout_s
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -84,7 +87,7 @@ class EmbeddedRedis:
             "--maxmemory-policy", "noeviction", "--logfile", str(log),
         ]
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+                                      stderr=subprocess.PIPE, start_new_session=True, preexec_fn=self.preexec)
         self._wait_ready(log)
         return self
 
