@@ -331,4 +331,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         POWER, "a message from the future (revision 10^18) is applied with the record's caps and blocks nothing, "
                "but is not refused or counted"),
+    # -- the task trust boundary and evaluation generations (issue 29; issue 37 item 4) --
+    Mutant(
+        "trust.internal_task_by_hand", "src/powerfleet/workers/app.py",
+        "        if task_api:\n            _refuse_internal(self, name, task, kwargs)\n",
+        "",
+        ("tests/unit/test_task_trust.py",), "trigger and Flower send an internal task (agent.throttle, power.guard) "
+                                            "or a tick's own field by hand"),
+    Mutant(
+        "trust.lax_decoding", "src/powerfleet/tasks/base.py",
+        "model.model_validate_json(text, strict=True, context=context)",
+        "model.model_validate_json(text, strict=False, context=context)",
+        ("tests/unit/test_task_trust.py",), 'a task argument is coerced, not refused: {"worker": true} is stored as '
+                                            '1 replica, "window": "5" as window 5'),
+    Mutant(
+        "generations.older_tick_applies", "src/powerfleet/budget/generations.py",
+        "    if got.sent < got.newest:\n        return _superseded(got.sent, got.newest)\n",
+        "",
+        ("tests/budget/test_generations.py",), "a late or retried evaluation of an older tick applies its allowance "
+                                               "after a newer tick has re-divided the rack"),
 )
