@@ -41,6 +41,11 @@ SLOW = (
     "reliability/test_redis_restart.py", "reliability/test_agent_sigkill.py", "retune/test_live_e2e.py",
     "budget/test_generations_end_to_end.py",
 )
+# The files that run a whole time-compressed demo (a twin, a fleet, a scenario at 10x): one unit
+# under pytest-xdist, one after another, so that two demos never starve each other of CPU (side by
+# side with -n 3 on 2 loaded cores, a sweep shard hit its soft time limit in one and a rack sample
+# went over its limit in the other).
+DEMOS = ("integration/test_scenario_demo.py", "integration/test_up_and_demo.py", "power/test_oversubscribe_demo.py")
 _TESTS = Path(__file__).parent
 
 
@@ -70,10 +75,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """`make test` (``-n N --dist loadscope``): each test file is one unit of work, run whole by one
-    worker (its module-scoped fixtures set up once), and the control_plane tier is one unit (one
-    real control plane per session, not one per worker). xdist's own ``loadgroup`` would say this
-    with markers, but with pytest 9.2 it ignores them (it renames ``item._nodeid``, which
-    ``nodeid`` no longer reads)."""
+    worker (its module-scoped fixtures set up once); the control_plane tier is one unit (one real
+    control plane per session, not one per worker), and so are the DEMOS. xdist's own
+    ``loadgroup`` would say this with markers, but with pytest 9.2 it ignores them (it renames
+    ``item._nodeid``, which ``nodeid`` no longer reads)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -81,6 +86,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "tests/control_plane" if path.startswith("tests/control_plane/") else path
+            if path.startswith("tests/control_plane/"):
+                return "tests/control_plane"
+            return "demos" if path.removeprefix("tests/") in DEMOS else path
 
     return ByFile(config, log)

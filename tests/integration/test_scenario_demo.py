@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests.envs import subprocess_env
 
 SCENARIO = {
