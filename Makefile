@@ -33,11 +33,16 @@ demo: redis venv
 # real etcd, kube-apiserver, scheduler, controller-manager, kwok and helm, built from Go modules
 # first where Go is there (once: cached outside the tree, ~/.cache/powerfleet/control-plane).
 # Where they cannot be built the tier is skipped with one line and the rest of the suite runs.
+# The suite runs on TEST_WORKERS pytest-xdist workers (default: one per core), each test file whole
+# on one worker, the control_plane tier on one, the demos one after another (tests/conftest.py).
+# TEST_WORKERS=0 runs it in one process; docs/benchmarks.md, "The test suite", has the figures.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: redis venv
 	@if bash controlplane/build.sh --tier >/dev/null; then \
-	  $(BIN)/python -m pytest -q tests; \
+	  $(PYTEST) tests; \
 	else \
-	  $(BIN)/python -m pytest -q tests -m "not control_plane"; \
+	  $(PYTEST) tests -m "not control_plane"; \
 	fi
 
 # Build the control plane's binaries (a no-op when they are built; without Go it says so).

@@ -59,8 +59,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- clamp and apply --
     Mutant(
         "clamp.no_lower_bound", "src/powerfleet/agent/reconcile.py",  # apply.clamp has no caller any more
-        "target = min(max(d.requested_mw, min_mw), max_mw)",
-        "target = min(d.requested_mw, max_mw)",
+        "return min(max(self.d.requested_mw, self.min_mw), self.max_mw)",
+        "return min(self.d.requested_mw, self.max_mw)",
         AGENT, "a cap below the device minimum is sent to NVML as is (refused there, GPU left uncapped)"),
     Mutant(
         "apply.read_back_unchecked", "src/powerfleet/agent/apply.py",
@@ -141,8 +141,8 @@ MUTANTS: tuple[Mutant, ...] = (
                                                                    "limit it has (uncapped) instead of the safe default"),
     Mutant(
         "s8.no_fsync_before_rename", "src/powerfleet/agent/files.py",
-        "            out.flush()\n            os.fsync(out.fileno())\n        os.replace(tmp, path)",
-        "            out.flush()\n        os.replace(tmp, path)",
+        "            if durable:\n                os.fsync(out.fileno())\n        os.replace(tmp, path)",
+        "            if durable:\n                pass\n        os.replace(tmp, path)",
         ("tests/agent/test_state.py", "tests/agent/test_simulated.py"),
         "#24 survivor 8: the state file is renamed before its data is on disk (empty after a crash)"),
     Mutant(
@@ -358,4 +358,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "DEFAULT_CAP_CEILING = None\n",
         ("tests/power/test_cap_ceiling.py",),
         "no ceiling by default: an overshoot is bounded only by the ratio (50 % of the limit at 1.5x)"),
+    # -- the task trust boundary and evaluation generations (issue 29; issue 37 item 4) --
+    Mutant(
+        "trust.internal_task_by_hand", "src/powerfleet/workers/app.py",
+        "        if task_api:\n            _refuse_internal(self, name, task, kwargs)\n",
+        "",
+        ("tests/unit/test_task_trust.py",), "trigger and Flower send an internal task (agent.throttle, power.guard) "
+                                            "or a tick's own field by hand"),
+    Mutant(
+        "trust.lax_decoding", "src/powerfleet/tasks/base.py",
+        "model.model_validate_json(text, strict=True, context=context)",
+        "model.model_validate_json(text, strict=False, context=context)",
+        ("tests/unit/test_task_trust.py",), 'a task argument is coerced, not refused: {"worker": true} is stored as '
+                                            '1 replica, "window": "5" as window 5'),
+    Mutant(
+        "generations.older_tick_applies", "src/powerfleet/budget/generations.py",
+        "    if got.sent < got.newest:\n        return _superseded(got.sent, got.newest)\n",
+        "",
+        ("tests/budget/test_generations.py",), "a late or retried evaluation of an older tick applies its allowance "
+                                               "after a newer tick has re-divided the rack"),
 )

@@ -4,7 +4,6 @@ agent (else `--force`), every order expires, and `status` lists the orders in fo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -14,13 +13,14 @@ import redis
 from powerfleet.agent.drain import drain_key, drain_ttl, unknown_node
 from powerfleet.agent.presence import beat, heartbeat_key, last_seen
 from powerfleet.clock import FakeClock
+from tests.envs import subprocess_env
 from tests.integration.conftest import broker_url, redis_server  # noqa: F401 - fixtures
 
 DAY = 86400.0
 
 
 def cli(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    full = subprocess_env()
     full.update({"POWERFLEET_BROKER__URL": url, **(env or {})})
     return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], capture_output=True, text=True,
                           timeout=60, env=full)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,8 @@ from powerfleet.config import load_config
 from powerfleet.testing.waiting import wait_worker  # noqa: F401 - the tests import it from here
 from powerfleet.workers.app import FleetCelery, create_app
 from powerfleet.workers.launcher import Launcher
+from tests.envs import subprocess_env
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ def app(fleet_env: dict[str, str]) -> FleetCelery:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    full_env = subprocess_env()
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "powerfleet.cli", *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout)

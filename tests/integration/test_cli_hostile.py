@@ -6,7 +6,6 @@ CLI without an entry here fails ``test_every_command_is_covered``.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import typer
 
 from powerfleet.broker.embedded import free_loopback_port
+from tests.envs import subprocess_env
 
 BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00" + bytes(range(256)) * 4
 LATIN1 = "caf\u00e9: [1, 2]\nname: r\u00e9sum\u00e9\n".encode("latin-1")
@@ -213,7 +213,7 @@ CLOSED = object()
 
 def _run(case: Case) -> subprocess.CompletedProcess[str]:
     args = case[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    env = subprocess_env()
     # A broker that is not there: a command that got past input checking fails on it, in one line.
     env["POWERFLEET_BROKER__URL"] = f"redis://127.0.0.1:{free_loopback_port()}/0"
     env["COLUMNS"] = "200"

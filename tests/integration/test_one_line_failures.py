@@ -15,13 +15,14 @@ import pytest
 import redis
 
 from powerfleet.broker.embedded import EmbeddedRedis
+from tests.envs import subprocess_env
 from tests.waiting import wait_for
 
 TIMEOUT_ENV = {"POWERFLEET_INPUT_TIMEOUT_S": "1"}
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    env = subprocess_env()
     return {**env, **extra}
 
 

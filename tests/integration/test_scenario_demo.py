@@ -7,7 +7,6 @@ killed and started again), judged from its JSON summary."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.envs import subprocess_env
 from tests.twin.test_scenario_manifests import CHAT, TAINT
 
 SCENARIO = {
@@ -50,7 +50,7 @@ def what_if(tmp_path_factory):
     path = root / "mine.yaml"
     path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
     (root / "chat.yaml").write_text(yaml.safe_dump(CHAT, sort_keys=False))  # beside the scenario, by path
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    env = subprocess_env()
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--scenario", str(path), "--plain",
                           "--report", str(root / "report"), "--json"], env=env, capture_output=True, text=True,
                          timeout=500)

@@ -1,7 +1,6 @@
 """The task API: `powerfleet trigger` and Flower's HTTP API each run a task and return its JSON result."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import redis
 
 from powerfleet.broker.embedded import free_loopback_port
 from powerfleet.workers.launcher import Launcher
+from tests.envs import subprocess_env
 from tests.integration.conftest import run_cli, wait_worker
 from tests.waiting import wait_for
 
@@ -84,7 +84,7 @@ def test_trigger_reads_args_from_a_file_or_stdin(control_worker, fleet_env, tmp_
     assert json.loads(out.stdout)["payload"] == big["payload"]
     piped = subprocess.run([sys.executable, "-m", "powerfleet.cli", "trigger", "powerfleet.fleet.echo", "--args", "-"],
                            input='{"payload": "from stdin"}', capture_output=True, text=True, timeout=60,
-                           env={**{k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}, **fleet_env})
+                           env={**subprocess_env(), **fleet_env})
     assert piped.returncode == 0, piped.stderr
     assert json.loads(piped.stdout)["payload"] == "from stdin"
 

@@ -13,19 +13,14 @@ import redis
 from PIL import Image
 
 from powerfleet.beat.ticklog import TickLog
+from tests.envs import subprocess_env
 from tests.waiting import wait_for
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
-    env.update(extra)
-    return env
 
 
 def test_up_starts_everything_and_ctrl_c_stops_it(tmp_path) -> None:
     from powerfleet.broker.embedded import free_loopback_port
 
-    env = _clean_env(POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1", POWERFLEET_NODES="[up-node]",
+    env = subprocess_env(POWERFLEET_BEAT__RECONCILE_INTERVAL_S="1", POWERFLEET_NODES="[up-node]",
                      POWERFLEET_FLOWER__PORT=str(free_loopback_port()))
     err = tmp_path / "up.err"
     with open(err, "wb") as stderr:
@@ -60,7 +55,7 @@ def short_demo(tmp_path_factory):
     report = tmp_path_factory.mktemp("demo") / "report"
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--duration", "60", "--nodes", "2",
                           "--report", str(report), "--json"],
-                         env=_clean_env(POWERFLEET_FLOWER__BASIC_AUTH=f"[ops:{FLOWER_SECRET}]"),
+                         env=subprocess_env(POWERFLEET_FLOWER__BASIC_AUTH=f"[ops:{FLOWER_SECRET}]"),
                          capture_output=True, text=True, timeout=400)
     return out, report
 
@@ -125,5 +120,5 @@ def test_demo_every_check_holds_and_it_exits_0(short_demo) -> None:
 def test_demo_refuses_out_of_range_nodes() -> None:
     for bad in ("0", "65"):
         out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--nodes", bad],
-                             env=_clean_env(), capture_output=True, text=True, timeout=60)
+                             env=subprocess_env(), capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "--nodes" in out.stderr and "Traceback" not in out.stderr

@@ -12,11 +12,12 @@ from pathlib import Path
 import httpx
 from kubernetes import client, config
 
+from tests.envs import subprocess_env
 from tests.waiting import wait_for
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}
+    return subprocess_env()
 
 
 def test_twin_runs_in_the_foreground_and_ctrl_c_stops_it(tmp_path: Path) -> None:

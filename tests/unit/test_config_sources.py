@@ -3,7 +3,6 @@ twice and `.nan` are refused plainly (issue 29, defect 8)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from powerfleet.config import load_config
 from powerfleet.config.fleet import ConfigError
+from tests.envs import subprocess_env
 
 INTERVAL = {"POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "5"}
 URL = {"POWERFLEET_BROKER__URL": "redis://127.0.0.1:6379/0"}
@@ -70,7 +70,7 @@ def test_the_cli_reports_an_overridden_bad_value_in_one_line(tmp_path: Path) -> 
     path.write_text("beat:\n  reconcile_interval_s: fast\n")
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "--config", str(path), "status"],
                          capture_output=True, text=True, timeout=60,
-                         env={**{k: v for k, v in os.environ.items() if not k.startswith("POWERFLEET_")}, **INTERVAL,
+                         env={**subprocess_env(), **INTERVAL,
                               "POWERFLEET_BROKER__URL": "redis://127.0.0.1:1/0"})
     assert out.returncode == 2 and "overridden by POWERFLEET_BEAT__RECONCILE_INTERVAL_S" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

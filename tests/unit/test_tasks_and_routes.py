@@ -100,4 +100,7 @@ def test_queue_names_sit_on_the_bottom_floor_and_tasks_and_the_agent_import_them
             "print(sorted(m for m in sys.modules if m.startswith(('powerfleet.workers', 'powerfleet.cli'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["['powerfleet.config', 'powerfleet.config.broker_urls', 'powerfleet.config.fleet', 'powerfleet.queues']", "[]"]
+    floor, above = (eval(line) for line in out.stdout.split("\n")[:2])  # noqa: S307 - our own print
+    assert "powerfleet.queues" in floor and all(m == "powerfleet.queues" or m.startswith("powerfleet.config.") or
+                                                m == "powerfleet.config" for m in floor), floor
+    assert above == [], above

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Callable
 
 import redis
 
@@ -58,8 +59,11 @@ class EmbeddedRedis:
     ``restart()`` keeps the port, so clients configured with ``url`` reconnect to it.
     """
 
-    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0,
+                 preexec: Callable[[], None] | None = None) -> None:
         self.port = port or free_loopback_port()
+        self._may_move = port is None  # a port we probed ourselves: another may take it before Redis binds
+        self.preexec = preexec  # run in the child before exec (`up`: die with the parent)
         self.start_timeout_s = start_timeout_s
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -73,6 +77,20 @@ class EmbeddedRedis:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> "EmbeddedRedis":
+        """Start it. A port probed free that another process took before Redis bound it (parallel
+        test workers, a busy machine) is probed again, up to three times, on the first start only:
+        ``restart()`` keeps its port, which clients already know."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except BrokerUnavailable as exc:
+                if not (self._may_move and "Address already in use" in str(exc)) or attempt == 2:
+                    raise
+                self.stop()  # the one that could not bind (it has exited; its pipe is closed)
+                self.port = free_loopback_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "EmbeddedRedis":
         binary = find_redis_server()
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="powerfleet-redis-")
@@ -84,8 +102,9 @@ class EmbeddedRedis:
             "--maxmemory-policy", "noeviction", "--logfile", str(log),
         ]
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+                                      stderr=subprocess.PIPE, start_new_session=True, preexec_fn=self.preexec)
         self._wait_ready(log)
+        self._may_move = False
         return self
 
     def _wait_ready(self, log: Path) -> None:
@@ -97,10 +116,13 @@ class EmbeddedRedis:
                     tail = log.read_text(errors="replace")[-400:] if log.exists() else ""
                     raise BrokerUnavailable(f"redis-server exited with code {self._proc.returncode}: {tail.strip()}")
                 try:
-                    if client.ping():
+                    # Ours, not another Redis that holds the port (ours then exits: address in use).
+                    if client.ping() and self._proc is not None and \
+                            client.info("server").get("process_id") == self._proc.pid:
                         return
                 except redis.ConnectionError:
-                    time.sleep(0.02)  # polling a child process's readiness, bounded by the deadline
+                    pass
+                time.sleep(0.02)  # polling a child process's readiness, bounded by the deadline
             self.stop()
             raise BrokerUnavailable(f"redis-server did not answer PING on port {self.port} within {self.start_timeout_s}s")
         finally:

@@ -19,6 +19,7 @@ from powerfleet.config import FleetConfig
 
 def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # type: ignore[no-untyped-def]
     from powerfleet.broker.embedded import BrokerUnavailable
+    from powerfleet.cli.up_children import die_with_parent
     from powerfleet.workers.launcher import Launcher
 
     export_config_path(ctx)
@@ -26,7 +27,7 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
     metrics = MetricsPorts(config.metrics.port)
     names = ["worker", *(f"agent-{node}" for node in config.nodes), "beat"]
     ports = {name: metrics.env(name) for name in names}  # checked before anything starts, too
-    launcher = Launcher(log_dir=log_dir)
+    launcher = Launcher(log_dir=log_dir, preexec=die_with_parent())
     if config.broker.url is None:
         try:
             url = launcher.start_embedded_broker()

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from powerfleet.broker.embedded import EmbeddedRedis
 
@@ -34,9 +35,12 @@ class Launcher:
     env: dict[str, str] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
     redis: EmbeddedRedis | None = None
+    # Run in each child (Redis included) before it execs: `up` gives one that has the kernel stop
+    # its children when it dies (cli/up_children.py).
+    preexec: Callable[[], None] | None = None
 
     def start_embedded_broker(self) -> str:
-        self.redis = EmbeddedRedis().start()
+        self.redis = EmbeddedRedis(preexec=self.preexec).start()
         self.env["POWERFLEET_BROKER__URL"] = self.redis.url
         return self.redis.url
 
@@ -54,7 +58,7 @@ class Launcher:
         with open(log, "ab") as out:
             proc = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", *cli_args], env=self.child_env(env),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=self.preexec)
         child = Child(name, proc, log, tuple(cli_args), env)
         self.children.append(child)
         return child
