@@ -84,7 +84,9 @@ ROWS: list[Row] = [
     ("Flower Broker page: wall (s), 1st / 2nd", lambda s: _pair(s, "broker_page", "wall_s", ".2f")),
     ("Flower Broker page: bytes", _get("flower.broker_page_second.bytes", ",")),
     ("budget reads alone (part r): wall (s)", lambda s: _each(s, "budget_reads", "wall_s", ".2f")),
-    ("budget reads alone (part r): CPU (s)", lambda s: _each(s, "budget_reads", "cpu_s", ".2f")),
+    ("budget reads alone (part r): CPU (s), client + server", lambda s: _each(s, "budget_reads", "cpu_s", ".2f")),
+    ("budget reads alone (part r): client CPU (s): the fleet's", lambda s: _each(s, "budget_reads", "client_cpu_s", ".2f")),
+    ("budget reads alone (part r): server CPU (s): loopback", lambda s: _each(s, "budget_reads", "server_cpu_s", ".2f")),
     ("budget reads alone (part r): calls, MB, peak RSS MB", lambda s: " / ".join(
         f"{r['calls']}, {r['bytes'] / 1e6:.1f}, {r['maxrss_mb']}" for r in (s.get("budget_reads") or {}).get("rounds", []))
      or "-"),
