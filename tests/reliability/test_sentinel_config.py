@@ -253,3 +253,4 @@ def test_a_sentinel_broker_gets_the_transport_whose_failed_ack_frees_its_prefetc
     conn = Connection(URL, transport=s["broker_transport"], transport_options=s["broker_transport_options"])
     assert conn.transport_cls is FleetSentinelTransport or isinstance(conn.transport, FleetSentinelTransport), conn
     assert FleetSentinelTransport.Channel.QoS is SlotReleasingQoS
+    assert (s["redis_socket_timeout"], s["redis_backend_health_check_interval"]) == (3.0, 2), s

@@ -45,6 +45,17 @@ def transport_class(url: str) -> dict[str, Any]:
     return {"broker_transport": SENTINEL_TRANSPORT}
 
 
+def backend_socket_settings(url: str) -> dict[str, Any]:
+    """Celery's Redis result backend takes its socket timeout from ``redis_socket_timeout`` (120 s by
+    default), not from its transport options: a pool process storing a result on a frozen master
+    waited that long, and its worker consumed nothing meanwhile. On a Sentinel backend, the
+    broker's figures."""
+    if not is_sentinel(url):
+        return {}
+    return {"redis_socket_timeout": FAILOVER_SOCKET_TIMEOUT_S,
+            "redis_backend_health_check_interval": FAILOVER_HEALTH_CHECK_S}
+
+
 def _ssl_dict(broker: BrokerConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     if broker.sentinel.tls_ca_file:
