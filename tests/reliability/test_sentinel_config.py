@@ -240,3 +240,17 @@ def test_the_failover_retry_waits_out_a_failover_by_a_deadline_not_a_count() -> 
     assert calls[-1] == 15.0 and len(calls) < 20
     with pytest.raises(redis.ResponseError):  # anything but a connection error is not retried
         retry.call_with_retry(lambda: (_ for _ in ()).throw(redis.ResponseError("WRONGTYPE")), lambda e: None)
+
+
+def test_a_sentinel_broker_gets_the_transport_whose_failed_ack_frees_its_prefetch_slot() -> None:
+    from kombu import Connection
+
+    from powerfleet.broker.transport import FleetSentinelTransport, SlotReleasingQoS
+
+    s = celery_settings(load_config(environ=ENV), URL)
+    assert s.get("broker_transport") == "powerfleet.broker.transport:FleetSentinelTransport", s.get("broker_transport")
+    assert "broker_transport" not in celery_settings(load_config(environ={}), "redis://127.0.0.1:6379/0")
+    conn = Connection(URL, transport=s["broker_transport"], transport_options=s["broker_transport_options"])
+    assert conn.transport_cls is FleetSentinelTransport or isinstance(conn.transport, FleetSentinelTransport), conn
+    assert FleetSentinelTransport.Channel.QoS is SlotReleasingQoS
+    assert (s["redis_socket_timeout"], s["redis_backend_health_check_interval"]) == (3.0, 2), s

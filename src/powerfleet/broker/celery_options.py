@@ -35,6 +35,27 @@ def transport_options(broker: BrokerConfig, url: str) -> dict[str, Any]:
             "socket_timeout": FAILOVER_SOCKET_TIMEOUT_S, "health_check_interval": FAILOVER_HEALTH_CHECK_S}
 
 
+def transport_class(url: str) -> dict[str, Any]:
+    """``broker_transport`` for ``url``: on a Sentinel broker, kombu's Sentinel transport with a
+    failed ack releasing its prefetch slot (broker/transport.py: the stall after a freeze)."""
+    if not is_sentinel(url):
+        return {}
+    from powerfleet.broker.transport import SENTINEL_TRANSPORT  # kombu's Redis transport: only here
+
+    return {"broker_transport": SENTINEL_TRANSPORT}
+
+
+def backend_socket_settings(url: str) -> dict[str, Any]:
+    """Celery's Redis result backend takes its socket timeout from ``redis_socket_timeout`` (120 s by
+    default), not from its transport options: a pool process storing a result on a frozen master
+    waited that long, and its worker consumed nothing meanwhile. On a Sentinel backend, the
+    broker's figures."""
+    if not is_sentinel(url):
+        return {}
+    return {"redis_socket_timeout": FAILOVER_SOCKET_TIMEOUT_S,
+            "redis_backend_health_check_interval": FAILOVER_HEALTH_CHECK_S}
+
+
 def _ssl_dict(broker: BrokerConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     if broker.sentinel.tls_ca_file:

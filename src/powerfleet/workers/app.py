@@ -13,7 +13,8 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from powerfleet.broker.celery_options import redbeat_settings, tls_settings, transport_options
+from powerfleet.broker.celery_options import (backend_socket_settings, redbeat_settings, tls_settings, transport_class,
+                                             transport_options)
 from powerfleet.broker.publish import noreplicas_is_unavailable, retry_noreplicas
 from powerfleet.config import FleetConfig
 from powerfleet.queues import CONTROL_QUEUE, SWEEP_QUEUE, TICK_FAMILIES, family_of, node_queue, route_task
@@ -111,6 +112,8 @@ def celery_settings(config: FleetConfig, broker_url: str) -> dict[str, Any]:
         "task_create_missing_queues": True,
         # Set in all three places: the shortest visibility timeout on a broker wins (celery#7651).
         "broker_transport_options": transport,
+        **transport_class(broker_url),
+        **backend_socket_settings(backend),
         "result_backend_transport_options": {"visibility_timeout": vt, **transport_options(config.broker, backend)},
         "visibility_timeout": vt,
         "broker_connection_retry_on_startup": True,
