@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -14,13 +15,33 @@ TASK_OUTCOMES = Counter("powerfleet_task_outcomes_total", "Finished tasks by tas
                         ["task", "outcome"])
 
 
+class SettledFilesCollector(multiprocess.MultiProcessCollector):
+    """The children's values, from the files that have their header written.
+
+    A child creates its ``*.db`` file empty and only then writes its 8-byte header; a scrape that
+    lands in between made prometheus_client's reader raise ``struct.error`` and the whole /metrics
+    answer a 500 (seen in a loaded CI run, right as a pool child started). Such a file holds no
+    value yet, so leaving it out until its header is there loses nothing.
+    """
+
+    def collect(self):  # type: ignore[no-untyped-def] - prometheus_client's own signature
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(path) >= 8:
+                    files.append(path)
+            except OSError:  # removed as the child exited: nothing to read
+                continue
+        return self.merge(files, accumulate=True)
+
+
 def serve_metrics(port: int, address: str) -> None:
     """Expose /metrics; in multiprocess mode aggregate every child's values."""
     if port == 0:
         return
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        SettledFilesCollector(registry)
         start_http_server(port, addr=address, registry=registry)
     else:
         start_http_server(port, addr=address)
