@@ -78,7 +78,22 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
 
-class HTTPServer(ThreadingHTTPServer):
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server for the twin's loopback endpoints that stays quiet when a client
+    goes away mid-request (a worker killed or restarted by a scenario: a connection reset is what
+    a real server logs at most as a line, not a traceback on the demo's stderr)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class HTTPServer(LoopbackHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from powerfleet.sim.policy import RouterPolicy, parse_policy
+from powerfleet.twin.apiserver.http import LoopbackHTTPServer
 
 PATH = "/router_policy"
 MAX_BODY = 64 * 1024
@@ -74,8 +75,7 @@ class _Handler(BaseHTTPRequestHandler):
 EPOCH_SPAN = 2**32
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(LoopbackHTTPServer):
     frontend: LoopbackFrontend
 
 

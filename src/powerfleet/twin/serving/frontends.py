@@ -21,7 +21,7 @@ import gzip
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.replay import prepare
 from powerfleet.sim.trace import TraceRequest
 from powerfleet.twin.serving.frontend import LoopbackFrontend
+from powerfleet.twin.apiserver.http import LoopbackHTTPServer
 
 SEGMENT_S = 10
 
@@ -77,8 +78,7 @@ class _MetricsHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-class _MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
+class _MetricsServer(LoopbackHTTPServer):
     frontend: TwinFrontend
 
 
