@@ -12,6 +12,11 @@ during that wait makes the blocking acquire raise, Celery swallows it and beat s
 lock at all (``scheduler.lock`` None), whose first tick used to die on ``self.lock.extend``
 (issue 31 finding 7). Such a beat stands by like one that lost its lock: it builds the lock
 RedBeat would have and takes it without blocking when it is free.
+
+A SIGTERM or Ctrl-C that lands inside a pass (a tick's publish blocked on Redis) used to raise
+SystemExit in the middle of the socket read; kombu then retried the publish on a torn connection
+and beat logged a traceback while stopping (seen in CI: `up`'s Ctrl-C). ``FleetBeat`` defers such
+a stop to the end of the pass: the tick in hand is sent, then beat stops as it would between passes.
 """
 
 from __future__ import annotations
@@ -37,13 +42,30 @@ BROKER_RETRY_S = 1.0  # how soon beat tries again while the broker is unreachabl
 class FleetScheduler(RedBeatScheduler):
     _standing_by = False
     _broker_lost = False
+    _in_pass = False
+    _stop_requested = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         reconnects()  # the series exists, at 0, from the start
         super().__init__(*args, **kwargs)
         follow_switches(self.app.conf.broker_url, self.app.fleet_config.broker)
 
+    def request_stop(self) -> bool:
+        """From beat's SIGTERM/SIGINT handler: True if beat may stop now, False if a pass is in
+        flight (it stops when the pass ends, its publishes complete)."""
+        self._stop_requested = True
+        return not self._in_pass
+
     def tick(self, min: Any = min, **kwargs: Any) -> float:
+        self._in_pass = True
+        try:
+            return self._tick(min, **kwargs)
+        finally:
+            self._in_pass = False
+            if self._stop_requested:
+                raise SystemExit()  # Service.start catches it, syncs and releases the lock
+
+    def _tick(self, min: Any, **kwargs: Any) -> float:
         retry_s = float(self.max_interval)
         try:
             if self.lock_key and self.lock is None and not self._standing_by:

@@ -223,6 +223,8 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
     app.broker_url_resolved = url
+    # `celery beat` builds app.Beat: ours stops between passes, never inside a publish.
+    app.Beat = app.subclass_with_self("powerfleet.beat.service:FleetBeat")  # type: ignore[method-assign]
     from powerfleet.broker.steps import BrokerWatch, follow_in_pool_children  # here: see broker.metrics
 
     app.steps["consumer"].add(BrokerWatch)
