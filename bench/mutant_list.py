@@ -377,4 +377,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         ("tests/budget/test_generations.py",), "a late or retried evaluation of an older tick applies its allowance "
                                                "after a newer tick has re-divided the rack"),
+    Mutant(
+        "generations.prewrite_fence_dropped", "src/powerfleet/budget/runner.py",
+        "    if fence is not None and (why := fence()) is not None:",
+        "    if False and fence is not None and (why := fence()) is not None:",
+        ("tests/budget/test_generations_prewrite_fence.py",),
+        "a batch's later deployment is written under its tick's allowance after a newer tick opened "
+        "and re-divided the rack (its DGD unchanged, so its resourceVersion fence lets the write through)"),
 )

@@ -14,63 +14,46 @@ from __future__ import annotations
 
 import pytest
 
+from powerfleet.testing.budget.stand_in_operator import replicas, settle
 from tests.budget.conftest import RACK_A_NODES
-from tests.budget.control import start_control
-from powerfleet.testing.budget.stand_in_operator import dgd, replicas, settle
+from tests.budget.control import RACK_LIMIT_W as LIMIT_W, batch_results, call, rack_w, start_pair_on_rack
 
 pytestmark = pytest.mark.integration
-LIMIT_W, REPLICA_W = 4000, 500
-
-
-def _rack_w(api) -> int:
-    """rack-a's watts at the DGDs' replica counts (every replica of both lands on rack-a)."""
-    return sum(n * REPLICA_W for name in ("alpha", "beta") for n in replicas(api, name).values())
 
 
 def test_an_evaluation_from_an_older_tick_applies_nothing(rack_a, launcher, app):
-    api, kube, kubeconfig = rack_a
-    for name in ("alpha", "beta"):
-        api.apply(dgd(name, 1, 1))
-        settle(api, kube, name, RACK_A_NODES)
-    start_control(launcher, app, kubeconfig, {"rack-a": LIMIT_W}, {"default/alpha": 8000, "default/beta": 8000},
-                  ["ctl1@gen", "ctl2@gen"])
+    api, kube, _ = rack_a
+    start_pair_on_rack(rack_a, launcher, app, ["ctl1@gen", "ctl2@gen"])
 
-    def call(task: str, **kwargs):
-        return app.send_task(f"powerfleet.budget.{task}", kwargs=kwargs).get(timeout=90)
-
-    def results(tick: dict) -> dict[str, dict]:
-        """Each deployment's evaluation (the tick sends them in batches, each under one task id)."""
-        return {k: app.AsyncResult(t).get(timeout=90)["results"][k] for k, t in tick["task_ids"].items()}
-
-    call("propose", deployment="default/alpha", replicas={"decode": 5})
+    call(app, "propose", deployment="default/alpha", replicas={"decode": 5})
     held = api.faults.hold("GET", "/api/v1/configmaps")  # the batch's snapshot: only a batch lists them all
-    tick_n = call("tick")
+    tick_n = call(app, "tick")
     assert held.reached.wait(60), "tick N's evaluations never reached the server"
 
-    call("propose", deployment="default/beta", replicas={"decode": 5})
-    tick_n1 = call("tick")
+    call(app, "propose", deployment="default/beta", replicas={"decode": 5})
+    tick_n1 = call(app, "tick")
     assert tick_n1["generation"] > tick_n["generation"], (tick_n, tick_n1)
-    got = results(tick_n1)
+    got = batch_results(app, tick_n1)
     assert {k: r["limit_w"] for k, r in got.items()} == {"default/alpha": 2000, "default/beta": 2000}, got
     assert replicas(api, "alpha") == replicas(api, "beta") == {"prefill": 1, "decode": 3}, got
-    assert _rack_w(api) <= LIMIT_W
+    assert rack_w(api) <= LIMIT_W
     for name in ("alpha", "beta"):
         settle(api, kube, name, RACK_A_NODES)
 
     held.release()  # tick N's evaluations go on, after tick N+1 re-divided the rack
-    late = results(tick_n)
+    late = batch_results(app, tick_n)
     for key in ("default/alpha", "default/beta"):
         assert late[key]["reason"] == "Outdated" and late[key]["replicas_written"] == {}, late
         assert f"generation {tick_n['generation']}" in late[key]["skipped"] and "later tick" in late[key]["skipped"], late
     assert replicas(api, "alpha") == {"prefill": 1, "decode": 3}, late
-    assert _rack_w(api) <= LIMIT_W, (replicas(api, "alpha"), replicas(api, "beta"))
+    assert rack_w(api) <= LIMIT_W, (replicas(api, "alpha"), replicas(api, "beta"))
 
     # The same message sent again (a duplicate, a retry, by hand) applies nothing; a generation no
     # tick opened is no allowance either; the current one is the tick's own allowance, read from Redis.
-    dup = call("evaluate", deployment="default/alpha", generation=tick_n["generation"])
+    dup = call(app, "evaluate", deployment="default/alpha", generation=tick_n["generation"])
     assert dup["reason"] == "Outdated" and dup["replicas_written"] == {}, dup
-    forged = call("evaluate", deployment="default/alpha", generation=tick_n1["generation"] + 10**9)
+    forged = call(app, "evaluate", deployment="default/alpha", generation=tick_n1["generation"] + 10**9)
     assert forged["reason"] == "Outdated" and "never opened" in forged["skipped"], forged
-    current = call("evaluate", deployment="default/alpha", generation=tick_n1["generation"])
+    current = call(app, "evaluate", deployment="default/alpha", generation=tick_n1["generation"])
     assert current["limit_w"] == 2000 and current["reason"] == "Planned", current
-    assert _rack_w(api) <= LIMIT_W, (replicas(api, "alpha"), replicas(api, "beta"))
+    assert rack_w(api) <= LIMIT_W, (replicas(api, "alpha"), replicas(api, "beta"))
