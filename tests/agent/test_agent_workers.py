@@ -201,7 +201,10 @@ def test_one_agent_per_node_and_only_an_explicit_drain_restores_the_defaults(fle
 def the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet: Fleet) -> None:
     """What the chart's pre-delete hook runs: `drain --all --ttl`."""
     assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
-    out = cli(fleet, "agent", "drain", "--all", "--json", "--timeout", "60", "--ttl", "3")
+    # The TTL must outlast the drain's own run and the checks below on a loaded machine (at 3 s it
+    # ended before the limits were read); the wait for its end is derived from it.
+    ttl_s = 20
+    out = cli(fleet, "agent", "drain", "--all", "--json", "--timeout", "60", "--ttl", str(ttl_s))
     assert out.returncode == 0, out.stderr + out.stdout
     nodes = json.loads(out.stdout)["nodes"]
     assert set(nodes) == set(NODES) and all(a["answered"] and a["left"] == [] for a in nodes.values()), nodes
@@ -210,7 +213,7 @@ def the_uninstall_drain_restores_every_live_node_until_its_ttl(fleet: Fleet) -> 
     # The requests end by themselves (a reinstall on the same Redis is not drained for good).
     for node in NODES:
         wait_for(lambda n=node: fleet.app.send_task("powerfleet.agent.reconcile", kwargs={"node": n}).get(timeout=30)
-                 ["skipped"] is None, f"{node}'s drain to end with its TTL")
+                 ["skipped"] is None, f"{node}'s drain to end with its TTL", timeout_s=ttl_s + 60)
     assert fleet.limits("gpu-node-a") == [300, 700] and fleet.limits("gpu-node-b") == [700, 450]
     undo = cli(fleet, "agent", "drain", "--all", "--undo", "--json")
     assert undo.returncode == 0 and json.loads(undo.stdout) == {"nodes": {}}

@@ -45,10 +45,13 @@ def test_the_twins_pods_run_and_its_frontends_start_on_the_real_server(control_p
             # Every pod the operator made runs (the tenant `queued-train` waits for room, as designed).
             wait_for(lambda: all(p.status.phase == "Running" for p in core.list_namespaced_pod(twin.spec.namespace).items
                                  if p.metadata.name != "queued-train"), "the operator's pods Running", timeout_s=90)
-            pods = core.list_namespaced_pod(twin.spec.namespace).items
-            fronted = {p.metadata.name for p in pods if (p.metadata.annotations or {}).get(
-                "powerfleet.nvidia.com/router-url")}
-            assert fronted == set(twin.frontends), (fronted, sorted(twin.frontends))
+            # A frontend starts before its pod is annotated with its URL: wait for the annotations
+            # (under load the second one came after the first read).
+            def fronted() -> set[str]:
+                return {p.metadata.name for p in core.list_namespaced_pod(twin.spec.namespace).items
+                        if (p.metadata.annotations or {}).get("powerfleet.nvidia.com/router-url")}
+            wait_for(lambda: fronted() == set(twin.frontends), "every frontend's pod annotated with its URL",
+                     timeout_s=60)
             assert twin.operator is not None and twin.operator.last_error is None, twin.operator.last_error
         finally:
             api.close()
