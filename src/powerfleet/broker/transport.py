@@ -1,5 +1,6 @@
-"""kombu's Sentinel transport, with one change: a message whose ack fails no longer holds a
-prefetch slot for ever.
+"""kombu's Redis and Sentinel transports, with two changes: a message whose ack fails no longer
+holds a prefetch slot for ever (Sentinel), and a channel closed after its connection was collected
+does not crash the worker (both).
 
 Why (issue 31, the stall after a master freeze): kombu's Redis ``QoS.ack`` removes the message's
 unacked record from Redis and only then releases the consumer's prefetch slot (the virtual
@@ -14,12 +15,25 @@ BRPOP read fails, the consumer restarts on a new channel and the leak goes with 
 Here the slot is released whatever the removal did, and the error still propagates (Celery
 logs it as before). The message stays in the unacked hash of the master it was recorded on,
 where the visibility-timeout restore finds it, as for any consumer that died before acking.
+
+The crash (seen in a clean-clone CI run, the what-if demo's ``kill_broker``): on a lost broker
+Celery 5.7's consumer calls ``connection.collect()`` and then ``connection.close()``. ``collect``
+drops the transport's ``client`` (kombu's ``_do_close_transport``); when the channel was not closed
+by it (its BRPOP read raised first), ``close`` closes it then, and its restore of unacked messages
+builds a Redis pool from ``transport.client``: ``AttributeError: 'NoneType' object has no attribute
+'hostname'``, which Celery calls an unrecoverable error, and the worker exits. With no client there is
+nothing to restore with: the messages stay in the unacked hash, restored by the visibility timeout.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+
+logger = logging.getLogger("powerfleet.broker")
 
 
 class SlotReleasingQoS(kombu_redis.QoS):
@@ -41,7 +55,32 @@ class SlotReleasingQoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
 
-class FleetSentinelChannel(kombu_redis.SentinelChannel):
+class ClosesAfterCollect:
+    """A Redis channel whose close after ``Connection.collect()`` is quiet (see the module's doc)."""
+
+    connection: Any
+
+    def close(self) -> None:
+        try:
+            super().close()  # type: ignore[misc]
+        except AttributeError:
+            if self.connection is None or getattr(self.connection, "client", None) is not None:
+                raise  # not the collected-connection case: a real bug, let it show
+            logger.warning("broker: a channel closed after its connection was collected; its unacked "
+                           "messages are restored by the visibility timeout")
+
+
+class FleetRedisChannel(ClosesAfterCollect, kombu_redis.Channel):
+    pass
+
+
+class FleetRedisTransport(kombu_redis.Transport):
+    """What ``redis://`` broker URLs use (``broker_transport``, broker/celery_options.py)."""
+
+    Channel = FleetRedisChannel
+
+
+class FleetSentinelChannel(ClosesAfterCollect, kombu_redis.SentinelChannel):
     QoS = SlotReleasingQoS
 
 
@@ -51,4 +90,5 @@ class FleetSentinelTransport(kombu_redis.SentinelTransport):
     Channel = FleetSentinelChannel
 
 
+REDIS_TRANSPORT = f"{__name__}:FleetRedisTransport"
 SENTINEL_TRANSPORT = f"{__name__}:FleetSentinelTransport"
