@@ -142,6 +142,15 @@ def event_info(ev: client.CoreV1Event) -> EventInfo:
     )
 
 
+def import_api_classes() -> None:
+    """Import the API classes KubeCluster builds. The kubernetes package imports each on first
+    use (CoreV1Api alone: 1.6 s on a quiet core, its pydantic fields), so a prefork child paid it
+    inside its first task: a sweep shard's 6 s soft time limit in the demo was exceeded under load
+    (SoftTimeLimitExceeded from ``client.CoreV1Api``). A worker calls this before it forks."""
+    for name in ("CoreV1Api", "CustomObjectsApi", "CoordinationV1Api"):
+        getattr(client, name)
+
+
 class KubeCluster:
     """``ClusterWriter`` (and so ``ClusterReader``) on the official client.
 

@@ -253,6 +253,11 @@ def _stop_pass(step: Any) -> None:
 @signals.worker_init.connect(weak=False)
 def _remember_worker(sender: Any = None, **kw: Any) -> None:
     _stop.update(pid=os.getpid(), app=getattr(sender, "app", None), identity=getattr(sender, "hostname", None))
+    # In the parent, before the pool forks: no child pays the cluster client's imports inside a
+    # task's time limit (cluster/kube.py import_api_classes).
+    from powerfleet.cluster.kube import import_api_classes
+
+    import_api_classes()
 
 
 @signals.worker_ready.connect(weak=False)
