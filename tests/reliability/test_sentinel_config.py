@@ -249,10 +249,7 @@ def test_a_sentinel_broker_gets_the_transport_whose_failed_ack_frees_its_prefetc
 
     s = celery_settings(load_config(environ=ENV), URL)
     assert s.get("broker_transport") == "powerfleet.broker.transport:FleetSentinelTransport", s.get("broker_transport")
-    # a plain Redis broker gets kombu's Redis transport with the quiet close (test_broker_transport.py)
-    plain = celery_settings(load_config(environ={}), "redis://127.0.0.1:6379/0")
-    assert plain["broker_transport"] == "powerfleet.broker.transport:FleetRedisTransport", plain.get("broker_transport")
-    assert "broker_transport" not in celery_settings(load_config(environ={}), "rediss://127.0.0.1:6379/0")
+    assert "broker_transport" not in celery_settings(load_config(environ={}), "redis://127.0.0.1:6379/0")
     conn = Connection(URL, transport=s["broker_transport"], transport_options=s["broker_transport_options"])
     assert conn.transport_cls is FleetSentinelTransport or isinstance(conn.transport, FleetSentinelTransport), conn
     assert FleetSentinelTransport.Channel.QoS is SlotReleasingQoS

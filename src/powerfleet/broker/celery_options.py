@@ -37,16 +37,12 @@ def transport_options(broker: BrokerConfig, url: str) -> dict[str, Any]:
 
 def transport_class(url: str) -> dict[str, Any]:
     """``broker_transport`` for ``url``: on a Sentinel broker, kombu's Sentinel transport with a
-    failed ack releasing its prefetch slot (broker/transport.py: the stall after a freeze); on a
-    plain ``redis://`` broker, kombu's Redis transport; each with a channel that closes quietly
-    after its connection was collected (the worker crash after a broker kill)."""
-    from powerfleet.broker.transport import REDIS_TRANSPORT, SENTINEL_TRANSPORT  # kombu's Redis transport: only here
+    failed ack releasing its prefetch slot (broker/transport.py: the stall after a freeze)."""
+    if not is_sentinel(url):
+        return {}  # redis:// resolves to the fleet's transport by kombu's alias (broker/transport.py)
+    from powerfleet.broker.transport import SENTINEL_TRANSPORT  # kombu's Redis transport: only here
 
-    if is_sentinel(url):
-        return {"broker_transport": SENTINEL_TRANSPORT}
-    if url.startswith("redis://"):  # plain Redis: a channel closed after collect() (broker/transport.py)
-        return {"broker_transport": REDIS_TRANSPORT}
-    return {}  # rediss:// and the rest: kombu's own transport, as before
+    return {"broker_transport": SENTINEL_TRANSPORT}
 
 
 def backend_socket_settings(url: str) -> dict[str, Any]:

@@ -91,4 +91,13 @@ class FleetSentinelTransport(kombu_redis.SentinelTransport):
 
 
 REDIS_TRANSPORT = f"{__name__}:FleetRedisTransport"
+
+
+def use_fleet_redis_transport() -> None:
+    """``redis://`` URLs resolve to FleetRedisTransport in this process. By kombu's alias, not by
+    ``broker_transport``: a class path there becomes the scheme of ``Connection.as_uri()``, and
+    Flower, which picks its broker view by that scheme, answered "'redis' broker is not supported"."""
+    from kombu.transport import TRANSPORT_ALIASES
+
+    TRANSPORT_ALIASES["redis"] = REDIS_TRANSPORT
 SENTINEL_TRANSPORT = f"{__name__}:FleetSentinelTransport"

@@ -219,6 +219,9 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
         raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
     from powerfleet.workers.outcomes import FleetTask
 
+    from powerfleet.broker.transport import use_fleet_redis_transport
+
+    use_fleet_redis_transport()  # before any connection: a channel closed after collect() (broker/transport.py)
     app = FleetCelery(main, set_as_current=True, task_cls=FleetTask)
     app.config_from_object(celery_settings(config, url))
     app.fleet_config = config
