@@ -146,16 +146,19 @@ def reconnects(port: int, kind: str) -> float:
     return next((float(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), -1.0)
 
 
+def _log(fleet: Fleet, child: str) -> Path:
+    return next(c for c in fleet.launcher.children if c.name == child).log
+
+
 def log_size(fleet: Fleet, child: str) -> int:
     """Where ``child``'s log ends now (bytes): a later ``log_since`` shows what came after."""
-    return next(c for c in fleet.launcher.children if c.name == child).log.stat().st_size
+    return _log(fleet, child).stat().st_size
 
 
 def log_since(fleet: Fleet, child: str, offset: int, lines: int = 60) -> str:
     """``child``'s log lines after ``offset`` without traceback bodies or the frontends' HTTP lines
     (its last ``lines``): what a failed wait puts in its message, since CI keeps no tmp dir."""
-    log = next(c for c in fleet.launcher.children if c.name == child).log
-    with open(log, "rb") as f:
+    with open(_log(fleet, child), "rb") as f:
         f.seek(offset)
         text = f.read().decode(errors="replace")
     kept = [line for line in text.splitlines()

@@ -75,7 +75,7 @@ class FleetRedisChannel(ClosesAfterCollect, kombu_redis.Channel):
 
 
 class FleetRedisTransport(kombu_redis.Transport):
-    """What ``redis://`` broker URLs use (``broker_transport``, broker/celery_options.py)."""
+    """What ``redis://`` broker URLs use (kombu's alias, ``use_fleet_redis_transport``)."""
 
     Channel = FleetRedisChannel
 
@@ -100,4 +100,6 @@ def use_fleet_redis_transport() -> None:
     from kombu.transport import TRANSPORT_ALIASES
 
     TRANSPORT_ALIASES["redis"] = REDIS_TRANSPORT
+
+
 SENTINEL_TRANSPORT = f"{__name__}:FleetSentinelTransport"

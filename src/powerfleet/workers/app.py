@@ -217,9 +217,8 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     url = broker_url or config.broker.url
     if url is None:
         raise ValueError("no broker URL: pass broker_url (e.g. from EmbeddedRedis) or set broker.url")
-    from powerfleet.workers.outcomes import FleetTask
-
     from powerfleet.broker.transport import use_fleet_redis_transport
+    from powerfleet.workers.outcomes import FleetTask
 
     use_fleet_redis_transport()  # before any connection: a channel closed after collect() (broker/transport.py)
     app = FleetCelery(main, set_as_current=True, task_cls=FleetTask)
