@@ -223,6 +223,10 @@ def create_app(config: FleetConfig, broker_url: str | None = None, main: str = "
     use_fleet_redis_transport()  # before any connection: a channel closed after collect() (broker/transport.py)
     app = FleetCelery(main, set_as_current=True, task_cls=FleetTask)
     app.config_from_object(celery_settings(config, url))
+    from powerfleet.broker.outage import fleet_result_backends
+
+    # Results stored through a short outage in one line per try (broker/outage.py); per app.
+    app.loader.override_backends = fleet_result_backends()
     app.fleet_config = config
     app.broker_url_resolved = url
     # `celery beat` builds app.Beat: ours stops between passes, never inside a publish.

@@ -21,6 +21,7 @@ from typing import Any
 
 from celery import Task
 
+from powerfleet.broker.outage import REDIS_UNREACHABLE_ERRORS, RedisUnreachable, unreachable
 from powerfleet.queues import TICK_FAMILIES
 
 TICK_PREFIX = "fleet-tick"
@@ -56,7 +57,15 @@ def _skipped_reason(result: dict[str, Any]) -> str | None:
 
 
 class FleetTask(Task):
-    """The base of every task of the fleet's app: results pass through ``summarised`` once."""
+    """The base of every task of the fleet's app: results pass through ``summarised`` once, and a
+    body that loses the broker's Redis mid-task fails in one line (broker/outage.py)."""
+
+    # Expected: Celery records FAILURE and logs it without a traceback.
+    throws = (RedisUnreachable,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return summarised(self.name, super().__call__(*args, **kwargs), TICK_FAMILIES)
+        try:
+            result = super().__call__(*args, **kwargs)
+        except REDIS_UNREACHABLE_ERRORS as exc:
+            raise unreachable(self.name, exc) from None
+        return summarised(self.name, result, TICK_FAMILIES)
