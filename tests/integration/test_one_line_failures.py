@@ -26,9 +26,17 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _as_in_a_terminal() -> None:
+    # A command run in the foreground of a terminal gets Ctrl-C. A suite started as a background job
+    # of a script inherits SIGINT ignored (POSIX shells ignore it for asynchronous commands), and
+    # Python then leaves it ignored: the Ctrl-C tests waited 60 s for an exit that never came.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "powerfleet.cli", *args], env=_env(env or {}), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=_as_in_a_terminal)
 
 
 def _one_line(stderr: str) -> None:
