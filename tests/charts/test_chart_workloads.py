@@ -311,3 +311,18 @@ def test_the_agents_config_carries_the_oversubscribed_groups_and_the_power_secti
     assert _checksum(other, "DaemonSet", "agent") == _checksum(objs, "DaemonSet", "agent")
     plain = objects({"config": {**values["config"], "budget": {"groups": {"rack-a": 28000}}}})
     assert "budget" not in yaml.safe_load(one(plain, "ConfigMap", "config")["data"]["agent.yaml"])
+
+
+def test_the_guard_runs_as_its_own_deployment_only_with_the_process_runner() -> None:
+    # config.power.guard_runner: process (docs/power.md): beat has no guard entries, this process keeps them
+    groups = {"budget": {"groups": {"rack-a": 28000}, "group_oversubscription": {"rack-a": 1.3}}, "nodes": ["gpu-a"]}
+    assert not find(objects({"config": groups}), "Deployment", "guard")
+    objs = objects({"config": {**groups, "power": {"guard_runner": "process"}}, "guard": {"loglevel": "DEBUG"}})
+    guard = one(objs, "Deployment", "guard")
+    assert guard["spec"]["replicas"] == 1 and guard["spec"]["strategy"]["type"] == "Recreate"
+    assert _container(guard)["args"] == ["power", "guard", "--loglevel", "DEBUG"]
+    # under the worker's ServiceAccount, whose group-budget grant lists the group's nodes and pods
+    worker = one(objs, "Deployment", "worker")
+    assert pod_spec(guard)["serviceAccountName"] == pod_spec(worker)["serviceAccountName"]
+    assert pod_spec(guard)["automountServiceAccountToken"] is True
+    assert not find(objs, "ServiceAccount", "guard")

@@ -102,7 +102,11 @@ def demo(
         flower_url = f"http://127.0.0.1:{port}"
         typer.echo(f"demo: twin of {nodes} nodes, {spec.total_gpus} GPUs in {twin.root}; kubeconfig {twin.kubeconfig}; "
                    f"logs {work / 'logs'}; Flower {flower_url}", err=True)
-        _spawn_fleet(launcher, twin, work, ports)
+        from powerfleet.cli.guard_cmd import runs_guard_process
+
+        if runs_guard_process(config):  # the guard's own process gets a metrics port too
+            ports["guard"] = metrics.env("guard")
+        _spawn_fleet(launcher, twin, work, ports, config)
         if metrics.assigned:
             typer.echo("demo: metrics " + ", ".join(f"{name} :{port}" for name, port in metrics.assigned.items()),
                        err=True)
@@ -168,8 +172,10 @@ def metrics_ports(base: int, nodes: list[str]) -> tuple[Any, dict[str, dict[str,
     return metrics, {name: metrics.env(name) for name in names}
 
 
-def _spawn_fleet(launcher: Any, twin: Any, work: Path, ports: dict[str, dict[str, str]]) -> None:
+def _spawn_fleet(launcher: Any, twin: Any, work: Path, ports: dict[str, dict[str, str]], config: Any) -> None:
     """``ports``: each process's own POWERFLEET_METRICS__PORT (as `up` spreads them), or nothing."""
+    from powerfleet.cli.guard_cmd import GUARD_ARGV, runs_guard_process
+
     launcher.spawn("control", "worker", "--queues", "control", "--name", "control@demo", env=ports["control"])
     for i in (1, 2):
         launcher.spawn(f"sweep-{i}", "worker", "--queues", "sweep", "--name", f"sweep{i}@demo", env=ports[f"sweep-{i}"])
@@ -177,4 +183,6 @@ def _spawn_fleet(launcher: Any, twin: Any, work: Path, ports: dict[str, dict[str
         launcher.spawn(f"agent-{node}", "agent", "--node", node,
                        env={**agent_env(twin, node, work), **ports[f"agent-{node}"]})
     launcher.spawn("beat", "beat", env=ports["beat"])
+    if runs_guard_process(config):  # power.guard_runner: process (docs/power.md)
+        launcher.spawn("guard", *GUARD_ARGV, env=ports.get("guard", {}))
     launcher.spawn("flower", "flower")

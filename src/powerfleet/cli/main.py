@@ -42,7 +42,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "Offline checks of inputs before they reach a cluster: `dgd-update` checks that a DGD update leaves "
                  "every power-annotated component's power inputs unchanged."),
     "budget": ("powerfleet.cli.budget_cmd", "app", "Power and GPU budgets: plan replica targets."),
-    "power": ("powerfleet.cli.power_cmd", "app", "Measured-power oversubscription: the guard on replayed traffic."),
+    "power": ("powerfleet.cli.power_cmd", "app",
+              "Measured-power oversubscription: the live guard's process, and the guard on replayed traffic."),
 }
 
 

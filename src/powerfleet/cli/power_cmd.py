@@ -8,9 +8,12 @@ from typing import Any
 import typer
 
 from powerfleet.cli.errors import fail, print_json
+from powerfleet.cli.guard_cmd import guard
 from powerfleet.cli.sim_cmd import SeedOpt, TraceOpt, WindowOpt, load_requests
 
-app = typer.Typer(help="Measured-power oversubscription: the guard on replayed traffic.", no_args_is_help=True)
+app = typer.Typer(help="Measured-power oversubscription: the live guard's process, and the guard on replayed traffic.",
+                  no_args_is_help=True)
+app.command("guard")(guard)
 
 GUARD_HELP = ("JSON guard settings: t1, t2, release, target (fractions of the limit), decrease, step_w, "
               "period_s (whole seconds here), stale_periods, cap_ceiling; the sensor check's floor_w, stuck_s, "

@@ -25,7 +25,10 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
     export_config_path(ctx)
     prepare_log_dir(log_dir, "--log-dir")  # before Redis starts: a bad directory leaves nothing running
     metrics = MetricsPorts(config.metrics.port)
-    names = ["worker", *(f"agent-{node}" for node in config.nodes), "beat"]
+    from powerfleet.cli.guard_cmd import GUARD_ARGV, runs_guard_process
+
+    guard = runs_guard_process(config)  # power.guard_runner: process
+    names = ["worker", *(f"agent-{node}" for node in config.nodes), "beat", *(["guard"] if guard else [])]
     ports = {name: metrics.env(name) for name in names}  # checked before anything starts, too
     launcher = Launcher(log_dir=log_dir, preexec=die_with_parent())
     if config.broker.url is None:
@@ -48,6 +51,8 @@ def _start_fleet(ctx: typer.Context, config: FleetConfig, log_dir: Path):  # typ
         for node in config.nodes:
             launcher.spawn(f"agent-{node}", "agent", "--node", node, env=ports[f"agent-{node}"])
         launcher.spawn("beat", "beat", env=ports["beat"])
+        if guard:
+            launcher.spawn("guard", *GUARD_ARGV, env=ports["guard"])
         launcher.spawn("flower", "flower")
     except BaseException:
         launcher.stop()  # never leave the embedded redis-server or a started child behind

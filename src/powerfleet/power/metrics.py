@@ -33,6 +33,9 @@ THROTTLE_EVENTS = Counter("powerfleet_power_throttle_events_total", "Caps the gu
                           ["group", "priority"])
 EXCURSIONS = Counter("powerfleet_power_excursion_periods_total",
                      "Guard periods in which the group's measured draw was above its limit", ["group"])
+GUARD_SLIPS = Counter("powerfleet_power_guard_slipped_periods_total",
+                      "Periods the guard process skipped (missed) or started over half a period late (late); "
+                      "power/loop.py", ["why"])
 ADMISSION = Gauge("powerfleet_power_admission_state",
                   "1 for the group's admission at the last budget tick: admitted, or the reason it is closed",
                   ["group", "reason"], multiprocess_mode="mostrecent")

@@ -51,7 +51,8 @@ class GuardResult(TaskArgs):
     stale: list[str] = Field(default_factory=list)
 
 
-def _topology(app: Any) -> Any:
+def guard_topology(app: Any) -> Any:
+    """The group views the guard reads (power/topology.py), one per cluster access, kept per process."""
     from powerfleet.cluster.kube import KubeCluster
     from powerfleet.power.topology import ClusterTopology
 
@@ -149,5 +150,5 @@ def guard(self: Any, params: GuardArgs) -> GuardResult:
     if limit is None:
         raise TaskInputError(f"powerfleet.power.guard: group: {params.group!r} is not an oversubscribed group "
                              "(budget.groups.<g>.oversubscription > 1.0)")
-    return run_guard(self.app, params.group, limit, _topology(self.app), RedisTelemetry(fleet_redis(self.app)),
+    return run_guard(self.app, params.group, limit, guard_topology(self.app), RedisTelemetry(fleet_redis(self.app)),
                      fleet_redis(self.app), clock.now())

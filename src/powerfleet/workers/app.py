@@ -201,9 +201,10 @@ def beat_schedule(config: FleetConfig) -> dict[str, dict[str, Any]]:
         }
         for family, task in TICK_FAMILIES.items()
     }
-    # The power guard: one entry per oversubscribed group (none unless a group opts in).
+    # The power guard: one entry per oversubscribed group (none unless a group opts in), unless
+    # its own process keeps the periods (power.guard_runner: process; `powerfleet power guard`).
     period = config.power.guard_period_s
-    for group in config.budget.oversubscribed():
+    for group in config.budget.oversubscribed() if config.power.guard_runner == "beat" else ():
         schedule[f"powerfleet-power-guard-{group}"] = {
             "task": "powerfleet.power.guard", "schedule": period, "kwargs": {"group": group},
             "options": {"expires": period}}
