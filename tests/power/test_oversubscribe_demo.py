@@ -50,6 +50,9 @@ def test_the_scenario_oversubscribes_one_rack_of_two_nodes_by_1_3() -> None:
     assert {k: d.priority for k, d in cfg.budget.deployments.items()} == {
         "default/llm-disagg": "high", "default/llm-agg": "low"}
     assert cfg.power.guard_period_s == 1.0 and cfg.retune.deployments == []
+    # the guard's own process keeps its periods (beat's slipped with both cores busy: docs/power.md)
+    assert cfg.power.guard_runner == "process"
+    assert load_config(environ=config_env(fleet_values(twin, runner="beat"))).power.guard_runner == "beat"
 
 
 def test_excursions_are_judged_on_the_guarded_gpus_and_may_last_two_periods() -> None:

@@ -90,7 +90,9 @@ def demo(
         if "power_guard" in plan[0].checks:  # the live guard on its oversubscribed rack (docs/power.md)
             from powerfleet.twin.demo.oversubscribe import fleet_values, plan_of
 
-            env.update(config_env(fleet_values(twin, 1.0, plan_of(plan[0]))))
+            # its own process keeps the guard's periods unless power.guard_runner is set (the A/B in docs/power.md)
+            runner = os.environ.get("POWERFLEET_POWER__GUARD_RUNNER", "process")
+            env.update(config_env(fleet_values(twin, 1.0, plan_of(plan[0]), runner=runner)))
         os.environ.pop("POWERFLEET_BROKER__URL", None)  # the demo always uses its own private Redis
         os.environ.update(env)
         config = fleet_config(ctx)

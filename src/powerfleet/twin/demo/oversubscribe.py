@@ -102,8 +102,11 @@ def group_limit(spec: TwinSpec) -> int:
     return int(round(requested_w(spec) / RATIO))
 
 
-def fleet_values(twin: Twin, period_s: float = 1.0, plan: GuardPlan | None = None) -> dict[str, str]:
-    """The settings this scenario puts over the demo's (``demo_cmd.config_env`` form)."""
+def fleet_values(twin: Twin, period_s: float = 1.0, plan: GuardPlan | None = None,
+                 runner: str = "process") -> dict[str, str]:
+    """The settings this scenario puts over the demo's (``demo_cmd.config_env`` form). ``runner``:
+    who keeps the guard's periods (power.guard_runner): its own process by default, whose periods
+    held their deadlines with both cores busy where beat's slipped (docs/power.md, "The bounds in seconds")."""
     plan = plan or GuardPlan()
     ns, top = twin.spec.namespace, twin.spec.total_gpus * GPU_MAX_W
     limit = int(plan.limit_w) if plan.limit_w is not None else group_limit(twin.spec)
@@ -111,6 +114,7 @@ def fleet_values(twin: Twin, period_s: float = 1.0, plan: GuardPlan | None = Non
                             for d, p in plan.priority)
     return {"budget.groups": f"{{{plan.group}: {{limit_w: {limit}, oversubscription: {plan.ratio:g}}}}}",
             "budget.deployments": "{" + deployments + "}", "power.guard_period_s": str(period_s),
+            "power.guard_runner": runner,
             "retune.deployments": "[]"}
 
 
