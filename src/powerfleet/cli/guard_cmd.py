@@ -81,23 +81,24 @@ class GuardPeriods:
     def __init__(self, app: Any, limits: dict[str, float]) -> None:
         from powerfleet.power.telemetry import RedisTelemetry
         from powerfleet.tasks.ports import fleet_redis
-        from powerfleet.tasks.power import guard_topology
 
         self.app, self.limits = app, limits
         self.r = fleet_redis(app)
         self.telemetry = RedisTelemetry(self.r)
-        self.topology = guard_topology(app)
         self._failing: dict[str, str] = {}
 
     def run_all(self) -> list[Any]:
         from powerfleet.broker.outage import first_line
         from powerfleet.tasks.ports import clock
-        from powerfleet.tasks.power import run_guard
+        from powerfleet.tasks.power import guard_topology, run_guard
 
         done = []
         for group, limit in self.limits.items():
             try:
-                done.append(run_guard(self.app, group, limit, self.topology, self.telemetry, self.r, clock.now()))
+                # Built in the period, not at start: without cluster access yet (no kubeconfig, the API
+                # server not up) the process says so in one line and tries again each period.
+                topology = guard_topology(self.app)
+                done.append(run_guard(self.app, group, limit, topology, self.telemetry, self.r, clock.now()))
             except Exception as exc:  # noqa: BLE001 - a group's failure (Redis, the API server) is its own
                 why = first_line(exc)
                 if self._failing.get(group) != why:
