@@ -384,4 +384,33 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/budget/test_generations_prewrite_fence.py",),
         "a batch's later deployment is written under its tick's allowance after a newer tick opened "
         "and re-divided the rack (its DGD unchanged, so its resourceVersion fence lets the write through)"),
+    Mutant(
+        "outage.store_not_retried", "src/powerfleet/broker/outage.py",
+        "            except self.connection_errors as exc:\n                if delay is None:",
+        "            except self.connection_errors as exc:\n                if True:",
+        ("tests/reliability/test_outage_mid_task.py",),
+        "a result stored as the broker's Redis goes is dropped at once instead of waiting out a short "
+        "outage (a Sentinel failover): the tick's FAILURE never lands"),
+    Mutant(
+        "outage.lost_redis_unexpected", "src/powerfleet/workers/outcomes.py",
+        "    throws = (RedisUnreachable,)",
+        "    throws = ()",
+        ("tests/reliability/test_outage_mid_task.py",),
+        "a task whose Redis went away mid-task is logged 'raised unexpected' with a traceback (a storm in "
+        "an outage, and the demo's no_unexpected_task_failures)"),
+    Mutant(
+        "guard_loop.deadlines_drift", "src/powerfleet/power/loop.py",
+        "        missed = deadlines.advance(monotonic())",
+        "        deadlines.start = monotonic() - deadlines.index * period_s\n"
+        "        missed = deadlines.advance(monotonic())",
+        ("tests/power/test_guard_process.py",),
+        "the guard process times each period from the end of the last one: its periods drift by every "
+        "run's length, a period late each few under load"),
+    Mutant(
+        "guard_loop.missed_bunched", "src/powerfleet/power/loop.py",
+        "        nxt = max(self.index + 1, behind + 1)",
+        "        nxt = self.index + 1",
+        ("tests/power/test_guard_process.py",),
+        "after a stall the guard process runs every missed period back to back (a burst of overlays on "
+        "old readings) instead of skipping to the next deadline"),
 )

@@ -109,9 +109,13 @@ def test_a_tick_running_as_the_broker_dies_fails_in_one_line_and_its_result_land
     with EmbeddedRedis() as server:
         env = {"POWERFLEET_BROKER__URL": server.url, "POWERFLEET_NODES": "[]"}
         app = create_app(load_config(environ=env))
-        r = redis.Redis.from_url(server.url)
+        r = redis.Redis.from_url(server.url, socket_timeout=120)
         # A long agent-presence SCAN (a million keys, none an agent's) holds the tick inside its body.
-        r.eval("for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'filler:' .. i, '') end", 0, FILLER_KEYS)
+        # Written in scripts of 100,000 keys: one script of a million outlasted a socket timeout at load 11.
+        for first in range(0, FILLER_KEYS, 100_000):
+            r.eval("for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do redis.call('SET', 'filler:' .. i, '') end",
+                   0, first, first + 99_999)
+        assert r.dbsize() == FILLER_KEYS
         with Launcher(log_dir=tmp_path, env=env) as launcher:
             worker = launcher.spawn("worker", "worker", "--queues", "control", "--name", "ctl@midtask")
             wait_worker(app, "ctl@midtask")
