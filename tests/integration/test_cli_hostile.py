@@ -127,7 +127,16 @@ def _cases(f: dict[str, Path], busy: int, not_redis: str = "redis://127.0.0.1:1/
                             "--pods", str(f[kind])]),
             ("status", ["--config", str(f[kind]), "status"]),
             ("trigger", ["trigger", "powerfleet.fleet.echo", "--args", f"@{f[kind]}"]),
+            ("power guard", ["--config", str(f[kind]), "power", "guard"]),
         ]
+    guarded = {"POWERFLEET_BUDGET__GROUPS": "{rack-a: {limit_w: 1000, oversubscription: 1.3}}",
+               "POWERFLEET_POWER__GUARD_RUNNER": "process"}
+    cases += [
+        ("power guard", ["power", "guard", "--group", "rack-\u00e9\t" * 40], guarded),
+        ("power guard", ["power", "guard", "--json"], guarded),
+        ("power guard", ["power", "guard", "--once"], {**guarded, "POWERFLEET_BROKER__URL": not_redis}),
+        ("power guard", ["power", "guard", "--metrics-port", str(busy)], guarded),
+    ]
     # Nested too deeply for Python's parsers, and /dev/zero (read forever without a limit).
     for kind in ("deep", "zero"):
         cases += [
