@@ -399,6 +399,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "a task whose Redis went away mid-task is logged 'raised unexpected' with a traceback (a storm in "
         "an outage, and the demo's no_unexpected_task_failures)"),
     Mutant(
+        "outage.failed_ack_traceback", "src/powerfleet/workers/logging.py",
+        '_ACK_PREFIXES = ("Couldn\'t ack", "Couldn\'t reject")',
+        '_ACK_PREFIXES = ("Couldn\'t reject",)',
+        ("tests/reliability/test_failed_ack_line.py",),
+        "an ack that meets a stopped broker is logged CRITICAL with kombu's traceback (an outage read as a crash)"),
+    Mutant(
         "guard_loop.deadlines_drift", "src/powerfleet/power/loop.py",
         "        missed = deadlines.advance(monotonic())",
         "        deadlines.start = monotonic() - deadlines.index * period_s\n"
