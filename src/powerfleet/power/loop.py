@@ -6,7 +6,7 @@ loaded machine (issue 31 finding 5: 3 s excursions at load 8, when the bound is 
 Here one process keeps the periods itself: period k is due at ``start + k * period_s`` on the
 monotonic clock, whatever the previous one took; a period that starts late runs at once; periods
 missed entirely (the process was not scheduled for longer than a period) are skipped, not bunched,
-and counted, so a slip is visible (a log line, ``powerfleet_power_guard_late_periods_total``)
+and counted, so a slip is visible (a log line, ``powerfleet_power_guard_slipped_periods_total``)
 rather than silent. Pure: the clock, the wait and the run are injected.
 """
 

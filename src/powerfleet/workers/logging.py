@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from powerfleet.broker.outage import first_line
+
 # kombu's reconnect messages, logged by Celery's consumer as multi-line ERRORs.
 _RETRY_PREFIXES = ("consumer: Cannot connect to",)
 
@@ -37,7 +39,7 @@ class FailedAckFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(_ACK_PREFIXES):
             exc = record.exc_info[1] if record.exc_info else None
-            why = f"{type(exc).__name__}: {one_line(exc)}" if exc is not None else "a connection error"
+            why = first_line(exc) if exc is not None else "a connection error"
             verb = "ack" if record.msg.startswith("Couldn't ack") else "reject"
             record.msg = (f"broker: could not {verb} message {record.args[0] if record.args else '?'} ({why}); "
                           "it stays unacknowledged in Redis and is restored after the visibility timeout")
