@@ -419,4 +419,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/power/test_guard_process.py",),
         "after a stall the guard process runs every missed period back to back (a burst of overlays on "
         "old readings) instead of skipping to the next deadline"),
+    Mutant(
+        "agent.tick_dropped_when_busy", "src/powerfleet/agent/runtime.py",
+        "        if not self._lock.acquire(timeout=self.tick_wait_s):",
+        "        if not self._lock.acquire(blocking=False):",
+        ("tests/agent/test_runtime.py",),
+        "a tick (or a guard overlay) that meets a process poll or a running pass gets no pass of its own "
+        "at once: the overlay waits a whole interval"),
+    Mutant(
+        "agent.deferred_tick_lost", "src/powerfleet/agent/runtime.py",
+        "                self._tick_owed = True",
+        "                pass",
+        ("tests/agent/test_runtime.py",),
+        "a tick deferred past its wait is never run: the change it came for (an overlay) waits for the "
+        "next tick"),
 )

@@ -3,8 +3,11 @@ threads around it (pod watch, heartbeat, local timer, probe endpoint).
 
 Three things ask for a pass:
 
-* a tick (``agent.reconcile`` task): runs at once if no pass is running, else is *dropped*
-  (the running pass already reads the current state);
+* a tick (``agent.reconcile`` or ``agent.throttle`` task): runs its own pass, after waiting up
+  to ``tick_wait_s`` for a running pass (or a process poll) to finish; past that wait (a pass
+  stuck in a bounded call) it is *deferred*: the pass thread runs a tick pass as soon as the
+  lock is free. A tick is never lost: a pass that started before it may have read the state
+  (an overlay, a limit) the tick came to apply;
 * the pod watch (an annotated pod added, changed, deleted, flipping Ready or starting a
   container): sets a flag the pass thread serves as soon as the lock is free, after a short
   debounce (``debounce_s``) so that a burst of events (a rollout's pods turning Ready together)
@@ -35,11 +38,14 @@ STOP_WAIT_S = 30.0
 # Watch events within this window of the first make one pass (a pod's Ready flip usually comes
 # with its container statuses in one or two MODIFIED events).
 WATCH_DEBOUNCE_S = 0.05
+# How long a tick waits for a running pass before it defers its pass to the pass thread. A pass
+# takes well under a second; the process poll holds the lock for one read of /proc and NVML.
+TICK_WAIT_S = 10.0
 
 
 class AgentRuntime:
     def __init__(self, agent: NodeAgent, *, interval_s: float, clock: Clock | None = None,
-                 poll_s: float = 0.0, debounce_s: float = WATCH_DEBOUNCE_S) -> None:
+                 poll_s: float = 0.0, debounce_s: float = WATCH_DEBOUNCE_S, tick_wait_s: float = TICK_WAIT_S) -> None:
         self.agent = agent
         self.node = agent.node
         self.interval_s = interval_s
@@ -48,6 +54,8 @@ class AgentRuntime:
         self.metrics = agent.metrics
         self._lock = threading.Lock()
         self.debounce_s = debounce_s
+        self.tick_wait_s = tick_wait_s
+        self._tick_owed = False  # a tick found the lock busy past tick_wait_s: the pass thread owes its pass
         self._kick = threading.Event()
         self._kick_reasons: list[str] = []  # what asked for the next watch pass
         self._reasons_mutex = threading.Lock()
@@ -111,13 +119,17 @@ class AgentRuntime:
         return report
 
     def tick_pass(self) -> PassReport | None:
-        """A pass for a tick; None when one is already running (the tick is dropped, not queued)."""
+        """A pass for a tick; None when the lock stayed busy for ``tick_wait_s`` (the pass is then
+        deferred to the pass thread, which runs it, trigger "tick", as soon as the lock is free)."""
         self._last_tick = self.clock.monotonic()
         if self._on_timer:
             self._on_timer = False
             log.info("node %s: ticks are back; local timer off", self.node)
-        if not self._lock.acquire(blocking=False):
-            self.metrics.passes.labels(trigger="tick", outcome="dropped").inc()
+        if not self._lock.acquire(timeout=self.tick_wait_s):
+            self.metrics.passes.labels(trigger="tick", outcome="deferred").inc()
+            with self._reasons_mutex:
+                self._tick_owed = True
+            self._kick.set()
             return None
         try:
             if self._stopped:
@@ -132,13 +144,15 @@ class AgentRuntime:
             self._kick_reasons.append(reason)
         self._kick.set()
 
-    def _take_reasons(self) -> str:
+    def _take_reasons(self) -> tuple[str, bool]:
+        """What asked for this pass, and whether a deferred tick is among them."""
         with self._reasons_mutex:
             reasons, self._kick_reasons = self._kick_reasons, []
+            owed, self._tick_owed = self._tick_owed, False
         if not reasons:
-            return "a watch event"
+            return ("a deferred tick" if owed else "a watch event"), owed
         more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
-        return reasons[0] + more
+        return ("a deferred tick and " if owed else "") + reasons[0] + more, owed
 
     def _loop(self) -> None:
         wait_s = min(self.poll_s or self.interval_s, self.interval_s)
@@ -153,9 +167,10 @@ class AgentRuntime:
                 if self.debounce_s > 0 and self._stop.wait(self.debounce_s):
                     return
                 self._kick.clear()
-                self.last_watch_reason = self._take_reasons()
-                log.info("node %s: pass for %s", self.node, self.last_watch_reason)
-                trigger = "watch"
+                reason, owed = self._take_reasons()
+                self.last_watch_reason = reason
+                log.info("node %s: pass for %s", self.node, reason)
+                trigger = "tick" if owed else "watch"
             elif self.clock.monotonic() - self._last_tick >= STALE_INTERVALS * self.interval_s:
                 if not self._on_timer:
                     log.warning("node %s: no tick for %d intervals; running passes on a local timer every %gs",

@@ -33,7 +33,8 @@ class NodeReconcileResult(TaskArgs):
     worker: str | None
     queue: str | None
     at: float
-    ran: bool = Field(description="false when the tick was dropped because a pass was running")
+    ran: bool = Field(description="false when a running pass held the agent past its wait: the tick's pass "
+                                  "was deferred to the agent's pass thread, which runs it next")
     skipped: str | None = Field(default=None, description="why the pass changed nothing, when it did not run")
     gpus: list[dict[str, Any]] = Field(default_factory=list)
     managed: list[str] = Field(default_factory=list)
@@ -55,7 +56,7 @@ def reconcile_node(self: Any, params: NodeArgs) -> NodeReconcileResult:
     report = rt.tick_pass()
     base = {"node": params.node, "worker": self.request.hostname, "queue": queue, "at": clock.now()}
     if report is None:
-        return NodeReconcileResult(**base, ran=False, skipped="a pass was already running; tick dropped")
+        return NodeReconcileResult(**base, ran=False, skipped="a pass was running; this tick's pass is deferred and runs next")
     return NodeReconcileResult(**base, ran=True, skipped=report.skipped,
                                gpus=[g.model_dump(mode="json") for g in report.gpus], managed=report.managed)
 
@@ -65,7 +66,8 @@ class ThrottleResult(TaskArgs):
     group: str
     revision: int
     kept: bool = Field(description="false when an overlay of a newer revision was already held")
-    ran: bool = Field(description="false when a pass was already running (it reads the overlay next time)")
+    ran: bool = Field(description="false when a running pass held the agent past its wait: the deferred pass "
+                                  "that follows it enforces the overlay")
     refused: str | None = Field(default=None, description="why the message was refused (power/authority.py)")
 
 
