@@ -32,6 +32,7 @@ LOCK_KEY = "powerfleet:power:guard:{group}:lock"
 MEMORY_TTL_S = 86400  # a guard back after an outage resumes from what it sent last
 _refused: dict[str, str | None] = {}  # group -> the refusal last logged (one line per change)
 _topologies: dict[str, Any] = {}
+_unreadable: dict[str, str] = {}  # group -> why its cluster view could not be read (one line per change)
 
 
 class GuardArgs(TaskArgs):
@@ -41,7 +42,9 @@ class GuardArgs(TaskArgs):
 class GuardResult(TaskArgs):
     group: str
     at: float
-    ran: bool = Field(description="false when another run for the group held its lock")
+    ran: bool = Field(description="false when another run for the group held its lock, or its view was unreadable")
+    skipped: str | None = Field(default=None, description="why the period did nothing: the group's nodes and "
+                                "pods could not be read, and no earlier view is held")
     mode: str | None = None
     measured_w: float | None = None
     limit_w: float
@@ -150,5 +153,24 @@ def guard(self: Any, params: GuardArgs) -> GuardResult:
     if limit is None:
         raise TaskInputError(f"powerfleet.power.guard: group: {params.group!r} is not an oversubscribed group "
                              "(budget.groups.<g>.oversubscription > 1.0)")
-    return run_guard(self.app, params.group, limit, guard_topology(self.app), RedisTelemetry(fleet_redis(self.app)),
-                     fleet_redis(self.app), clock.now())
+    from kubernetes.config import ConfigException
+
+    from powerfleet.broker.outage import first_line
+    from powerfleet.cluster.ports import ClusterError
+
+    try:
+        # Built in the period: without cluster access yet (no kubeconfig, the API server not up) each
+        # period says so in its result, the log has one line per cause, and the next period tries again.
+        result = run_guard(self.app, params.group, limit, guard_topology(self.app),
+                           RedisTelemetry(fleet_redis(self.app)), fleet_redis(self.app), clock.now())
+    except (ClusterError, ConfigException) as exc:
+        why = first_line(exc)
+        if _unreadable.get(params.group) != why:
+            log.warning("guard %s: cannot read the group's nodes and pods (%s); its agents keep the last overlay "
+                        "until it expires, then take their safe caps", params.group, why)
+        _unreadable[params.group] = why
+        return GuardResult(group=params.group, at=clock.now(), ran=False, limit_w=limit,
+                           skipped=f"the group's nodes and pods could not be read: {why}")
+    if _unreadable.pop(params.group, None) is not None:
+        log.info("guard %s: the group's view is readable again; guarding it", params.group)
+    return result
