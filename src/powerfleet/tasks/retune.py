@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.control import control_command
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -31,6 +33,8 @@ from powerfleet.retune.fanin import ShardSpec
 from powerfleet.retune.settings import SettingsError, closed_window, configured
 from powerfleet.tasks.base import TaskArgs, fleet_task
 from powerfleet.tasks.ports import clock, fleet_redis
+
+log = logging.getLogger("powerfleet.retune")
 
 _DGD = Field(min_length=1, max_length=253)
 MAX_TICK_AHEAD_S = 60.0  # clock skew a replayed tick's "now" may have over the task clock
@@ -192,7 +196,17 @@ def retune_window(self: Any, params: WindowArgs) -> dict[str, Any]:
 @fleet_task("powerfleet.sweep.shard", ShardArgs, acks_late=True, manual=False, default_retry_delay=1, max_retries=3)
 def sweep_shard(self: Any, params: ShardArgs) -> dict[str, Any]:
     redelivered = bool((self.request.delivery_info or {}).get("redelivered")) or bool(self.request.retries)
-    return _run(self, lambda cfg, ports: live.run_shard(ports, params.sid, params.spec, redelivered=redelivered))
+    try:
+        return _run(self, lambda cfg, ports: live.run_shard(ports, params.sid, params.spec, redelivered=redelivered))
+    except SoftTimeLimitExceeded:
+        # Reached during the replay, run_shard fails the shard's candidates and stores them. Reached
+        # before it (building the ports, reading the sweep on a very loaded machine) nothing is
+        # stored: an expected, reported outcome, not a crash; the harvest counts them missing.
+        key = params.spec.key()
+        log.warning("sweep %s shard %s: the soft time limit was reached before the replay; its candidates count as "
+                    "missing at the harvest", params.sid, key)
+        return {"status": "failed", "key": key, "redelivered": redelivered,
+                "reason": "the soft time limit was reached before the replay"}
 
 
 @fleet_task("powerfleet.retune.harvest", HarvestArgs, acks_late=True, manual=False)
