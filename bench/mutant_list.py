@@ -433,4 +433,11 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/agent/test_runtime.py",),
         "a tick deferred past its wait is never run: the change it came for (an overlay) waits for the "
         "next tick"),
+    Mutant(
+        "agent.watch_without_bookmarks", "src/powerfleet/agent/podcache.py",
+        "timeout_seconds=self.watch_timeout_s, bookmarks=True,",
+        "timeout_seconds=self.watch_timeout_s, bookmarks=False,",
+        ("tests/agent/test_presence_watch.py",),
+        "the pod watch asks for no BOOKMARKs: a quiet node resumes from its LIST's version, and once the "
+        "server's history moves past it every watch is a 410 and a relist (10,000 agents: a LIST storm)"),
 )

@@ -134,6 +134,30 @@ def test_the_watch_asks_for_a_pass_on_its_node_annotation_changes_only(kube) -> 
         watcher.stop()
 
 
+def test_a_quiet_nodes_view_resumes_from_bookmarks_not_a_relist_once_the_servers_history_moves_on(kube) -> None:
+    """This node's pods never change; another node's do, and the server then forgets the history
+    before them. The view's watch asks for BOOKMARKs, so it resumes from a version the server still
+    holds. Without them it would resume from its LIST's version: a 410 and a relist every time
+    (bench/scale_watch.py, on the real kube-apiserver: docs/benchmarks.md)."""
+    api, cluster = kube
+    api.apply(pod("p", "gpu-a", "300"))
+    reasons: list[str] = []
+    watcher = PodCache(cluster, "gpu-a", [], reasons.append, watch_timeout_s=4)  # a BOOKMARK at 2 s
+    watcher.start()
+    try:
+        wait_for(lambda: reasons == ["pod list of all namespaces (1 pods)"], "the initial listing")
+        api.apply(pod("elsewhere-0", "gpu-b", "300"))  # a version gpu-a's watch never gets as an event
+        # two watches ended: the one that started after that write was told of its version
+        wait_for(lambda: watcher.calls["watch"] >= 3, "two watches to end and resume", timeout_s=60)
+        api.store.log.clear()  # the server's history before now is gone
+        api.apply(pod("elsewhere-1", "gpu-b", "300"))
+        wait_for(lambda: watcher.calls["watch"] >= 5, "two more watches", timeout_s=60)
+        assert watcher.calls["list"] == 1, f"the view relisted: {watcher.calls}"
+        assert [p.name for p in watcher.snapshot()] == ["p"]
+    finally:
+        watcher.stop()
+
+
 class BrokenCluster:
     """A cluster whose LIST fails the way an undecodable object does."""
 

@@ -123,6 +123,37 @@ def test_a_watch_with_bookmarks_is_told_of_versions_its_namespace_never_saw(serv
         (got, listed.metadata.resource_version, other.metadata.resource_version)
 
 
+def test_the_adapters_bookmarks_carry_a_version_a_quiet_watch_resumes_from(server: Server) -> None:
+    """``KubeCluster.watch_pods(bookmarks=True)``, as the agent's pod view calls it: the BOOKMARK
+    comes through as an empty pod with the server's version, and a watch from that version is
+    answered (the agent's quiet node resumes without a relist: docs/agent.md)."""
+    server.core.create_namespaced_pod(server.namespace, pod("p0"))
+    listed = server.core.list_namespaced_pod(server.namespace)
+    elsewhere = server.other_namespace()
+    kube = KubeCluster(server.api)
+    got: list = []
+
+    def watch_pods() -> None:
+        got.extend(kube.watch_pods(server.namespace, resource_version=listed.metadata.resource_version,
+                                   timeout_seconds=WATCH_S, bookmarks=True))
+
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    n, deadline = 0, time.monotonic() + WATCH_S + WATCH_SLACK_S
+    while watcher.is_alive() and time.monotonic() < deadline:  # writes the watch does not match
+        n += 1
+        server.core.create_namespaced_pod(elsewhere, pod(f"other-{n}"))
+    watcher.join(timeout=1)
+    assert not watcher.is_alive(), f"a {WATCH_S} s watch still open after {WATCH_S + WATCH_SLACK_S} s: {got}"
+    assert got and {e.type for e in got} == {"BOOKMARK"} and {e.pod.name for e in got} == {""}, got
+    version = got[-1].resource_version
+    assert int(version) > int(listed.metadata.resource_version), (got, listed.metadata.resource_version)
+    server.core.create_namespaced_pod(server.namespace, pod("p1"))
+    resumed = [(e.type, e.pod.name) for e in kube.watch_pods(server.namespace, resource_version=version,
+                                                             timeout_seconds=2)]
+    assert resumed == [("ADDED", "p1")], resumed
+
+
 def test_a_watch_list_ends_its_initial_events_with_a_bookmark_at_a_version_its_namespace_never_saw(
         server: Server) -> None:
     for name in ("p0", "p1"):

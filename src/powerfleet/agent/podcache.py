@@ -2,7 +2,11 @@
 
 A pass reads ``snapshot()`` instead of listing: at steady state the agent makes about two API
 calls a minute per scope (a watch that the server ends every ``watch_timeout_s``, resumed from
-the last resourceVersion), not one LIST per pass. Every call is bounded: LISTs use
+the last resourceVersion), not one LIST per pass. The watch asks for BOOKMARKs: the server
+sends its current version before each watch ends, so a node whose pods never change resumes from
+a version the server's watch cache still holds. Without them its version stays at the LIST's, and
+once the cluster's other pods have moved the cache past it (about 75 s of history on a real
+kube-apiserver) every resumed watch is a 410 and a relist: bench/scale_watch.py measured it. Every call is bounded: LISTs use
 ``resource_version="0"`` (served from the API server's cache), a server-side timeout and a
 client deadline (connect, read); the API client has no retries behind it (build.py).
 
@@ -95,7 +99,7 @@ class PodCache:
     def _watch(self, scope: _Scope, version: str) -> str:
         self.calls["watch"] += 1
         for event in self.cluster.watch_pods(scope.namespace, node_name=self.node, resource_version=version or None,
-                                             timeout_seconds=self.watch_timeout_s,
+                                             timeout_seconds=self.watch_timeout_s, bookmarks=True,
                                              request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_TIMEOUT_S)):
             if self._stop.is_set():
                 return version

@@ -350,14 +350,19 @@ class KubeCluster:
         resource_version: str | None = None,
         timeout_seconds: int = 30,
         request_timeout: float | tuple[float, float] | None = None,
+        bookmarks: bool = False,
     ) -> Iterator[PodEvent]:
         """Stream pod changes until ``timeout_seconds`` (server side) or until the caller stops.
 
         Without ``resource_version`` the stream starts with ADDED for every matching pod. A version
         the server no longer has raises ``ClusterError`` with ``status == 410``: re-list, then watch
-        from the list's version.
+        from the list's version. With ``bookmarks`` the server also sends BOOKMARK events (an empty
+        ``pod``, the current ``resource_version``): a watch whose pods never change resumes from a
+        version the server still holds.
         """
         kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds}
+        if bookmarks:
+            kwargs["allow_watch_bookmarks"] = True
         if node_name:
             kwargs["field_selector"] = f"spec.nodeName={node_name}"
         if label_selector:
@@ -374,6 +379,10 @@ class KubeCluster:
                 else:
                     stream = w.stream(self.core.list_namespaced_pod, namespace, **kwargs)
                 for event in stream:
+                    if event["type"] == "BOOKMARK":  # only metadata.resourceVersion: not a pod
+                        version = str((event["raw_object"].get("metadata") or {}).get("resourceVersion") or "")
+                        yield PodEvent(type="BOOKMARK", pod=PodInfo(name="", namespace=""), resource_version=version)
+                        continue
                     pod = event["object"]
                     info = pod_info(pod)
                     yield PodEvent(type=event["type"], pod=info, resource_version=info.resource_version)

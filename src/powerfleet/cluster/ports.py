@@ -80,6 +80,7 @@ class ClusterReader(Protocol):
         label_selector: str | None = None,
         resource_version: str | None = None,
         timeout_seconds: int = 30,
+        bookmarks: bool = False,
     ) -> Iterator[PodEvent]: ...
 
     def list_nodes(self, *, label_selector: str | None = None) -> list[NodeInfo]: ...

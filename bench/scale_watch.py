@@ -1,0 +1,340 @@
+"""The agents' pod views at fleet scale, on the real control plane (issue 36's unmeasured row).
+
+Every ``powerfleet agent`` keeps its node's pods in memory (agent/podcache.py): one LIST
+(``fieldSelector=spec.nodeName=<node>``, ``resourceVersion=0``), then a WATCH from the list's
+version that the server ends every 30 s and the agent resumes from the last version it saw; a
+``410 Gone`` makes it relist. This bench plays N such agents against a real etcd and
+kube-apiserver (src/powerfleet/testing/controlplane, binaries from ``make control-plane``), on the
+wire as the agent does it (HTTP/1.1 over TLS, one connection per agent, the same query), with
+pods changing on random nodes meanwhile, and reports what the API server pays:
+
+- ``open_s``: seconds until every agent's first watch was answered (LIST + WATCH, 200 at a time);
+- ``apiserver_rss_mb`` before and with every watch open; its CPU seconds per second over the hold;
+- the requests it served per second, by kind (LIST, WATCH, and ``expired``: watches answered
+  410, each followed by a relist);
+- event latency: a pod's annotation PATCH sent until its agent's watch delivers it (p50, p99,
+  max), and ``misdelivered``: events for a pod on another node (the field selector's promise);
+- ``watching``: kube-apiserver's own ``apiserver_longrunning_requests`` for pod WATCHes.
+
+``--bookmarks`` asks for ``allowWatchBookmarks`` as the agent does (agent/podcache.py): the server
+then sends the current version before each watch ends, so a quiet node's resumed watch is not
+older than the watch cache's history. ``--no-bookmarks`` is the agent before that change.
+
+    .venv/bin/python bench/scale_watch.py [--nodes 10000] [--hold-s 150] [--churn 20] [--busy-nodes K]
+                                          [--bookmarks | --no-bookmarks] [--json]
+
+The client runs on the same cores as the server: its CPU is reported too, and the server's
+figures are its own process's (/proc). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import ssl
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together
+WATCH_TIMEOUT_S = 30  # the agent's watch_timeout_s
+LATENCY_ANNOTATION = "bench.powerfleet.dev/sent"
+
+
+def say(msg: str) -> None:
+    print(f"[scale_watch {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _node(i: int) -> str:
+    return f"gpu-{i:05d}"
+
+
+def _pod(i: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"w-{i}", "namespace": "default",
+                         "annotations": {"dynamo.nvidia.com/gpu-power-limit": "700"}},
+            "spec": {"nodeName": _node(i), "containers": [{"name": "main", "image": "x",
+                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+
+
+@dataclass
+class Counts:
+    lists: int = 0
+    watches: int = 0
+    expired: int = 0
+    bookmarks: int = 0
+    events: int = 0
+    misdelivered: int = 0
+    errors: int = 0
+    first_error: str = ""
+    latencies: list[float] = field(default_factory=list)
+    watching_now: int = 0
+    opened: int = 0
+
+    def error(self, why: str) -> None:
+        self.errors += 1
+        self.first_error = self.first_error or why[:200]
+
+
+async def agent(connect, node: str, bookmarks: bool, counts: Counts, gate: asyncio.Semaphore,
+                opened: asyncio.Event, stop: asyncio.Event) -> None:
+    """One agent's pod view, as agent/podcache.py keeps it (the bookkeeping, not the pod state).
+    Each agent has a client of its own, as each real agent does (and httpx's pool scans every
+    connection it holds on each request: one pool of 10,000 would measure httpx)."""
+    async with connect() as http:
+        await _pod_view(http, node, bookmarks, counts, gate, opened, stop)
+
+
+async def _pod_view(http, node: str, bookmarks: bool, counts: Counts, gate: asyncio.Semaphore,
+                    opened: asyncio.Event, stop: asyncio.Event) -> None:
+    selector = f"spec.nodeName={node}"
+    version, first = "", True
+    while not stop.is_set():
+        try:
+            if first:
+                await gate.acquire()
+            try:
+                if not version:
+                    counts.lists += 1
+                    r = await http.get("/api/v1/pods", params={"fieldSelector": selector, "resourceVersion": "0",
+                                                              "timeoutSeconds": "20"})
+                    r.raise_for_status()
+                    version = r.json()["metadata"]["resourceVersion"]
+                params = {"watch": "true", "fieldSelector": selector, "resourceVersion": version,
+                          "timeoutSeconds": str(WATCH_TIMEOUT_S)}
+                if bookmarks:
+                    params["allowWatchBookmarks"] = "true"
+                counts.watches += 1
+                async with http.stream("GET", "/api/v1/pods", params=params) as r:
+                    if first:
+                        first = False
+                        gate.release()
+                        counts.opened += 1
+                        if counts.opened == opened.n:  # type: ignore[attr-defined]
+                            opened.set()
+                    if r.status_code == 410:
+                        counts.expired += 1
+                        version = ""
+                        continue
+                    r.raise_for_status()
+                    counts.watching_now += 1
+                    try:
+                        async for line in r.aiter_lines():
+                            if not line:
+                                continue
+                            ev = json.loads(line)
+                            kind, obj = ev["type"], ev["object"]
+                            if kind == "ERROR":
+                                if obj.get("code") == 410:
+                                    counts.expired += 1
+                                    version = ""
+                                else:
+                                    counts.error(f"ERROR event {obj.get('code')}: {obj.get('message')}")
+                                break
+                            version = obj["metadata"]["resourceVersion"]
+                            if kind == "BOOKMARK":
+                                counts.bookmarks += 1
+                                continue
+                            counts.events += 1
+                            if obj.get("spec", {}).get("nodeName") != node:
+                                counts.misdelivered += 1
+                            sent = (obj["metadata"].get("annotations") or {}).get(LATENCY_ANNOTATION)
+                            if kind == "MODIFIED" and sent:
+                                counts.latencies.append(time.monotonic() - float(sent))
+                    finally:
+                        counts.watching_now -= 1
+            finally:
+                if first:  # the first attempt failed before its watch was answered
+                    gate.release()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - counted and retried, as the agent does
+            counts.error(f"{node}: {type(exc).__name__}: {exc}")
+            version = ""
+            await asyncio.sleep(2.0)  # the agent's retry_s
+
+
+async def churn(http, nodes: int, per_s: float, stop: asyncio.Event, counts: Counts) -> int:
+    """Change the pod annotation of one random node of the first ``nodes`` ``per_s`` times a second
+    (a cap, a rollout); the other nodes are quiet."""
+    sent = 0
+    rng = random.Random(7)
+    period = 1.0 / per_s
+    nxt = time.monotonic()
+    while not stop.is_set():
+        i = rng.randrange(nodes)
+        body = {"metadata": {"annotations": {LATENCY_ANNOTATION: repr(time.monotonic())}}}
+        try:
+            r = await http.patch(f"/api/v1/namespaces/default/pods/w-{i}", json=body,
+                                 headers={"Content-Type": "application/merge-patch+json"})
+            r.raise_for_status()
+            sent += 1
+        except Exception as exc:  # noqa: BLE001
+            counts.error(f"patch w-{i}: {type(exc).__name__}: {exc}")
+        nxt += period
+        await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+    return sent
+
+
+async def watching_by_server(http) -> int | None:
+    r = await http.get("/metrics")
+    if r.status_code != 200:
+        return None
+    total = 0.0
+    for line in r.text.splitlines():
+        if line.startswith("apiserver_longrunning_requests{") and 'resource="pods"' in line and 'verb="WATCH"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+async def seed(http, nodes: int) -> float:
+    t0 = time.monotonic()
+    gate = asyncio.Semaphore(32)
+
+    async def one(i: int) -> None:
+        async with gate:
+            r = await http.post("/api/v1/namespaces/default/pods", json=_pod(i))
+            if r.status_code not in (201, 409):
+                raise RuntimeError(f"seeding pod {i}: {r.status_code} {r.text[:200]}")
+
+    await asyncio.gather(*(one(i) for i in range(nodes)))
+    return time.monotonic() - t0
+
+
+async def measure(plane, nodes: int, hold_s: float, churn_per_s: float, bookmarks: bool, busy: int) -> dict:
+    import httpx
+
+    pki = plane.pki
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=120)
+    timeout = httpx.Timeout(connect=5.0, read=WATCH_TIMEOUT_S + 25.0, write=5.0, pool=None)
+    api_pid = plane.procs["kube-apiserver"].popen.pid
+    tls = ssl.create_default_context(cafile=str(pki.ca_crt))
+    tls.load_cert_chain(str(pki.admin_crt), str(pki.admin_key))  # the admin user: authorization is not what is measured
+    def connect() -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=plane.url, verify=tls, limits=limits, timeout=timeout)
+
+    async with connect() as http:
+        say(f"seeding {nodes:,} pods (one 8-GPU pod a node)")
+        seed_s = await seed(http, nodes)
+        say(f"seeded in {seed_s:.1f}s")
+        out: dict = {"nodes": nodes, "bookmarks": bookmarks, "hold_s": hold_s, "churn_per_s": churn_per_s, "busy_nodes": busy,
+                     "seed_s": round(seed_s, 1), "apiserver_rss_mb_idle": round(_rss_mb(api_pid))}
+        counts, stop, opened = Counts(), asyncio.Event(), asyncio.Event()
+        opened.n = nodes  # type: ignore[attr-defined]
+        gate = asyncio.Semaphore(OPEN_AT_ONCE)
+        load0 = os.getloadavg()[0]
+        cpu0, mine0, t0 = _cpu_s(api_pid), time.process_time(), time.monotonic()
+        tasks = [asyncio.create_task(agent(connect, _node(i), bookmarks, counts, gate, opened, stop)) for i in range(nodes)]
+        while not opened.is_set():
+            try:
+                await asyncio.wait_for(opened.wait(), 10)
+            except TimeoutError:
+                say(f"watches answered: {counts.opened:,}/{nodes:,} ({counts.errors} errors)")
+        open_s = time.monotonic() - t0
+        out.update(open_s=round(open_s, 1), open_apiserver_cpu_s=round(_cpu_s(api_pid) - cpu0, 1),
+                   open_client_cpu_s=round(time.process_time() - mine0, 1))
+        say(f"all {nodes:,} watches open in {open_s:.1f}s; holding {hold_s:.0f}s with {churn_per_s:g} pod changes/s")
+        before = Counts(lists=counts.lists, watches=counts.watches, expired=counts.expired)
+        cpu1, mine1, t1 = _cpu_s(api_pid), time.process_time(), time.monotonic()
+        churner = asyncio.create_task(churn(http, busy, churn_per_s, stop, counts))
+        peak_rss = 0.0
+        while time.monotonic() - t1 < hold_s:
+            await asyncio.sleep(min(10.0, hold_s - (time.monotonic() - t1)))
+            peak_rss = max(peak_rss, _rss_mb(api_pid))
+            say(f"+{time.monotonic() - t1:.0f}s: {counts.watching_now:,} watching, lists {counts.lists:,}, "
+                f"watches {counts.watches:,}, expired {counts.expired:,}, bookmarks {counts.bookmarks:,}, "
+                f"events {counts.events:,}, errors {counts.errors}")
+        watching = await watching_by_server(http)
+        span = time.monotonic() - t1
+        api_cpu, my_cpu = _cpu_s(api_pid) - cpu1, time.process_time() - mine1
+        stop.set()
+        patched = await churner
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        lat = counts.latencies
+        out.update(
+            apiserver_rss_mb_watching=round(peak_rss), apiserver_cpu_per_s=round(api_cpu / span, 3),
+            client_cpu_per_s=round(my_cpu / span, 3), load_avg=[round(load0, 1), round(os.getloadavg()[0], 1)],
+            watching_by_server=watching,
+            per_s={k: round((getattr(counts, k) - getattr(before, k)) / span, 1) for k in ("lists", "watches", "expired")},
+            bookmark_events=counts.bookmarks, events=counts.events, patched=patched, delivered=len(lat),
+            latency_s={"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "max": max(lat) if lat else None},
+            misdelivered=counts.misdelivered, errors=counts.errors, first_error=counts.first_error)
+        for k in ("p50", "p99", "max"):
+            if out["latency_s"][k] is not None:
+                out["latency_s"][k] = round(out["latency_s"][k], 3)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="See docs/benchmarks.md (issue 36) for recorded figures.")
+    ap.add_argument("--nodes", type=int, default=10_000, help="agents, one node each (default 10000)")
+    ap.add_argument("--hold-s", type=float, default=150.0,
+                    help="seconds to hold every watch open once all are (default 150: past the watch cache's 75 s of history)")
+    ap.add_argument("--churn", type=float, default=20.0, help="pod annotation changes a second, on random nodes (default 20)")
+    ap.add_argument("--busy-nodes", type=int, default=0,
+                    help="the changes land on the first K nodes only (default 0: on any node)")
+    ap.add_argument("--bookmarks", action=argparse.BooleanOptionalAction, default=True,
+                    help="ask for watch bookmarks, as the agent does (default: on)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON only")
+    args = ap.parse_args(argv)
+
+    from powerfleet.testing.controlplane import ControlPlane, built_bin_dir
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one socket per agent, and the server inherits it
+    if args.nodes + 200 > hard:
+        print(f"scale_watch: {args.nodes} agents need {args.nodes + 200} file descriptors; the limit is {hard}",
+              file=sys.stderr)
+        return 2
+    bin_dir = built_bin_dir()
+    if bin_dir is None:
+        print("scale_watch: no control-plane binaries in the cache: run `make control-plane` first", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        plane = ControlPlane(bin_dir, Path(tmp))
+        try:
+            plane.start()
+            out = asyncio.run(measure(plane, args.nodes, args.hold_s, args.churn, args.bookmarks,
+                                       min(args.busy_nodes or args.nodes, args.nodes)))
+        finally:
+            plane.stop()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(json.dumps(out, indent=2))
+    return 0 if out["errors"] == 0 and out["misdelivered"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
