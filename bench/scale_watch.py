@@ -43,7 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
+
+from bench.scale_plane import _cpu_s  # noqa: E402 - a process's CPU seconds from /proc
 
 OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together
 WATCH_TIMEOUT_S = 30  # the agent's watch_timeout_s
@@ -52,11 +55,6 @@ LATENCY_ANNOTATION = "bench.powerfleet.dev/sent"
 
 def say(msg: str) -> None:
     print(f"[scale_watch {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:
@@ -98,6 +96,7 @@ class Counts:
     latencies: list[float] = field(default_factory=list)
     watching_now: int = 0
     opened: int = 0
+    agents: int = 0  # how many agents there are: ``opened`` reaching it means every watch is open
 
     def error(self, why: str) -> None:
         self.errors += 1
@@ -138,7 +137,7 @@ async def _pod_view(http, node: str, bookmarks: bool, counts: Counts, gate: asyn
                         first = False
                         gate.release()
                         counts.opened += 1
-                        if counts.opened == opened.n:  # type: ignore[attr-defined]
+                        if counts.opened == counts.agents:
                             opened.set()
                     if r.status_code == 410:
                         counts.expired += 1
@@ -247,8 +246,7 @@ async def measure(plane, nodes: int, hold_s: float, churn_per_s: float, bookmark
         say(f"seeded in {seed_s:.1f}s")
         out: dict = {"nodes": nodes, "bookmarks": bookmarks, "hold_s": hold_s, "churn_per_s": churn_per_s, "busy_nodes": busy,
                      "seed_s": round(seed_s, 1), "apiserver_rss_mb_idle": round(_rss_mb(api_pid))}
-        counts, stop, opened = Counts(), asyncio.Event(), asyncio.Event()
-        opened.n = nodes  # type: ignore[attr-defined]
+        counts, stop, opened = Counts(agents=nodes), asyncio.Event(), asyncio.Event()
         gate = asyncio.Semaphore(OPEN_AT_ONCE)
         load0 = os.getloadavg()[0]
         cpu0, mine0, t0 = _cpu_s(api_pid), time.process_time(), time.monotonic()

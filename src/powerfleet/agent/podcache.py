@@ -6,9 +6,10 @@ the last resourceVersion), not one LIST per pass. The watch asks for BOOKMARKs: 
 sends its current version before each watch ends, so a node whose pods never change resumes from
 a version the server's watch cache still holds. Without them its version stays at the LIST's, and
 once the cluster's other pods have moved the cache past it (about 75 s of history on a real
-kube-apiserver) every resumed watch is a 410 and a relist: bench/scale_watch.py measured it. Every call is bounded: LISTs use
-``resource_version="0"`` (served from the API server's cache), a server-side timeout and a
-client deadline (connect, read); the API client has no retries behind it (build.py).
+kube-apiserver) every resumed watch is a 410 and a relist: bench/scale_watch.py measured it.
+Every call is bounded: LISTs use ``resource_version="0"`` (served from the API server's cache),
+a server-side timeout and a client deadline (connect, read); the API client has no retries
+behind it (build.py).
 
 ``snapshot()`` raises ``PodViewStale`` while any scope is not synced (before its first LIST,
 after a watch error until the relist succeeds): the pass is then skipped and no cap changes,
