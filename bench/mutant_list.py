@@ -435,9 +435,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "next tick"),
     Mutant(
         "agent.watch_without_bookmarks", "src/powerfleet/agent/podcache.py",
-        "timeout_seconds=self.watch_timeout_s, bookmarks=True,",
-        "timeout_seconds=self.watch_timeout_s, bookmarks=False,",
+        "timeout_seconds=timeout, bookmarks=True,",
+        "timeout_seconds=timeout, bookmarks=False,",
         ("tests/agent/test_presence_watch.py",),
         "the pod watch asks for no BOOKMARKs: a quiet node resumes from its LIST's version, and once the "
         "server's history moves past it every watch is a 410 and a relist (10,000 agents: a LIST storm)"),
+    Mutant(
+        "agent.watch_timeout_fixed_short", "src/powerfleet/agent/podcache.py",
+        "        return self._rng.randrange(WATCH_MIN_S, 2 * WATCH_MIN_S)",
+        "        return 30",
+        ("tests/agent/test_presence_watch.py",),
+        "every agent resumes its watch every 30 s, all at once after a rollout: 10,000 agents cost the "
+        "API server ~330 watches a second instead of ~22"),
+    Mutant(
+        "agent.client_without_keepalive", "src/powerfleet/agent/build.py",
+        "        cfg.socket_options = keepalive_socket_options()",
+        "        pass",
+        ("tests/agent/test_build.py",),
+        "the agent's API connections have no TCP keepalive: a half-open watch connection (a node or load "
+        "balancer gone) leaves the pod view unchanged for the watch's whole 5-10 min instead of 60 s"),
 )

@@ -19,12 +19,16 @@ pods changing on random nodes meanwhile, and reports what the API server pays:
 ``--bookmarks`` asks for ``allowWatchBookmarks`` as the agent does (agent/podcache.py): the server
 then sends the current version before each watch ends, so a quiet node's resumed watch is not
 older than the watch cache's history. ``--no-bookmarks`` is the agent before that change.
+``--watch-timeout`` is each watch's server timeout: ``drawn`` (the default) draws it per watch in
+[300, 600) s as the agent does; a number fixes it (30: the agent before that change, the peer).
 
     .venv/bin/python bench/scale_watch.py [--nodes 10000] [--hold-s 150] [--churn 20] [--busy-nodes K]
-                                          [--bookmarks | --no-bookmarks] [--json]
+                                          [--bookmarks | --no-bookmarks] [--watch-timeout drawn|S]
+                                          [--procs P] [--json]
 
-The client runs on the same cores as the server: its CPU is reported too, and the server's
-figures are its own process's (/proc). Progress goes to stderr.
+The agents are split over ``--procs`` client processes (one event loop each: one loop opens
+about 60 watches a second at a full core). They run on the same cores as the server: their CPU
+is reported too, and the server's figures are its own process's (/proc). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
+import queue
 import random
 import resource
 import ssl
@@ -47,9 +53,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from bench.scale_plane import _cpu_s  # noqa: E402 - a process's CPU seconds from /proc
+from powerfleet.agent.podcache import READ_TIMEOUT_S, WATCH_MIN_S  # noqa: E402 - what the agent asks for
 
-OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together
-WATCH_TIMEOUT_S = 30  # the agent's watch_timeout_s
+OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together (over all client processes)
+REPORT_EVERY_S = 2.0  # a client process's counts to the main process
 LATENCY_ANNOTATION = "bench.powerfleet.dev/sent"
 
 
@@ -102,18 +109,35 @@ class Counts:
         self.errors += 1
         self.first_error = self.first_error or why[:200]
 
+    def snapshot(self, *, latencies: bool = False) -> dict:
+        got = {k: v for k, v in vars(self).items() if k != "latencies"}
+        if latencies:
+            got["latencies"] = list(self.latencies)
+        return got
 
-async def agent(connect, node: str, bookmarks: bool, counts: Counts, gate: asyncio.Semaphore,
+
+TOTALS = ("lists", "watches", "expired", "bookmarks", "events", "misdelivered", "errors", "watching_now", "opened")
+
+
+def _total(snapshots: dict[int, dict]) -> dict:
+    got = {k: sum(snap.get(k, 0) for snap in snapshots.values()) for k in TOTALS}
+    got["first_error"] = next((snap["first_error"] for snap in snapshots.values() if snap.get("first_error")), "")
+    return got
+
+
+async def agent(connect, node: str, bookmarks: bool, timeout_s, counts: Counts, gate: asyncio.Semaphore,
                 opened: asyncio.Event, stop: asyncio.Event) -> None:
     """One agent's pod view, as agent/podcache.py keeps it (the bookkeeping, not the pod state).
     Each agent has a client of its own, as each real agent does (and httpx's pool scans every
     connection it holds on each request: one pool of 10,000 would measure httpx)."""
     async with connect() as http:
-        await _pod_view(http, node, bookmarks, counts, gate, opened, stop)
+        await _pod_view(http, node, bookmarks, timeout_s, counts, gate, opened, stop)
 
 
-async def _pod_view(http, node: str, bookmarks: bool, counts: Counts, gate: asyncio.Semaphore,
+async def _pod_view(http, node: str, bookmarks: bool, timeout_s, counts: Counts, gate: asyncio.Semaphore,
                     opened: asyncio.Event, stop: asyncio.Event) -> None:
+    import httpx
+
     selector = f"spec.nodeName={node}"
     version, first = "", True
     while not stop.is_set():
@@ -127,12 +151,14 @@ async def _pod_view(http, node: str, bookmarks: bool, counts: Counts, gate: asyn
                                                               "timeoutSeconds": "20"})
                     r.raise_for_status()
                     version = r.json()["metadata"]["resourceVersion"]
+                server_s = timeout_s()
                 params = {"watch": "true", "fieldSelector": selector, "resourceVersion": version,
-                          "timeoutSeconds": str(WATCH_TIMEOUT_S)}
+                          "timeoutSeconds": str(server_s)}
                 if bookmarks:
                     params["allowWatchBookmarks"] = "true"
                 counts.watches += 1
-                async with http.stream("GET", "/api/v1/pods", params=params) as r:
+                deadline = httpx.Timeout(connect=5.0, read=server_s + READ_TIMEOUT_S, write=5.0, pool=None)
+                async with http.stream("GET", "/api/v1/pods", params=params, timeout=deadline) as r:
                     if first:
                         first = False
                         gate.release()
@@ -228,65 +254,137 @@ async def seed(http, nodes: int) -> float:
     return time.monotonic() - t0
 
 
-async def measure(plane, nodes: int, hold_s: float, churn_per_s: float, bookmarks: bool, busy: int) -> dict:
+def _tls(ca: str, crt: str, key: str) -> ssl.SSLContext:
+    tls = ssl.create_default_context(cafile=ca)
+    tls.load_cert_chain(crt, key)  # the admin user: authorization is not what is measured
+    return tls
+
+
+def _client(url: str, certs: tuple[str, str, str]):
     import httpx
 
-    pki = plane.pki
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=120)
-    timeout = httpx.Timeout(connect=5.0, read=WATCH_TIMEOUT_S + 25.0, write=5.0, pool=None)
-    api_pid = plane.procs["kube-apiserver"].popen.pid
-    tls = ssl.create_default_context(cafile=str(pki.ca_crt))
-    tls.load_cert_chain(str(pki.admin_crt), str(pki.admin_key))  # the admin user: authorization is not what is measured
-    def connect() -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=plane.url, verify=tls, limits=limits, timeout=timeout)
+    timeout = httpx.Timeout(connect=5.0, read=READ_TIMEOUT_S + 5.0, write=5.0, pool=None)  # a watch sets its own
+    tls = _tls(*certs)
+    return lambda: httpx.AsyncClient(base_url=url, verify=tls, limits=limits, timeout=timeout)
 
+
+def _client_process(index: int, url: str, certs: tuple[str, str, str], first: int, count: int, bookmarks: bool,
+                    fixed_timeout_s: int | None, open_at_once: int, reports, stop) -> None:
+    """One client process: agents ``first`` .. ``first + count - 1``, their counts sent to ``reports``."""
+    asyncio.run(_clients(index, url, certs, first, count, bookmarks, fixed_timeout_s, open_at_once, reports, stop))
+
+
+async def _clients(index: int, url: str, certs: tuple[str, str, str], first: int, count: int, bookmarks: bool,
+                   fixed_timeout_s: int | None, open_at_once: int, reports, stop) -> None:
+    connect = _client(url, certs)
+    rng = random.Random(index)
+
+    def timeout_s() -> int:  # as agent/podcache.py's next_watch_timeout_s
+        return fixed_timeout_s if fixed_timeout_s else rng.randrange(WATCH_MIN_S, 2 * WATCH_MIN_S)
+
+    counts, done, opened = Counts(agents=count), asyncio.Event(), asyncio.Event()
+    gate = asyncio.Semaphore(open_at_once)
+    tasks = [asyncio.create_task(agent(connect, _node(first + i), bookmarks, timeout_s, counts, gate, opened, done))
+             for i in range(count)]
+    while not stop.is_set():
+        reports.put((index, counts.snapshot()))
+        await asyncio.sleep(REPORT_EVERY_S)
+    done.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    reports.put((index, {**counts.snapshot(latencies=True), "final": True}))
+
+
+async def measure(plane, nodes: int, hold_s: float, churn_per_s: float, bookmarks: bool, busy: int,
+                  fixed_timeout_s: int | None, procs: int) -> dict:
+    pki = plane.pki
+    certs = (str(pki.ca_crt), str(pki.admin_crt), str(pki.admin_key))
+    api_pid = plane.procs["kube-apiserver"].popen.pid
+    connect = _client(plane.url, certs)
     async with connect() as http:
         say(f"seeding {nodes:,} pods (one 8-GPU pod a node)")
         seed_s = await seed(http, nodes)
         say(f"seeded in {seed_s:.1f}s")
         out: dict = {"nodes": nodes, "bookmarks": bookmarks, "hold_s": hold_s, "churn_per_s": churn_per_s, "busy_nodes": busy,
-                     "seed_s": round(seed_s, 1), "apiserver_rss_mb_idle": round(_rss_mb(api_pid))}
-        counts, stop, opened = Counts(agents=nodes), asyncio.Event(), asyncio.Event()
-        gate = asyncio.Semaphore(OPEN_AT_ONCE)
+                     "watch_timeout_s": fixed_timeout_s or f"drawn in [{WATCH_MIN_S}, {2 * WATCH_MIN_S})",
+                     "client_processes": procs, "seed_s": round(seed_s, 1), "apiserver_rss_mb_idle": round(_rss_mb(api_pid))}
+        ctx = multiprocessing.get_context("spawn")
+        reports, stop = ctx.Queue(), ctx.Event()
+        bounds = [nodes * k // procs for k in range(procs + 1)]
+        children = [ctx.Process(target=_client_process, daemon=True, name=f"scale-watch-client-{k}",
+                                args=(k, plane.url, certs, bounds[k], bounds[k + 1] - bounds[k], bookmarks,
+                                      fixed_timeout_s, max(1, OPEN_AT_ONCE // procs), reports, stop))
+                    for k in range(procs)]
+        snaps: dict[int, dict] = {}
+
+        def drain() -> dict:
+            while True:
+                try:
+                    k, snap = reports.get_nowait()
+                except queue.Empty:
+                    return _total(snaps)
+                snaps[k] = snap
+
+        def clients_cpu() -> float:
+            return sum(_cpu_s(c.pid) for c in children if c.pid and c.is_alive())
+
         load0 = os.getloadavg()[0]
-        cpu0, mine0, t0 = _cpu_s(api_pid), time.process_time(), time.monotonic()
-        tasks = [asyncio.create_task(agent(connect, _node(i), bookmarks, counts, gate, opened, stop)) for i in range(nodes)]
-        while not opened.is_set():
-            try:
-                await asyncio.wait_for(opened.wait(), 10)
-            except TimeoutError:
-                say(f"watches answered: {counts.opened:,}/{nodes:,} ({counts.errors} errors)")
+        cpu0, t0 = _cpu_s(api_pid), time.monotonic()
+        for c in children:
+            c.start()
+        said = t0
+        while (now := drain())["opened"] < nodes:
+            await asyncio.sleep(0.5)
+            if time.monotonic() - said >= 10:
+                said = time.monotonic()
+                say(f"watches answered: {now['opened']:,}/{nodes:,} ({now['errors']} errors)")
+            if not all(c.is_alive() for c in children):
+                raise RuntimeError("a client process died while opening its watches")
         open_s = time.monotonic() - t0
         out.update(open_s=round(open_s, 1), open_apiserver_cpu_s=round(_cpu_s(api_pid) - cpu0, 1),
-                   open_client_cpu_s=round(time.process_time() - mine0, 1))
+                   open_client_cpu_s=round(clients_cpu(), 1))
         say(f"all {nodes:,} watches open in {open_s:.1f}s; holding {hold_s:.0f}s with {churn_per_s:g} pod changes/s")
-        before = Counts(lists=counts.lists, watches=counts.watches, expired=counts.expired)
-        cpu1, mine1, t1 = _cpu_s(api_pid), time.process_time(), time.monotonic()
-        churner = asyncio.create_task(churn(http, busy, churn_per_s, stop, counts))
+        before = drain()
+        cpu1, mine1, t1 = _cpu_s(api_pid), clients_cpu(), time.monotonic()
+        churn_counts, churn_stop = Counts(), asyncio.Event()
+        churner = asyncio.create_task(churn(http, busy, churn_per_s, churn_stop, churn_counts))
         peak_rss = 0.0
         while time.monotonic() - t1 < hold_s:
             await asyncio.sleep(min(10.0, hold_s - (time.monotonic() - t1)))
             peak_rss = max(peak_rss, _rss_mb(api_pid))
-            say(f"+{time.monotonic() - t1:.0f}s: {counts.watching_now:,} watching, lists {counts.lists:,}, "
-                f"watches {counts.watches:,}, expired {counts.expired:,}, bookmarks {counts.bookmarks:,}, "
-                f"events {counts.events:,}, errors {counts.errors}")
+            now = drain()
+            say(f"+{time.monotonic() - t1:.0f}s: {now['watching_now']:,} watching, lists {now['lists']:,}, "
+                f"watches {now['watches']:,}, expired {now['expired']:,}, bookmarks {now['bookmarks']:,}, "
+                f"events {now['events']:,}, errors {now['errors']}")
         watching = await watching_by_server(http)
+        end = drain()  # the counts as of the last report (at most REPORT_EVERY_S old)
         span = time.monotonic() - t1
-        api_cpu, my_cpu = _cpu_s(api_pid) - cpu1, time.process_time() - mine1
+        api_cpu, client_cpu = _cpu_s(api_pid) - cpu1, clients_cpu() - mine1
         stop.set()
+        churn_stop.set()
         patched = await churner
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        lat = counts.latencies
+        deadline = time.monotonic() + 120
+        while not all(snaps.get(k, {}).get("final") for k in range(procs)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            drain()
+        for c in children:
+            c.join(timeout=10)
+            if c.is_alive():
+                c.kill()
+        lat = [x for snap in snaps.values() for x in snap.get("latencies", [])]
+        final = _total(snaps)
+        errors = final["errors"] + churn_counts.errors
         out.update(
             apiserver_rss_mb_watching=round(peak_rss), apiserver_cpu_per_s=round(api_cpu / span, 3),
-            client_cpu_per_s=round(my_cpu / span, 3), load_avg=[round(load0, 1), round(os.getloadavg()[0], 1)],
+            client_cpu_per_s=round(client_cpu / span, 3), load_avg=[round(load0, 1), round(os.getloadavg()[0], 1)],
             watching_by_server=watching,
-            per_s={k: round((getattr(counts, k) - getattr(before, k)) / span, 1) for k in ("lists", "watches", "expired")},
-            bookmark_events=counts.bookmarks, events=counts.events, patched=patched, delivered=len(lat),
+            per_s={k: round((end[k] - before[k]) / span, 1) for k in ("lists", "watches", "expired")},
+            bookmark_events=final["bookmarks"], events=final["events"], patched=patched, delivered=len(lat),
             latency_s={"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "max": max(lat) if lat else None},
-            misdelivered=counts.misdelivered, errors=counts.errors, first_error=counts.first_error)
+            misdelivered=final["misdelivered"], errors=errors,
+            first_error=final["first_error"] or churn_counts.first_error)
         for k in ("p50", "p99", "max"):
             if out["latency_s"][k] is not None:
                 out["latency_s"][k] = round(out["latency_s"][k], 3)
@@ -304,8 +402,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the changes land on the first K nodes only (default 0: on any node)")
     ap.add_argument("--bookmarks", action=argparse.BooleanOptionalAction, default=True,
                     help="ask for watch bookmarks, as the agent does (default: on)")
+    ap.add_argument("--watch-timeout", default="drawn", metavar="drawn|S",
+                    help=f"each watch's server timeout: 'drawn' in [{WATCH_MIN_S}, {2 * WATCH_MIN_S}) s per watch, "
+                         "as the agent draws it (default), or a fixed number of seconds (30: the agent before)")
+    ap.add_argument("--procs", type=int, default=2, help="client processes the agents are split over (default 2)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON only")
     args = ap.parse_args(argv)
+    if args.watch_timeout == "drawn":
+        fixed = None
+    elif args.watch_timeout.isdigit() and int(args.watch_timeout) > 0:
+        fixed = int(args.watch_timeout)
+    else:
+        ap.error(f"--watch-timeout: 'drawn' or a whole number of seconds above 0, not {args.watch_timeout!r}")
+    if args.procs < 1 or args.nodes < args.procs:
+        ap.error(f"--procs: between 1 and --nodes ({args.nodes}), not {args.procs}")
 
     from powerfleet.testing.controlplane import ControlPlane, built_bin_dir
 
@@ -324,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             plane.start()
             out = asyncio.run(measure(plane, args.nodes, args.hold_s, args.churn, args.bookmarks,
-                                       min(args.busy_nodes or args.nodes, args.nodes)))
+                                      min(args.busy_nodes or args.nodes, args.nodes), fixed, args.procs))
         finally:
             plane.stop()
     if args.json:

@@ -127,3 +127,31 @@ def test_a_server_that_never_answers_costs_one_bounded_request_without_retries(t
         cache._list(cache._scopes[0])
     assert len(accepted) == 1  # urllib3's default would have tried four times
     srv.close()
+
+
+def test_the_agents_api_connections_probe_a_silent_peer_with_tcp_keepalive(tmp_path) -> None:
+    """A quiet node's pod watch may carry nothing for its whole 5-10 min (agent/podcache.py), so
+    only the kernel's keepalive notices a peer that is gone; checked on the socket a real request
+    left in the client's pool, not on the configuration."""
+    import socket
+
+    from powerfleet.agent.build import KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, connect_cluster
+    from powerfleet.config import FleetConfig
+    from powerfleet.twin.apiserver import ApiServer
+
+    with ApiServer() as api:
+        cluster, why = connect_cluster(FleetConfig.model_validate(
+            {"agent": {"kubeconfig": str(api.write_kubeconfig(tmp_path / "kubeconfig"))}}))
+        assert cluster is not None, why
+        cluster.list_pods_with_version(None, node_name="gpu-a", resource_version="0")
+        pools = cluster.api_client.rest_client.pool_manager.pools
+        socks = [c.sock for key in pools.keys() for c in list(pools[key].pool.queue) if c is not None and c.sock]
+        assert socks, "the request left no pooled connection to look at"
+        sock = socks[0]
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE_S
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == KEEPALIVE_INTERVAL_S
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == KEEPALIVE_PROBES
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # urllib3's own option kept
+        assert KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES <= 60
+        cluster.close()

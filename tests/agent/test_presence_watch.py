@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from powerfleet.agent.presence import Heartbeat, beat, heartbeat_key, heartbeat_ttl_s, live_agents
-from powerfleet.agent.podcache import PodCache, PodViewStale
+from powerfleet.agent.podcache import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, WATCH_MIN_S, PodCache, PodViewStale
 from powerfleet.agent.watcher import cap_relevant
 from powerfleet.clock import FakeClock
 from powerfleet.cluster.dgd import POWER_ANNOTATION
@@ -156,6 +157,40 @@ def test_a_quiet_nodes_view_resumes_from_bookmarks_not_a_relist_once_the_servers
         assert [p.name for p in watcher.snapshot()] == ["p"]
     finally:
         watcher.stop()
+
+
+class RecordingCluster:
+    """A cluster whose LIST is empty and whose every watch ends at once; it records each watch's request."""
+
+    def __init__(self) -> None:
+        self.watches: list[dict] = []
+
+    def list_pods_with_version(self, *a, **kw):
+        return [], "1"
+
+    def watch_pods(self, namespace=None, **kw):
+        self.watches.append(kw)
+        return iter(())
+
+
+def test_the_views_watches_are_long_and_drawn_so_a_fleet_resumes_few_and_not_together() -> None:
+    """10,000 agents on 30 s watches resume ~330 a second, all together after a rollout; drawn in
+    [5, 10) min as client-go's reflector draws them, ~22 a second, spread (bench/scale_watch.py)."""
+    core = RecordingCluster()
+    w = PodCache(core, "gpu-a", [], lambda reason: None, rng=random.Random(7)).start()  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: len(core.watches) >= 50, "50 watches")
+    finally:
+        w.stop()
+    asked = core.watches[:50]
+    timeouts = [kw["timeout_seconds"] for kw in asked]
+    assert all(WATCH_MIN_S <= t < 2 * WATCH_MIN_S for t in timeouts), timeouts
+    assert len(set(timeouts)) > 25, f"not drawn: {sorted(set(timeouts))}"
+    for kw in asked:  # a quiet watch may be silent for its whole length: the read deadline covers it
+        assert kw["bookmarks"] is True and kw["request_timeout"] == (CONNECT_TIMEOUT_S, kw["timeout_seconds"] + READ_TIMEOUT_S)
+    a, b = (PodCache(core, n, [], lambda reason: None) for n in ("gpu-a", "gpu-b"))  # type: ignore[arg-type]
+    assert [a.next_watch_timeout_s() for _ in range(10)] != [b.next_watch_timeout_s() for _ in range(10)]
+    assert PodCache(core, "gpu-c", [], lambda reason: None, watch_timeout_s=4).next_watch_timeout_s() == 4  # type: ignore[arg-type]
 
 
 class BrokenCluster:

@@ -8,13 +8,14 @@ not pull in the Kubernetes client.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import redis
+import urllib3
 from kubernetes import client
 from kubernetes import config as kube_config
-
-import redis
 
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
@@ -74,6 +75,22 @@ def open_backend(config: FleetConfig, node: str) -> Callable[[], GpuBackend]:
     return NvmlBackend
 
 
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 30, 10, 3
+
+
+def keepalive_socket_options() -> list[tuple[int, int, int]]:
+    """urllib3's own socket options plus TCP keepalive. The pod view's watch is silent for up to
+    its whole 5-10 min on a quiet node (agent/podcache.py), so its read deadline cannot notice a
+    peer that is gone (a node or load balancer failure leaves a half-open connection); the kernel's
+    probes do, within idle + interval x probes = 60 s, and the read then fails and the view relists."""
+    options = [*urllib3.connection.HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, name):  # Linux has all three; others keep the kernel's defaults
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
 def connect_cluster(config: FleetConfig) -> tuple[KubeCluster | None, str]:
     """The cluster from ``agent.kubeconfig`` or the in-cluster account; (None, why) if neither works.
 
@@ -86,6 +103,7 @@ def connect_cluster(config: FleetConfig) -> tuple[KubeCluster | None, str]:
         else:
             kube_config.load_incluster_config(client_configuration=cfg)
         cfg.retries = 0
+        cfg.socket_options = keepalive_socket_options()
         return KubeCluster(client.ApiClient(cfg), component="powerfleet-agent"), ""
     except Exception as exc:  # kubernetes.config raises several types; any means "no cluster"
         return None, f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"

@@ -1,8 +1,14 @@
 """The agent's pod view: one LIST then a WATCH per namespace scope, kept in memory.
 
-A pass reads ``snapshot()`` instead of listing: at steady state the agent makes about two API
-calls a minute per scope (a watch that the server ends every ``watch_timeout_s``, resumed from
-the last resourceVersion), not one LIST per pass. The watch asks for BOOKMARKs: the server
+A pass reads ``snapshot()`` instead of listing: at steady state the agent makes one API call
+every 5 to 10 minutes per scope (a watch that the server ends after a timeout drawn in
+[``WATCH_MIN_S``, 2 x ``WATCH_MIN_S``), as client-go's reflector draws it, resumed from the last
+resourceVersion), not one LIST per pass. Ten thousand agents resuming every 30 s cost the API
+server ~330 watches a second; drawn and spread, ~22 (bench/scale_watch.py). A watch on a quiet
+node can be silent for its whole length (the server sends a bookmark only once its version has
+moved), so its read deadline is its length plus ``READ_TIMEOUT_S``; a peer that is gone (a
+half-open connection) is noticed sooner, by TCP keepalive on the agent's client (build.py). The
+watch asks for BOOKMARKs: the server
 sends its current version before each watch ends, so a node whose pods never change resumes from
 a version the server's watch cache still holds. Without them its version stays at the LIST's, and
 once the cluster's other pods have moved the cache past it (about 75 s of history on a real
@@ -26,6 +32,7 @@ chart's RBAC is checked against.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +46,7 @@ log = logging.getLogger("powerfleet.agent")
 LIST_TIMEOUT_S = 20  # server side
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 25.0  # client side, per LIST; a watch gets its server timeout plus this
+WATCH_MIN_S = 300  # client-go's reflector: each watch's server timeout is drawn in [5, 10) min
 
 
 class PodViewStale(RuntimeError):
@@ -60,9 +68,10 @@ class _Scope:
 
 class PodCache:
     def __init__(self, cluster: Any, node: str, namespaces: Sequence[str], on_change: Callable[[str], None], *,
-                 watch_timeout_s: int = 30, retry_s: float = 2.0) -> None:
+                 watch_timeout_s: int | None = None, retry_s: float = 2.0, rng: random.Random | None = None) -> None:
         self.cluster, self.node, self.on_change = cluster, node, on_change
-        self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
+        self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s  # None: drawn per watch
+        self._rng = rng or random.Random()
         self._scopes = [_Scope(ns) for ns in (list(namespaces) or [None])]
         self._mutex = threading.Lock()
         self._stop = threading.Event()
@@ -97,11 +106,19 @@ class PodCache:
             self.on_change(f"pod list of {scope.name} ({len(pods)} pods)")
         return version
 
+    def next_watch_timeout_s(self) -> int:
+        """The server-side timeout of the next watch: drawn, so that agents started together (a
+        rollout) do not resume together, and long, so that a fleet's resumes stay few."""
+        if self.watch_timeout_s is not None:
+            return self.watch_timeout_s
+        return self._rng.randrange(WATCH_MIN_S, 2 * WATCH_MIN_S)
+
     def _watch(self, scope: _Scope, version: str) -> str:
         self.calls["watch"] += 1
+        timeout = self.next_watch_timeout_s()
         for event in self.cluster.watch_pods(scope.namespace, node_name=self.node, resource_version=version or None,
-                                             timeout_seconds=self.watch_timeout_s, bookmarks=True,
-                                             request_timeout=(CONNECT_TIMEOUT_S, self.watch_timeout_s + READ_TIMEOUT_S)):
+                                             timeout_seconds=timeout, bookmarks=True,
+                                             request_timeout=(CONNECT_TIMEOUT_S, timeout + READ_TIMEOUT_S)):
             if self._stop.is_set():
                 return version
             version = self._apply(scope, event) or version
