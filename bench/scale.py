@@ -17,6 +17,9 @@ For each size (--sizes, default 1000,3000,10000), on a private redis-server on a
     each consuming their node queues, and the N agents announced and answering inspect
     broadcasts (bench/scale_pidbox.py: one process publishing each simulated agent's reply).
 (d) Flower (``powerfleet flower``): ``/api/queues/length`` and the Broker page: wall, bytes.
+    ``--light-agents``: each node's consumer played on Redis with its own connection instead
+    (bench/scale_consumers.py: BRPOP with kombu's 1 s timeout, its unacked bookkeeping and ack),
+    as a real agent consumes one queue; also Redis's and the consumers' idle CPU per second.
 (s) The reconcile tick's send side alone, in this process (bench/scale_send.py): CPU per tick.
 (r) The budget tick's reads alone (``tick_limits``), twice, on (e)'s world: wall, CPU, calls, bytes, peak RSS.
 (e) Budget (bench/scale_budget.py): 1,000 deployments over the N nodes' 8 N GPU pods on the
@@ -27,7 +30,7 @@ Wall times depend on what else runs (the load average is printed beside them); C
 the figure that holds on a shared machine. Progress goes to stderr.
 
     .venv/bin/python bench/scale.py [--sizes 1000,3000,10000] [--queues-per-worker 250] [--ticks 3]
-                                    [--parts a,b,c,d,e] [--json]
+                                    [--parts a,b,c,d,e] [--light-agents [--consumer-procs 2]] [--json]
 """
 
 from __future__ import annotations
@@ -301,12 +304,21 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
             return out
         # Each simulating process consumes `share` queues: kombu re-sends BRPOP with all of them after
         # every message, so its cost per pass grows with `share` (a real agent consumes one queue).
-        workers = max(1, -(-n // a.queues_per_worker)) if a.passes else 0
+        # --light-agents: one connection per node queue instead (bench/scale_consumers.py).
+        light = a.light_agents and a.passes
+        workers = (a.consumer_procs if light else max(1, -(-n // a.queues_per_worker))) if a.passes else 0
         share = -(-n // workers) if workers else 0
-        out["agent_workers"], out["queues_per_worker"] = workers, share
-        procs = [spawn([sys.executable, str(ROOT / "bench" / "load.py"), "--_worker", server.url, f"agents{w}@scale",
-                        ",".join(nodes[w * share:(w + 1) * share])], env, tmp / f"agents{w}.log")
-                 for w in range(workers)]
+        out["agent_workers"], out["queues_per_worker"], out["light_agents"] = workers, share, light
+        if light:
+            r.config_set("maxclients", n + 1000)  # one connection per node, and the fleet's own
+            out["redis_maxclients"] = int(r.config_get("maxclients")["maxclients"])
+            procs = [spawn([sys.executable, str(ROOT / "bench" / "scale_consumers.py"), server.url,
+                            ",".join(nodes[w * share:(w + 1) * share])], env, tmp / f"consumers{w}.log")
+                     for w in range(workers)]
+        else:
+            procs = [spawn([sys.executable, str(ROOT / "bench" / "load.py"), "--_worker", server.url,
+                            f"agents{w}@scale", ",".join(nodes[w * share:(w + 1) * share])], env, tmp / f"agents{w}.log")
+                     for w in range(workers)]
         procs.append(spawn([sys.executable, "-m", "powerfleet.cli", "worker", "-Q", "control", "-n", "ctl@scale",
                             "-c", "1", "-l", "WARNING"], env, tmp / "ctl.log"))
         # N agents' answers to inspect broadcasts and their announcements (bench/scale_pidbox.py)
@@ -315,9 +327,20 @@ def fleet_size(n: int, a: argparse.Namespace) -> dict[str, Any]:
         try:
             t0 = time.perf_counter()
             say(f"{n} nodes: starting {workers} agent workers ({share} queues each), {n} agents' control replies")
-            for w in [f"agents{i}@scale" for i in range(workers)] + ["ctl@scale"]:
+            for w in ([] if light else [f"agents{i}@scale" for i in range(workers)]) + ["ctl@scale"]:
                 _wait(lambda w=w: app.control.ping(destination=[w], timeout=1.0), w, 900)
+            for i in range(workers if light else 0):
+                _wait(lambda i=i: "consuming" in (tmp / f"consumers{i}.log").read_text(), f"consumers{i}", 900)
             out["workers_ready_s"] = time.perf_counter() - t0
+            if light:  # every consumer's BRPOP times out each second and is sent again: Redis's idle cost
+                pid = server._proc.pid  # type: ignore[union-attr]
+                c0, k0, w0 = proc_cpu_s(pid), sum(proc_cpu_s(p.pid) for p in procs[:-1]), time.perf_counter()
+                time.sleep(10.0)  # a measuring window, not a synchronisation
+                span = time.perf_counter() - w0
+                out["redis_idle_cpu_per_s"] = (proc_cpu_s(pid) - c0) / span
+                out["consumers_idle_cpu_per_s"] = (sum(proc_cpu_s(p.pid) for p in procs[:-1]) - k0) / span
+                say(f"{n} nodes idle: Redis {out['redis_idle_cpu_per_s']:.3f} CPU s/s, "
+                    f"consumers {out['consumers_idle_cpu_per_s']:.3f} CPU s/s, load {loadavg()}")
             seed_agents(r, nodes)
             out["agent_workers_start_cpu_s"] = sum(proc_cpu_s(p.pid) for p in procs[:-1])
             out["redis_agents"] = redis_census(r)
@@ -356,6 +379,10 @@ def main() -> None:
     ap.add_argument("--deployments", type=int, default=1000, help="deployments for the budget part")
     ap.add_argument("--parts", default="abcde", help="which parts to run (letters)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--light-agents", action="store_true",
+                    help="play each node's consumer on Redis with one connection per node (bench/scale_consumers.py) "
+                         "instead of Celery workers holding --queues-per-worker queues each (part a)")
+    ap.add_argument("--consumer-procs", type=int, default=2, help="processes the --light-agents are split over")
     ap.add_argument("--no-passes", dest="passes", action="store_false",
                     help="no agent-simulating workers: the tick's send side, status and Flower only")
     ap.add_argument("--out", type=Path, help="also write each size's figures to OUT/<nodes>.json as it completes")

@@ -1,0 +1,81 @@
+"""N agents' node-queue consumers, each on its own Redis connection (bench/scale.py ``--light-agents``).
+
+bench/load.py's counting workers are Celery processes consuming 250 node queues each: kombu
+re-issues one BRPOP naming all 250 after every message, ~3 ms of CPU a pass, so at 10,000 nodes
+the simulation alone needs more than this machine (docs/benchmarks.md, "Scale"). A real agent
+consumes one queue. What the fleet shares is Redis, and this plays on Redis exactly what each
+agent's consumer does there, one connection per node: ``BRPOP`` on its queue's four priority
+keys with kombu's 1 s timeout, re-issued at once; on a message, kombu's QoS bookkeeping (a MULTI
+of ZADD ``unacked_index`` and HSET ``unacked``), then its ack (ZREM and HDEL); and a pass counted
+as bench/load.py counts it (``HINCRBY`` of its node, or of the expired hash when the message
+waited past its ``expires``, which Celery would revoke unrun). The pass itself runs on the node's
+own CPU in a real fleet and is not played.
+
+    python bench/scale_consumers.py URL NODE,NODE,...   (spawned by bench/scale.py)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import UTC, datetime
+
+PER_NODE = "bench:load:passes"  # bench/load.py's counters: bench/scale.py waits on them
+EXPIRED = "bench:load:expired"
+BRPOP_TIMEOUT_S = 1  # kombu's redis transport: Channel.brpop_timeout
+SEP = "\x06\x16"  # kombu's priority separator; steps 0, 3, 6, 9
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+
+
+def _expired(message: dict, now: float) -> bool:
+    expires = (message.get("headers") or {}).get("expires")
+    if not expires:
+        return False
+    at = datetime.fromisoformat(expires)
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() < now
+
+
+async def consume(url: str, node: str, ready: asyncio.Event, counts: list[int], total: int) -> None:
+    import redis.asyncio as aioredis
+
+    queue = f"node.{node}"
+    keys = [queue, *(f"{queue}{SEP}{p}" for p in (3, 6, 9))]
+    r = aioredis.Redis.from_url(url, single_connection_client=True)
+    await r.ping()
+    counts[0] += 1
+    if counts[0] == total:
+        ready.set()
+    while True:
+        got = await r.brpop(keys, timeout=BRPOP_TIMEOUT_S)
+        if got is None:
+            continue
+        raw = got[1]
+        message = json.loads(raw)
+        tag = (message.get("properties") or {}).get("delivery_tag", "")
+        async with r.pipeline(transaction=True) as p:  # kombu's QoS.append
+            p.zadd(UNACKED_INDEX, {tag: time.time()})
+            p.hset(UNACKED, tag, json.dumps([raw.decode(), "", queue]))
+            await p.execute()
+        await r.hincrby(EXPIRED if _expired(message, time.time()) else PER_NODE, node, 1)
+        async with r.pipeline(transaction=True) as p:  # the ack: kombu's _remove_from_indices
+            p.zrem(UNACKED_INDEX, tag)
+            p.hdel(UNACKED, tag)
+            await p.execute()
+        counts[1] += 1
+
+
+async def main(url: str, nodes: list[str]) -> None:
+    ready, counts = asyncio.Event(), [0, 0]  # connected, passes
+    tasks = [asyncio.create_task(consume(url, n, ready, counts, len(nodes))) for n in nodes]
+    await ready.wait()
+    print(f"consuming {len(nodes)} node queues", flush=True)  # bench/scale.py waits for this line
+    await asyncio.gather(*tasks)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2)
+    asyncio.run(main(sys.argv[1], sys.argv[2].split(",")))
