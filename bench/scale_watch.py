@@ -41,7 +41,6 @@ import os
 import queue
 import random
 import resource
-import ssl
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.scale_plane import _cpu_s  # noqa: E402 - a process's CPU seconds from /proc
+from bench.scale_plane import _client, _cpu_s  # noqa: E402 - an HTTP client of the plane; a process's CPU from /proc
 from powerfleet.agent.podcache import READ_TIMEOUT_S, WATCH_MIN_S  # noqa: E402 - what the agent asks for
 
 OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together (over all client processes)
@@ -252,21 +251,6 @@ async def seed(http, nodes: int) -> float:
 
     await asyncio.gather(*(one(i) for i in range(nodes)))
     return time.monotonic() - t0
-
-
-def _tls(ca: str, crt: str, key: str) -> ssl.SSLContext:
-    tls = ssl.create_default_context(cafile=ca)
-    tls.load_cert_chain(crt, key)  # the admin user: authorization is not what is measured
-    return tls
-
-
-def _client(url: str, certs: tuple[str, str, str]):
-    import httpx
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=120)
-    timeout = httpx.Timeout(connect=5.0, read=READ_TIMEOUT_S + 5.0, write=5.0, pool=None)  # a watch sets its own
-    tls = _tls(*certs)
-    return lambda: httpx.AsyncClient(base_url=url, verify=tls, limits=limits, timeout=timeout)
 
 
 def _client_process(index: int, url: str, certs: tuple[str, str, str], first: int, count: int, bookmarks: bool,
