@@ -143,6 +143,18 @@ def redis_census(r: Any) -> dict[str, Any]:
             "keys_by_kind": kinds, "keys_without_ttl": no_ttl}
 
 
+def _all_running(pids: list[int]) -> bool:
+    """True while every agent-simulating process runs; one that died stops the bench at once."""
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "gone"
+        if state in ("Z", "X", "gone"):
+            raise SystemExit(f"bench: agent-simulating process {pid} died (its log is in the bench's temporary directory)")
+    return True
+
+
 def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: int, ticks: int,
                     redis_pid: int) -> dict[str, Any]:
     """``ticks`` real reconcile ticks, each run by the control worker ``ctl`` (its result stored)."""
@@ -167,7 +179,8 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
         if len(result.get("dispatched", [])) != len(nodes) and result.get("count") != len(nodes):
             raise SystemExit(f"bench: the reconcile tick did not reach every node: {str(result)[:300]}")
         if pids:
-            _wait(lambda: r.hlen(PER_NODE) + r.hlen(EXPIRED) >= len(nodes), "every node's pass (run or expired)", 900)
+            _wait(lambda: _all_running(pids) and r.hlen(PER_NODE) + r.hlen(EXPIRED) >= len(nodes),
+                  "every node's pass (run or expired)", 900)
         else:  # --no-passes: the messages are dropped, as a consumer would take them
             with r.pipeline(transaction=False) as p:
                 for node in nodes:

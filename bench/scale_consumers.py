@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -54,24 +55,35 @@ async def consume(url: str, node: str, ready: asyncio.Event, counts: list[int], 
         raw = got[1]
         message = json.loads(raw)
         tag = (message.get("properties") or {}).get("delivery_tag", "")
-        async with r.pipeline(transaction=True) as p:  # kombu's QoS.append
-            p.zadd(UNACKED_INDEX, {tag: time.time()})
-            p.hset(UNACKED, tag, json.dumps([raw.decode(), "", queue]))
-            await p.execute()
+        await _multi(r, ("ZADD", UNACKED_INDEX, time.time(), tag),  # kombu's QoS.append
+                     ("HSET", UNACKED, tag, json.dumps([raw.decode(), "", queue])))
         await r.hincrby(EXPIRED if _expired(message, time.time()) else PER_NODE, node, 1)
-        async with r.pipeline(transaction=True) as p:  # the ack: kombu's _remove_from_indices
-            p.zrem(UNACKED_INDEX, tag)
-            p.hdel(UNACKED, tag)
-            await p.execute()
+        await _multi(r, ("ZREM", UNACKED_INDEX, tag), ("HDEL", UNACKED, tag))  # the ack: _remove_from_indices
         counts[1] += 1
+
+
+async def _multi(r, *commands: tuple) -> None:
+    """MULTI ... EXEC on the consumer's one connection. kombu sends these on a second, pooled
+    connection; one per node keeps 10,000 nodes inside this machine's file-descriptor limit
+    (Redis's work per command is the same)."""
+    await r.execute_command("MULTI")
+    for c in commands:
+        await r.execute_command(*c)
+    await r.execute_command("EXEC")
 
 
 async def main(url: str, nodes: list[str]) -> None:
     ready, counts = asyncio.Event(), [0, 0]  # connected, passes
     tasks = [asyncio.create_task(consume(url, n, ready, counts, len(nodes))) for n in nodes]
-    await ready.wait()
-    print(f"consuming {len(nodes)} node queues", flush=True)  # bench/scale.py waits for this line
-    await asyncio.gather(*tasks)
+    waiting = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if waiting in done:
+        print(f"consuming {len(nodes)} node queues", flush=True)  # bench/scale.py waits for this line
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    failed = next(t for t in done if t.exception() is not None)  # a consumer returns only by raising
+    print(f"a consumer failed, so this process stops: {type(failed.exception()).__name__}: {failed.exception()}",
+          flush=True)
+    os._exit(1)  # bench/scale.py notices the process is gone
 
 
 if __name__ == "__main__":
