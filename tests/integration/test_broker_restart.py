@@ -2,8 +2,8 @@
 
 import redis
 
-from powerfleet.broker.embedded import EmbeddedRedis
 from powerfleet.config import load_config
+from powerfleet.testing.redisproc import restartable_redis
 from powerfleet.workers.app import create_app
 from powerfleet.workers.launcher import Launcher
 from tests.integration.conftest import wait_worker
@@ -11,7 +11,7 @@ from tests.waiting import wait_for
 
 
 def test_worker_survives_a_broker_restart(tmp_path) -> None:
-    with EmbeddedRedis() as server:
+    with restartable_redis() as server:
         env = {"POWERFLEET_BROKER__URL": server.url}
         app = create_app(load_config(environ=env))
         with Launcher(log_dir=tmp_path, env=env) as launcher:
@@ -37,7 +37,7 @@ def test_worker_survives_a_broker_restart(tmp_path) -> None:
 def test_beat_and_worker_wait_out_a_broker_outage_in_one_line_per_retry(tmp_path) -> None:
     from powerfleet.beat.ticklog import TickLog
 
-    with EmbeddedRedis() as server:
+    with restartable_redis() as server:
         env = {"POWERFLEET_BROKER__URL": server.url, "POWERFLEET_NODES": "[]",
                "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "1",
                "POWERFLEET_BEAT__LOCK_TIMEOUT_S": "5"}

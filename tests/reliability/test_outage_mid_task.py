@@ -22,6 +22,7 @@ from celery.backends.redis import RedisBackend
 from powerfleet.broker.embedded import EmbeddedRedis
 from powerfleet.broker.outage import STORE_DELAYS_S, FleetRedisBackend, RedisUnreachable
 from powerfleet.config import load_config
+from powerfleet.testing.redisproc import restartable_redis
 from powerfleet.workers.app import create_app
 from powerfleet.workers.launcher import Launcher
 from powerfleet.workers.outcomes import FleetTask
@@ -49,7 +50,7 @@ def test_redis_result_urls_resolve_to_the_fleets_backend_and_keep_their_scheme()
 
 
 def test_a_result_stored_during_an_outage_lands_once_redis_is_back(caplog: pytest.LogCaptureFixture) -> None:
-    with EmbeddedRedis() as server:
+    with restartable_redis() as server:
         backend = _app(server).backend
         server.kill()
         waits: list[float] = []
@@ -72,7 +73,7 @@ def test_a_result_stored_during_an_outage_lands_once_redis_is_back(caplog: pytes
 
 
 def test_a_result_that_cannot_be_stored_is_dropped_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    with EmbeddedRedis() as server:
+    with restartable_redis() as server:
         app = _app(server)
         backend = app.backend
         server.kill()
@@ -106,7 +107,7 @@ def test_a_fleet_tasks_lost_redis_is_an_expected_failure_naming_the_task(caplog:
 
 
 def test_a_tick_running_as_the_broker_dies_fails_in_one_line_and_its_result_lands_after(tmp_path) -> None:
-    with EmbeddedRedis() as server:
+    with restartable_redis() as server:
         env = {"POWERFLEET_BROKER__URL": server.url, "POWERFLEET_NODES": "[]"}
         app = create_app(load_config(environ=env))
         r = redis.Redis.from_url(server.url, socket_timeout=120)

@@ -4,6 +4,7 @@ its event, and each event holds only on what the twin shows."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,33 @@ def test_kill_broker_starts_it_again_and_holds_once_every_worker_answers_again(d
     assert outcome.state == "ok" and "redis-server exited -9, back on its port" in outcome.detail, outcome
     assert "3 of the 3 workers that answered before answer a ping" in outcome.detail, outcome
     assert fleet.calls.count(("start_broker", None)) == 1, fleet.calls
+
+
+def test_a_manual_router_change_that_races_a_retune_write_reads_again_and_lands(default) -> None:
+    """Seen in CI: retune's apply moved the revision between the scenario's GET and its PATCH (409)."""
+    scenario, twin = default
+    plan = parse(yaml.safe_dump({**scenario.model_dump(mode="json", exclude_none=True), "events": [
+        {"at": "10%", "kind": "patch_router", "name": "by_hand", "deployment": "llm-agg",
+         "policy": {"temperature": 0.9}}]}), "t")
+    from tests.waiting import wait_for
+
+    fe = wait_for(lambda: next((f for f in twin.frontends.values() if f.dgd == "llm-agg"), None),
+                  "llm-agg's frontend to run")
+    router, read = fe.router, fe.router.snapshot
+    raced: list[int] = []
+
+    def snapshot_then_a_retune_write() -> dict[str, Any]:
+        seen = read()
+        if not raced:  # once: the write lands after the GET was answered, before the PATCH
+            raced.append(router.patch(json.dumps({"revision": seen["revision"],
+                                                  "policy": {"prefill_load_scale": 2}}).encode(), "retune")[0])
+        return seen
+
+    router.snapshot = snapshot_then_a_retune_write
+    run = ScenarioRun(plan, twin, Fleet(set()), lambda line: None)
+    run.tick(0.1)
+    run.tick(0.2)
+    assert raced == [200]
+    assert [w.status for w in router.writes] == [200, 409, 200], router.writes
+    assert run.states()["by_hand"] == "ok", run.steps[0].outcome
+    assert router.policy.temperature == 0.9 and router.policy.prefill_load_scale == 2

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import Iterator, Self
 
 import redis
 
-from powerfleet.broker.embedded import find_redis_server, free_loopback_port
+from powerfleet.broker.embedded import EmbeddedRedis, find_redis_server
+from powerfleet.testing.ports import PortLease
 from powerfleet.testing.waiting import wait_for
 
 
@@ -24,7 +26,9 @@ class CrashableRedis:
     def __init__(self, data_dir: Path) -> None:
         self.dir = data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_loopback_port()
+        # Leased, not probed: while it is down after a crash, no parallel test may be handed its port.
+        self._lease = PortLease(1)
+        self.port = self._lease.ports[0]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,3 +70,12 @@ class CrashableRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        self._lease.release()
+
+
+@contextmanager
+def restartable_redis() -> Iterator[EmbeddedRedis]:
+    """The fleet's own ``EmbeddedRedis``, on a leased port: a test that stops or kills it and starts
+    it again gets the same port back, with no parallel test handed that port in between."""
+    with PortLease(1) as lease, EmbeddedRedis(port=lease.ports[0]) as server:
+        yield server

@@ -15,7 +15,8 @@ from typing import Self
 
 import redis
 
-from powerfleet.broker.embedded import find_redis_server, free_loopback_port, stop_process
+from powerfleet.broker.embedded import find_redis_server, stop_process
+from powerfleet.testing.ports import PortLease
 from powerfleet.testing.waiting import wait_for
 
 MASTER_NAME = "fleet"
@@ -53,8 +54,11 @@ class SentinelCluster:
                  unpromotable: int = 0) -> None:
         self.dir = base
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.redis_ports = [free_loopback_port() for _ in range(1 + replicas)]
-        self.sentinel_ports = [free_loopback_port() for _ in range(sentinels)]
+        # Leased below the ephemeral range: these Sentinels would make a parallel test's private
+        # Redis that was handed a killed master's port into a replica (see testing/ports.py).
+        self._lease = PortLease(1 + replicas + sentinels)
+        self.redis_ports = self._lease.ports[:1 + replicas]
+        self.sentinel_ports = self._lease.ports[1 + replicas:]
         self.down_after_ms = down_after_ms
         self.min_replicas = (min_replicas_to_write, min_replicas_max_lag)
         self.sync_delay_s = sync_delay_s  # Redis waits this long before a full sync (its default: 5)
@@ -278,12 +282,17 @@ class SentinelCluster:
         for proc in procs:
             stop_process(proc, timeout_s=2.0)
 
+    def close(self) -> None:
+        """Stop every process, then give the ports back."""
+        self.stop()
+        self._lease.release()
+
     def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:
-            self.stop()
+            self.close()
             raise
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.close()

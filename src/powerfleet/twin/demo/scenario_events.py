@@ -330,9 +330,14 @@ class ScenarioRun(StepRunner, Probe, FaultEvents):
             if not fes:
                 return f"no frontend of {e.deployment} is running"
             fe = fes[0]
-            current = httpx.get(fe.url + "/router_policy", timeout=5).json()
-            r = httpx.patch(fe.url + "/router_policy", timeout=5,
-                            json={"revision": current["revision"], "policy": dict(e.policy)})
+            # A person whose PATCH races a retune apply (409: the revision moved) reads again and
+            # retries, as kubectl users do; three tries, since an apply writes each router once.
+            for _ in range(3):
+                current = httpx.get(fe.url + "/router_policy", timeout=5).json()
+                r = httpx.patch(fe.url + "/router_policy", timeout=5,
+                                json={"revision": current["revision"], "policy": dict(e.policy)})
+                if r.status_code != 409:
+                    break
             if r.status_code != 200:
                 return f"the PATCH was refused: HTTP {r.status_code} {r.text[:100]}"
             target.append(fe.pod)
