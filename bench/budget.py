@@ -236,7 +236,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                 nodes = [p.node_name for pods in snap.pods.values() for p in pods if p.node_name]
                 source = EvidenceSource(PrefetchedReports(RedisReports(r, clock.now()), nodes), 45.0, 1000, "auto")
             got = {"snapshot_calls": calls["n"] - before, "scaled": 0, "scaled_calls": 0, "unchanged": 0,
-                   "unchanged_calls": 0, "result_bytes": 0}
+                   "unchanged_calls": 0, "result_bytes": 0, "events": Counter()}
             for v in views:
                 mark = calls["n"]
                 group = (verdict(Read(generation, newest, published, records.get(v.key)), clock.now(), 60.0)
@@ -249,6 +249,7 @@ def bench_api_tick(deployments: int, nodes: int, racks: int, seed: int, batched:
                 got["result_bytes"] += len(EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
                                            .model_dump_json())
                 got[kind] += 1
+                got["events"].update(out.events)
                 got[f"{kind}_calls"] += calls["n"] - mark
             got["wall_s"], got["cpu_s"] = time.perf_counter() - t, time.thread_time() - cpu
             got["calls"], got["by"] = calls["n"] - before, dict(calls["by"] - by)
@@ -292,7 +293,8 @@ def _evaluation_line(label: str, got: dict) -> str:
     return (f"{label}: evaluations {got['wall_s']:.1f} s ({got['cpu_s']:.1f} s CPU in the evaluating thread), "
             f"{got['calls']:.0f} API calls ({got['snapshot_calls']:.0f} for the snapshot); {got['scaled']:.0f} "
             f"scaled at {per:.2f} calls each; {got['unchanged']:.0f} unchanged, {got['unchanged_calls']:.0f} calls "
-            f"in all\n      calls: {by}")
+            f"in all\n      calls: {by}"
+            + (f"\n      events: {', '.join(f'{k} {v}' for k, v in got['events'].most_common())}" if got["events"] else ""))
 
 
 def main() -> None:

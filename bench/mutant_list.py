@@ -216,6 +216,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "n = role_counts(view.dgd, rp, by_comp.get(rp.component, []))\n        charged = max(n.desired, n.ready or 0)",
         (*LEDGER, *BUDGET, "tests/budget/test_runner.py"),
         "#24 survivor 5: surge pods beyond the replica count are missing from a deployment's current draw"),
+    Mutant(
+        "budget.own_shrink_reported_over", "src/powerfleet/budget/program.py",
+        "    return g.over_share\n",
+        "    return True\n",
+        BUDGET, "a deployment shrinking by its own proposal is reported OverBudget (a Warning event and a "
+                "condition write each; 316 of 814 on the bench's steady tick)"),
+    Mutant(
+        "budget.over_share_from_demand", "src/powerfleet/budget/groups.py",
+        "over_share=m.current_w > m.minimum_w + held[k])",
+        "over_share=m.current_w > m.minimum_w + extra[k])",
+        BUDGET, "the fair share that decides 'over' follows what a member asks, not what it holds"),
+    Mutant(
+        "budget.last_scale_not_carried", "src/powerfleet/budget/runner.py",
+        '    if "lastScale" in previous and "lastScale" not in res.status:',
+        '    if False and "lastScale" in previous and "lastScale" not in res.status:',
+        ("tests/budget/test_runner.py",), "every evaluation after a scale rewrites the status (drops its lastScale)"),
     # -- retune: window arithmetic and the cut --
     Mutant(
         "windows.open_window_counts_as_closed", "src/powerfleet/retune/windows.py",

@@ -7,7 +7,7 @@ from powerfleet.budget.batch import BatchState, SnapshotCluster, SnapshotScaling
 from powerfleet.budget.program import DeploymentBudget
 from powerfleet.budget.runner import evaluate_deployment
 from powerfleet.clock import FakeClock
-from powerfleet.cluster.budget_store import KubeBudgetStore
+from powerfleet.cluster.budget_store import CONDITION_TYPE, KubeBudgetStore
 from powerfleet.cluster.scaling import KubeScaling
 from powerfleet.testing.budget.stand_in_operator import budget_status, dgd, replicas, settle
 
@@ -65,9 +65,10 @@ def test_a_batch_reads_once_and_then_only_writes_what_changed(world):
     writes = [c for c in log if c[0] != "GET"]
     assert scaled["default/alpha"].replicas_written == {"decode": 3}, scaled
     assert replicas(api, "alpha") == {"prefill": 1, "decode": 3}
-    # alpha's replica write, its one Scaled event, its status ConfigMap; the others wrote nothing
-    assert all("alpha" in path or "events" in path for _, path in writes), writes
-    assert scaled["default/alpha"].events.count("Scaled") == 1, scaled
+    # alpha's replica write and its status ConfigMap (no event: a scale is recorded in the status)
+    assert all("alpha" in path for _, path in writes), writes
+    assert scaled["default/alpha"].events == [], scaled
+    assert budget_status(api, "alpha")["lastScale"]["changes"] == ["decode replicas 1 -> 3 (decode)"]
     assert not any(o.status_written for k, o in scaled.items() if k != "default/alpha"), scaled
     # what the batch's state recorded is what a single evaluation reads back
     assert state.last_replicas("default/alpha") == {"Frontend": 1, "prefill": 1, "decode": 3}
@@ -96,10 +97,10 @@ def _writes(log: list[tuple[str, str]], name: str) -> list[str]:
     return sorted(out)
 
 
-def test_a_scale_costs_its_replica_patch_its_status_and_one_event(world):
-    # issue 30 item 4: before, a scale within budget also rewrote the DGD condition (its
-    # observedGeneration, moved on by powerfleet's own write) and a clamped one sent a BudgetReasons
-    # event beside its Scaled event: 4 and 5 calls
+def test_a_scale_costs_its_replica_patch_and_its_status_and_a_transition_adds_its_own(world):
+    # issue 30 item 4: at most 2 API calls per scale. Before, a scale also sent a Scaled event (and a
+    # BudgetReasons event, or rewrote the DGD condition when a clamp reason appeared): 3 to 5 calls.
+    # A clamp reason appearing is in the status only: no BudgetReasons event since.
     api, kube, state = world
     api.apply(dgd("alpha", 1, 1))
     settle(api, kube, "alpha", ["gpu-0"])
@@ -109,16 +110,21 @@ def test_a_scale_costs_its_replica_patch_its_status_and_one_event(world):
     log = _calls(kube)
     state.propose("default/alpha", {"decode": 3}, at=clock.now(), source="test")
     steady = _batch(kube, state, clock, scaling)["default/alpha"]
-    assert steady.replicas_written == {"decode": 3} and steady.events == ["Scaled"], steady
-    assert _writes(log, "alpha") == ["PATCH configmap", "PATCH dgd", "POST events"], log
+    assert steady.replicas_written == {"decode": 3} and steady.events == [], steady
+    assert _writes(log, "alpha") == ["PATCH configmap", "PATCH dgd"], log
     settle(api, kube, "alpha", ["gpu-0"])
     clock.advance(30)
     _batch(kube, state, clock, scaling)
     del log[:]
     state.propose("default/alpha", {"decode": 20}, at=clock.now(), source="test")  # above its 5,000 W
     clamped = _batch(kube, state, clock, scaling)["default/alpha"]
-    assert clamped.replicas_written == {"decode": 9} and clamped.events == ["Scaled"], clamped
-    # the condition's message changed (power_budget_clamped): written; its reasons ride on the one event
-    assert _writes(log, "alpha") == ["PATCH condition", "PATCH configmap", "PATCH dgd", "POST events"], log
-    (event,) = [e for e in kube.list_events("default") if e.reason == "Scaled" and "decode replicas 3 -> 9" in e.message]
-    assert "reasons: power_budget_clamped" in event.message, event
+    assert clamped.replicas_written == {"decode": 9} and clamped.events == [], clamped
+    # the clamp is in the status (its reasons and its last scale), not in the condition: still 2 calls
+    assert _writes(log, "alpha") == ["PATCH configmap", "PATCH dgd"], log
+    status = budget_status(api, "alpha")
+    assert status["reasons"] == ["power_budget_clamped"], status
+    assert status["lastScale"] == {"at": status["lastScale"]["at"], "changes": ["decode replicas 3 -> 9 (decode)"]}
+    condition = [c for c in api.get("nvidia.com/v1alpha1", "DynamoGraphDeployment", "alpha")["status"]["conditions"]
+                 if c["type"] == CONDITION_TYPE]
+    assert [(c["status"], c["reason"]) for c in condition] == [("True", "Planned")], condition
+    assert "within its power budget" in condition[0]["message"], condition

@@ -65,8 +65,9 @@ def test_group_budget_clamps_stages_and_fails_one_deployment_closed(rack_a, laun
     assert st["reasons"] == ["power_budget_clamped"] and st["held"] == []
     assert st["settledWatts"] == st["peakWatts"] == 3000
     settle(api, kube, "alpha", NODES)
-    wait_for(lambda: {"Planned", "PowerInputsAdmitted", "Scaled"} <= {e.reason for e in kube.list_events(
+    wait_for(lambda: {"Planned", "PowerInputsAdmitted"} <= {e.reason for e in kube.list_events(
         "default", involved_name="alpha")}, "alpha's events")
+    assert st["lastScale"]["changes"] == ["prefill replicas 1 -> 5 (prefill)"], st  # a scale's record
 
     # beta's cap changes after admission: beta fails closed, alpha keeps running.
     changed = api.get("nvidia.com/v1beta1", "DynamoGraphDeployment", "beta")

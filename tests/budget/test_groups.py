@@ -72,3 +72,20 @@ def test_group_invariants(budget, members):
     current = sum(m.current_w for m in members.values())
     if current <= budget:
         assert sum(max(m.current_w, res.allowances[k].limit_w) for k, m in members.items()) <= budget
+
+
+def test_a_member_is_over_its_share_when_the_group_cannot_afford_what_it_holds_not_when_it_asks_less():
+    # A shrinks by its own proposal (3,000 -> 2,000 W) on a group with room: its share follows its
+    # demand, below what it holds, yet it is not over; B, holding 3,000 W on a budget lowered to
+    # 5,000 W beside C's 2,500 W, is.
+    roomy = allocate(10_000, {"A": Member(minimum_w=1000, demand_w=2000, current_w=3000, own_limit_w=8000),
+                              "B": Member(minimum_w=1000, demand_w=3000, current_w=3000, own_limit_w=8000)})
+    assert roomy.allowances["A"].limit_w == 2000 < 3000 and not roomy.allowances["A"].over_share
+    assert not roomy.allowances["B"].over_share
+    tight = allocate(5000, {"B": Member(minimum_w=1000, demand_w=3000, current_w=3000, own_limit_w=8000),
+                            "C": Member(minimum_w=1000, demand_w=2500, current_w=2500, own_limit_w=8000)})
+    assert tight.allowances["B"].over_share and tight.allowances["C"].over_share is False
+    # the minimums alone do not fit: everyone above its minimum is over
+    none = allocate(1500, {"B": Member(minimum_w=1000, demand_w=3000, current_w=3000, own_limit_w=8000),
+                           "C": Member(minimum_w=1000, demand_w=1000, current_w=1000, own_limit_w=8000)})
+    assert none.allowances["B"].over_share and not none.allowances["C"].over_share

@@ -133,10 +133,27 @@ def test_a_deployment_over_its_allowance_whose_proposal_alone_fits_says_it_is_sh
     # clamped by nothing, and the status said "within budget" beside overBudgetWatts 700
     admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
     res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 1},
-                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)))
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800, over_share=True)))
     assert res.replicas == {"prefill": 1} and res.status["overBudgetWatts"] == 700, res.status
     assert res.status["reasons"] == ["power_over_budget_shrink"], res.status
     assert res.status["message"] == "power_over_budget_shrink", res.status
+
+
+def test_a_deployment_below_its_share_only_because_it_asked_for_less_is_not_over_budget():
+    # bench/budget.py's steady tick: a share follows its demand, so a proposal one replica down gives
+    # a limit below what it holds; that was reported OverBudget (a Warning event and a condition PATCH
+    # each) for 316 of 814 deployments that were only shrinking by their own proposal
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    res = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 1},
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800, over_share=False)))
+    assert res.replicas == {"prefill": 1}, res.status  # it shrinks as it asked
+    assert "overBudgetWatts" not in res.status and res.status["reasons"] == [], res.status
+    assert not [e for e in res.status_events if "Budget" in e.reason], res.status_events
+    # above its own limit it is over whatever the group says
+    own = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 1},
+                        limit=3500,
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800, over_share=False)))
+    assert own.status["overBudgetWatts"] == 700, own.status
 
 
 def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_and_shrinks():
@@ -144,7 +161,7 @@ def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_an
     # it draws 2 x 700 + 2,400 = 3,800 W; the group allows it 3,100 W (its minimum footprint):
     # a role without a proposal shrinks from its desired count too (issue 30 route 1)
     res = evaluate(snap(disagg(status=settled()), admitted=admitted,
-                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)))
+                        group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800, over_share=True)))
     assert res.replicas == {"prefill": 1} and "power_over_budget_shrink" in res.status["reasons"], res.status
     assert res.status["settledWatts"] == 3100 == res.status["powerLimitWatts"]  # once shrunk
     assert res.status["chargeBasis"] == {"prefill": "requested_cap", "decode": "requested_cap"}
@@ -155,7 +172,7 @@ def test_a_deployment_over_its_group_allowance_without_a_proposal_is_reported_an
     assert "3800 W, 700 W above its limit of 3100 W" in next(e.message for e in res.status_events
                                                             if e.reason == "OverBudget")
     again = evaluate(snap(disagg(status=settled()), admitted=admitted,
-                          group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800)), res.status)
+                          group=GroupLimit("rack-a", 3100, minimum_w=3100, current_w=3800, over_share=True)), res.status)
     assert again.status == res.status and again.status_events == []  # still over: no second event
     back = evaluate(snap(disagg(status=settled()), admitted=admitted,
                          group=GroupLimit("rack-a", 5000, minimum_w=3100, current_w=3800)), again.status)
@@ -172,6 +189,20 @@ def test_the_over_budget_gauge_follows_each_evaluation():
     assert REGISTRY.get_sample_value("powerfleet_budget_over_budget_watts", {"deployment": "ns/over"}) == 700
     metrics.record_evaluation("ns/over", "Planned", 5000, 3800, 3800, 4, [], over_w=0)
     assert REGISTRY.get_sample_value("powerfleet_budget_over_budget_watts", {"deployment": "ns/over"}) == 0
+
+
+def test_the_scales_counter_counts_replica_writes_only():
+    from prometheus_client import REGISTRY
+
+    from powerfleet.budget import metrics
+
+    def scales() -> float:
+        return REGISTRY.get_sample_value("powerfleet_budget_scales_total", {"deployment": "ns/scaled"}) or 0.0
+
+    before = scales()
+    metrics.record_evaluation("ns/scaled", "Planned", 5000, 3800, 3800, 4, [], scaled=True)
+    metrics.record_evaluation("ns/scaled", "Planned", 5000, 3800, 3800, 4, [])
+    assert scales() == before + 1
 
 
 def _evidence(*reports, now=1000.0, mode="auto", nodes=("gpu-0",), unreadable=False):
@@ -252,3 +283,11 @@ def test_a_pod_not_yet_running_keeps_its_requested_cap_and_stale_watts_shrink_on
     # proposed role shrinks to its minimum, the unproposed one is left as is, and it is reported
     tight = _with(_evidence(*_good()[:-1]), limit=6000)
     assert tight.replicas == {"prefill": 1} and tight.status["settledWatts"] == 700 + 2400 + 2800
+
+
+def test_a_clamp_reason_appearing_is_in_the_status_and_sends_no_event():
+    admitted = admit_power_inputs(parse_dgd(disagg(status=settled())))
+    first = evaluate(snap(disagg(status=settled()), admitted=admitted))
+    clamped = evaluate(snap(disagg(status=settled()), admitted=admitted, proposal={"prefill": 20}), first.status)
+    assert clamped.status["reasons"] == ["power_budget_clamped"] and clamped.status["reason"] == "Planned"
+    assert clamped.status_events == [], clamped.status_events  # before: a BudgetReasons event each time

@@ -49,10 +49,20 @@ def test_unchanged_status_is_not_rewritten_and_emits_nothing(world):
     assert api.get("v1", "ConfigMap", "llama-powerfleet-budget")["metadata"]["resourceVersion"] == cm_rv
     state.propose("default/llama", {"decode": 3}, at=clock.now(), source="test")
     scaled = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
-    assert scaled.replicas_written == {"decode": 3} and "Scaled" in scaled.events
+    assert scaled.replicas_written == {"decode": 3} and scaled.events == []  # the status records a scale
     assert replicas(api, "llama") == {"prefill": 1, "decode": 3}
-    assert budget_status(api, "llama")["targets"] == {"decode": 3}
-    assert budget_status(api, "llama")["lastTransitionTime"] == "2027-01-15T08:00:00Z"  # unchanged reason
+    status = budget_status(api, "llama")
+    assert status["targets"] == {"decode": 3}
+    assert status["lastTransitionTime"] == "2027-01-15T08:00:00Z"  # unchanged reason
+    assert status["lastScale"] == {"at": "2027-01-15T08:00:30Z", "changes": ["decode replicas 1 -> 3 (decode)"]}
+    clock.advance(30)
+    rolling = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)  # its new pods not up yet
+    assert rolling.status_written and budget_status(api, "llama")["lastScale"] == status["lastScale"]
+    cm_rv = api.get("v1", "ConfigMap", "llama-powerfleet-budget")["metadata"]["resourceVersion"]
+    clock.advance(30)
+    same = evaluate_deployment(kube, state, "default/llama", BUDGET, None, clock)
+    assert same.replicas_written == {} and not same.status_written, same  # the last scale is carried, not news
+    assert api.get("v1", "ConfigMap", "llama-powerfleet-budget")["metadata"]["resourceVersion"] == cm_rv
 
 
 def failing_after_admission(world, monkeypatch, method: str, error: ClusterError, decode: int):

@@ -40,7 +40,8 @@ def test_a_component_with_a_scaling_adapter_is_scaled_through_it(world):
     run(kube, state, clock)
     state.propose("default/llama", {"decode": 3}, at=0, source="test")
     out = run(kube, state, clock)
-    assert out.replicas_written == {"decode": 3} and "Scaled" in out.events
+    assert out.replicas_written == {"decode": 3} and budget_status(api, "llama")["lastScale"]["changes"] == [
+        "decode replicas 1 -> 3 (decode)"]
     assert api.get("nvidia.com/v1alpha1", "DynamoGraphDeploymentScalingAdapter", "llama-decode")["spec"]["replicas"] == 3
     assert replicas(api, "llama") == {"prefill": 1, "decode": 1}  # the DGD is never patched for it
     # before the adapter controller copies 3 onto the DGD, decode is charged at 3 and nothing else moves

@@ -228,7 +228,7 @@ def fleet_ledger(views: Sequence[DeploymentView], node_groups: Mapping[str, str]
         f = prints[k]
         limit = None if touched[k] & {UNPLACED, UNGROUPED} else racks.limits.get(k)
         out[k] = GroupLimit(group=",".join(sorted(touched[k])), limit_w=limit, minimum_w=f.minimum_w,
-                            current_w=f.current_w)
+                            current_w=f.current_w, over_share=k in racks.over_share)
     return FleetLedger(out, racks.projected_w, racks.peak_w, touched)
 
 

@@ -57,6 +57,7 @@ class _Record(BaseModel):
     current_w: int = Field(ge=0)
     gpu_capacity: int | None = Field(ge=0)
     admission: str | None = None
+    over_share: bool = False
 
 
 @dataclass(frozen=True)

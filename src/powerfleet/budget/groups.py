@@ -55,6 +55,9 @@ class Allowance:
     share_w: int
     growth_w: int
     limit_w: int  # the limit its planner uses
+    # It holds more than its fair share of the group at what it holds now (or asks, if more): an
+    # overrun. A limit below what it holds only because it asked for less is its own shrink.
+    over_share: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,18 +101,23 @@ def allocate(budget_w: int, members: Mapping[str, Member]) -> GroupResult:
     if minimum > budget_w:
         # The minimum footprints do not fit: nobody grows and everyone shrinks to its minimum
         # footprint (the most the group can still be brought down to; its evaluation reports it over).
-        allowances = {k: Allowance(share_w=m.minimum_w, growth_w=0,
-                                   limit_w=min(m.own_limit_w, m.current_w, m.minimum_w)) for k, m in members.items()}
+        allowances = {k: Allowance(share_w=m.minimum_w, growth_w=0, limit_w=min(m.own_limit_w, m.current_w, m.minimum_w),
+                                   over_share=m.current_w > m.minimum_w) for k, m in members.items()}
         return GroupResult(budget_w, allowances, feasible=False, current_w=current)
     extra = water_fill({k: 0 if m.remote else max(0, min(m.demand_w, m.own_limit_w) - m.minimum_w)
                         for k, m in members.items()}, budget_w - minimum)
     shares = {k: m.minimum_w + extra[k] for k, m in members.items()}
+    # The same split had every member asked for at least what it holds: who holds more than that
+    # is over its share (the group cannot afford it), not merely shrinking by its own proposal.
+    held = water_fill({k: max(0, min(max(m.demand_w, m.current_w), m.own_limit_w) - m.minimum_w)
+                       for k, m in members.items()}, budget_w - minimum)
     # what each may grow to: its share, or for a remote member its demand (its growth comes out of
     # the free watts only, so it never lowers a holder's share)
     ceiling = {k: min(m.own_limit_w, m.demand_w if m.remote else shares[k]) for k, m in members.items()}
     growth = water_fill({k: max(0, ceiling[k] - m.current_w) for k, m in members.items()}, budget_w - current)
     allowances = {
-        k: Allowance(share_w=shares[k], growth_w=growth[k], limit_w=min(ceiling[k], m.current_w + growth[k]))
+        k: Allowance(share_w=shares[k], growth_w=growth[k], limit_w=min(ceiling[k], m.current_w + growth[k]),
+                     over_share=m.current_w > m.minimum_w + held[k])
         for k, m in members.items()
     }
     return GroupResult(budget_w, allowances, feasible=True, current_w=current)
@@ -160,6 +168,7 @@ class RackPlan:
     limits: dict[str, int]  # deployment -> the (whole-deployment) limit its planner uses
     projected_w: dict[str, int]  # group -> the ledger: fixed watts + every footprint on it
     peak_w: dict[str, int]  # group -> its bound through the transitions: each member's growth landing there
+    over_share: frozenset[str] = frozenset()  # deployments over their fair share on some group (Allowance)
 
 
 def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprint],
@@ -171,6 +180,7 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
     changes: dict[str, list[int]] = {k: [] for k in footprints}
     over: dict[str, list[int]] = {k: [] for k in footprints}  # its limits on the groups it is over its share on
     projected: dict[str, int] = {}
+    overrun: set[str] = set()
     for group, budget_w in budgets.items():
         on = {k: f.member_on(group) for k, f in footprints.items() if group in groups.get(k, ())}
         tenants = fixed_w.get(group, 0)
@@ -182,6 +192,8 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
             changes[k].append(result.allowances[k].limit_w - m.current_w)
             if result.allowances[k].limit_w < m.current_w:
                 over[k].append(result.allowances[k].limit_w)
+            if result.allowances[k].over_share:
+                overrun.add(k)
     # Over its share on a group: the operator, not powerfleet, picks which pods go, and it may keep every
     # one on that group, so what it keeps in all must fit its limit there (a shrink landing elsewhere
     # would leave the group over): ``min(over[k])`` besides its smallest change.
@@ -189,4 +201,4 @@ def allocate_racks(budgets: Mapping[str, int], footprints: Mapping[str, Footprin
               for k, c in changes.items() if c}
     peak = {g: w + sum(max(0, limits[k] - footprints[k].current_w) for k in limits if g in groups.get(k, ()))
             for g, w in projected.items()}
-    return RackPlan(limits, projected, peak)
+    return RackPlan(limits, projected, peak, frozenset(overrun))

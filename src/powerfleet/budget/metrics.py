@@ -22,6 +22,8 @@ OVER = Gauge("powerfleet_budget_over_budget_watts",
              ["deployment"], multiprocess_mode=_MODE)
 GPUS = Gauge("powerfleet_budget_gpus", "GPUs at the targets", ["deployment"], multiprocess_mode=_MODE)
 DECISIONS = Counter("powerfleet_budget_decisions_total", "Clamps and holds by reason", ["deployment", "reason"])
+# Each replica write that changed a count (the scale's detail: the status's ``lastScale``).
+SCALES = Counter("powerfleet_budget_scales_total", "Replica writes that changed a deployment's counts", ["deployment"])
 OUTCOMES = Counter("powerfleet_budget_evaluations_total", "Evaluations by outcome (status reason)",
                    ["deployment", "outcome"])
 GROUP_BUDGET = Gauge("powerfleet_budget_group_budget_watts", "A group's budget", ["group"], multiprocess_mode=_MODE)
@@ -43,8 +45,11 @@ GROUP_UTILISATION = Gauge("powerfleet_budget_group_utilization_ratio", "Group cu
 
 
 def record_evaluation(deployment: str, outcome: str, limit_w: int | None, settled_w: int | None,
-                      peak_w: int | None, gpus: int | None, reasons: Iterable[str], over_w: int | None = None) -> None:
+                      peak_w: int | None, gpus: int | None, reasons: Iterable[str], over_w: int | None = None,
+                      scaled: bool = False) -> None:
     OUTCOMES.labels(deployment=deployment, outcome=outcome).inc()
+    if scaled:
+        SCALES.labels(deployment=deployment).inc()
     if over_w is not None:
         OVER.labels(deployment=deployment).set(over_w)
     if limit_w is None or settled_w is None or peak_w is None or gpus is None:

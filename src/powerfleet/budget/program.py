@@ -48,6 +48,9 @@ class GroupLimit:
     # Why an oversubscribed group it may land on admits no growth this tick (power/admission.py);
     # the limit already reflects it, the status message says it. None: admitted or not oversubscribed
     admission: str | None = None
+    # It holds more than its fair share of a group (budget/groups.py ``Allowance.over_share``); a
+    # limit below what it holds without it is its own proposal's shrink, not an overrun to report
+    over_share: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,14 +96,15 @@ def _status(snap: Snapshot, ready: bool, reason: str, message: str, **figures: A
 
 
 def _finish(snap: Snapshot, previous: Mapping[str, Any], res: Result) -> Result:
-    """Carry lastTransitionTime when (ready, reason) did not change; queue the transition event."""
+    """Carry lastTransitionTime when (ready, reason) did not change; queue the transition event.
+    A change of clamp or hold reasons alone is no event: it is in the status (``reasons``) and the
+    ``powerfleet_budget_decisions_total`` counter; an event for it cost a call on most ticks of a
+    deployment in flight (466 of 1,000 on bench/budget.py's tick after a scaling one)."""
     st = res.status
     changed = (previous.get("ready"), previous.get("reason")) != (st["ready"], st["reason"])
     st["lastTransitionTime"] = snap.now if changed or "lastTransitionTime" not in previous else previous["lastTransitionTime"]
     if changed:
         res.status_events.insert(0, Event(st["reason"], st["message"], "Normal" if st["ready"] == "True" else "Warning"))
-    elif previous.get("reasons") != st.get("reasons") and st.get("reasons"):
-        res.status_events.insert(0, Event("BudgetReasons", "; ".join(st["reasons"])))
     return res
 
 
@@ -245,6 +249,19 @@ def planning_limit(limit: int, unenforced_w: int, minimum_w: int) -> int:
     return max(limit - unenforced_w, min(limit, minimum_w))
 
 
+def _overrun(snap: Snapshot, charged_w: int, limit: int) -> bool:
+    """Over its budget: it holds more than the limit it plans against, and that is more than its own
+    limit or than its fair share of a group at what it holds. A deployment whose group limit fell
+    below what it holds only because it proposed fewer replicas (its share follows its demand) is
+    shrinking by its own choice: no ``OverBudget`` warning, no condition change."""
+    if charged_w <= limit:
+        return False
+    g = snap.group
+    if charged_w > snap.budget.power_limit_w or g is None or g.group is None or g.limit_w is None:
+        return True
+    return g.over_share
+
+
 def _over_budget_events(previous: Mapping[str, Any], status: Mapping[str, Any], charged_w: int, limit: int
                         ) -> list[Event]:
     """``OverBudget`` when the deployment goes over its limit, ``WithinBudget`` when it comes back:
@@ -308,8 +325,9 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         res.replicas, res.scale_events = {}, []
     if roll.rolling and result.held and not snap.was_rolling:
         res.warnings.append(f"{dgd.namespace}/{dgd.name}: scale-ups held while rolling: {'; '.join(roll.why)}")
+    overrun = _overrun(snap, charged_w, limit)
     # over its share with a proposal that alone fits: the planner clamps nothing, yet it is shrinking
-    over = [Reason.POWER_OVER_BUDGET_SHRINK.value] if charged_w > limit and not any(
+    over = [Reason.POWER_OVER_BUDGET_SHRINK.value] if overrun and not any(
         r.startswith("power_over_budget") for r in result.reasons) else []
     notes = [*(f"rollout failed: {w}" for w in roll.failed), *result.reasons, *over,
              *(f"enforcement_evidence_stale: {why}" for why in stale.values())]
@@ -336,7 +354,7 @@ def evaluate(snap: Snapshot, previous: Mapping[str, Any] | None = None) -> Resul
         chargeBasis={by_role[r]: c.basis for r, c in charges.items()})
     # Over its share: what it holds now (the ledger) is above the limit it plans against. Reported
     # in the status, by a transition event (once each way) and by a gauge (budget/metrics.py).
-    if charged_w > limit:
+    if overrun:
         res.status["overBudgetWatts"] = charged_w - limit
     res.status_events.extend(_over_budget_events(previous, res.status, charged_w, limit))
     if admit_now is not None:

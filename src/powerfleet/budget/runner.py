@@ -84,7 +84,6 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
            fence: Fence | None = None) -> Result:
     dgd = snap.dgd
     emitter = _Emitter(cluster, dgd, out)
-    scaled: Event | None = None  # emitted once the status is written (or fails to be): it may carry its reasons
     if fence is not None and (why := fence()) is not None:  # a later tick re-divided the budget meanwhile
         out.reason, out.ready, out.skipped = "Outdated", False, why
         return res
@@ -94,7 +93,6 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
                 changed, version = write_replicas(cluster, scaling, dgd, owners, res.replicas)
             except PartialWrite as partial:  # what landed is powerfleet's own (budget/scale.py)
                 out.replicas_written = partial.written
-                emitter.emit([e for e in res.scale_events if e.message.split(" ", 1)[0] in partial.written])
                 raise partial.cause from partial
         except Conflict:
             # Someone changed the object since it was read: nothing written; the next evaluation re-plans.
@@ -109,45 +107,38 @@ def _write(cluster: ClusterWriter, sink: StatusSink, obj: Mapping[str, Any], sna
             raise
         else:
             out.replicas_written = changed
-            if changed and res.scale_events:  # one write, one event naming every component it scaled
-                scaled = Event("Scaled", "; ".join(ev.message for ev in res.scale_events))
+            if changed:
+                # A scale's record is its status (two API calls per scale: replicas, status), not an
+                # Event: events expire within the hour, and an event per scale was a third call each.
+                res.status["lastScale"] = {"at": snap.now, "changes": [
+                    ev.message for ev in res.scale_events if ev.message.split(" ", 1)[0] in changed]}
             if version:  # the condition's patch is fenced on the DGD as powerfleet left it
                 obj = {**obj, "metadata": {**(obj.get("metadata") or {}), "resourceVersion": version}}
                 # and the status describes it so: the write changed the spec, so the server moved its
                 # generation on by one; a status naming the one read would be written again next time
                 if type(res.status.get("observedGeneration")) is int:
                     res.status["observedGeneration"] += 1
+    if "lastScale" in previous and "lastScale" not in res.status:
+        res.status["lastScale"] = previous["lastScale"]  # the last scale stays on record until the next
     if dict(previous) != res.status:
         try:
             sink.write(obj, res.status)
         except Conflict as exc:
             # As for replicas: nothing written, no status event; the next evaluation computes it again.
-            emitter.emit([scaled] if scaled else [])
             log.warning("%s/%s: status write conflicted, written at the next evaluation: %s",
                         dgd.namespace, dgd.name, exc)
             return res
         except ClusterError as exc:
-            emitter.emit([scaled] if scaled else [])
             if is_transient(exc):
                 raise TransientClusterError(str(exc), status=exc.status) from exc
             raise
         out.status_written = True
-        emitter.emit(_one_scaled_event(scaled, res.status_events))
-    elif scaled:
-        emitter.emit([scaled])
+        emitter.emit(res.status_events)  # its transitions: Ready, OverBudget, WithinBudget, inputs
     sink.report(obj, res.status)
     return res
 
 
-def _one_scaled_event(scaled: Event | None, status_events: list[Event]) -> list[Event]:
-    """The events after a status write: a write that scaled names its new reasons in its ``Scaled``
-    event instead of a separate ``BudgetReasons`` one (one event, one API call, per scale)."""
-    if scaled is None:
-        return status_events
-    reasons = [e for e in status_events if e.reason == "BudgetReasons"]
-    if reasons:
-        scaled = Event("Scaled", f"{scaled.message}; reasons: {reasons[0].message}")
-    return [scaled, *(e for e in status_events if e.reason != "BudgetReasons")]
+
 
 
 class ClaimTemplates(Protocol):

@@ -95,9 +95,22 @@ def configmap_body(owner: Owner, status: Mapping[str, Any], resource_version: st
 
 
 def condition_of(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The one DGD condition derived from the budget status (metav1.Condition's fields)."""
-    out = {"type": CONDITION_TYPE, "status": str(status.get("ready", "Unknown")), "reason": str(status.get("reason")),
-           "message": str(status.get("message", ""))[:1024],
+    """The one DGD condition derived from the budget status (metav1.Condition's fields).
+
+    It carries the deployment's budget state, not its figures: a planned deployment is within its
+    budget or over it (reason ``OverBudget``), and only a change of that state rewrites it. Clamp
+    and hold reasons, figures and the last scale are in the status ConfigMap; a condition that
+    followed them cost one more PATCH per scale. A deployment not planned normally (ready False)
+    keeps its status's message: it says why, and changes only with that cause.
+    """
+    ready, reason = str(status.get("ready", "Unknown")), str(status.get("reason"))
+    if ready != "True":
+        message = str(status.get("message", ""))
+    elif status.get("overBudgetWatts") is not None:
+        reason, message = "OverBudget", "over its power limit, shrinking toward it (figures: its budget status)"
+    else:
+        message = "within its power budget (clamps, holds and figures: its budget status)"
+    out = {"type": CONDITION_TYPE, "status": ready, "reason": reason, "message": message[:1024],
            "lastTransitionTime": status.get("lastTransitionTime"), "observedGeneration": status.get("observedGeneration")}
     return {k: v for k, v in out.items() if v is not None}
 

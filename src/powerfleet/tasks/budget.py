@@ -316,7 +316,7 @@ def _evaluation(app: Any, deployment: str, generation: int | None, cluster: Any,
     if out.skipped is not None:
         return _skip(deployment, out.skipped)
     metrics.record_evaluation(deployment, out.reason, out.limit_w, out.settled_w, out.peak_w, out.gpus,
-                              out.reasons, out.over_w)
+                              out.reasons, out.over_w, scaled=bool(out.replicas_written))
     return EvaluateResult(**{k: getattr(out, k) for k in EvaluateResult.model_fields})
 
 
