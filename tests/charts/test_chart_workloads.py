@@ -314,10 +314,15 @@ def test_the_agents_config_carries_the_oversubscribed_groups_and_the_power_secti
 
 
 def test_the_guard_runs_as_its_own_deployment_only_with_the_process_runner() -> None:
-    # config.power.guard_runner: process (docs/power.md): beat has no guard entries, this process keeps them
+    # config.power.guard_runner: process, the default (docs/power.md): beat has no guard entries, this
+    # process keeps them; only where a group is oversubscribed (with none it would have nothing to guard)
     groups = {"budget": {"groups": {"rack-a": 28000}, "group_oversubscription": {"rack-a": 1.3}}, "nodes": ["gpu-a"]}
-    assert not find(objects({"config": groups}), "Deployment", "guard")
-    objs = objects({"config": {**groups, "power": {"guard_runner": "process"}}, "guard": {"loglevel": "DEBUG"}})
+    assert not find(objects({"config": {**groups, "power": {"guard_runner": "beat"}}}), "Deployment", "guard")
+    plain = {"budget": {"groups": {"rack-a": 28000}}, "nodes": ["gpu-a"]}
+    assert not find(objects({"config": plain}), "Deployment", "guard")
+    assert not find(objects({"config": {**plain, "budget": {**plain["budget"], "group_oversubscription": {"rack-a": 1.0}}}}),
+                    "Deployment", "guard")
+    objs = objects({"config": groups, "guard": {"loglevel": "DEBUG"}})
     guard = one(objs, "Deployment", "guard")
     assert guard["spec"]["replicas"] == 1 and guard["spec"]["strategy"]["type"] == "Recreate"
     assert _container(guard)["args"] == ["power", "guard", "--loglevel", "DEBUG"]

@@ -91,9 +91,10 @@ def test_deadlines_advance_past_every_deadline_already_gone() -> None:
 
 def test_with_the_process_runner_beat_has_no_guard_entries() -> None:
     env = {"POWERFLEET_BUDGET__GROUPS": GROUPS}
-    assert "powerfleet-power-guard-rack-a" in beat_schedule(load_config(environ=env))
-    process = load_config(environ={**env, "POWERFLEET_POWER__GUARD_RUNNER": "process"})
-    assert not [k for k in beat_schedule(process) if "guard" in k]
+    assert load_config(environ=env).power.guard_runner == "process"  # the default
+    assert not [k for k in beat_schedule(load_config(environ=env)) if "guard" in k]
+    beat = load_config(environ={**env, "POWERFLEET_POWER__GUARD_RUNNER": "beat"})
+    assert "powerfleet-power-guard-rack-a" in beat_schedule(beat)
 
 
 def test_the_command_refuses_a_second_runner_and_unknown_groups(tmp_path: Path) -> None:
@@ -104,12 +105,12 @@ def test_the_command_refuses_a_second_runner_and_unknown_groups(tmp_path: Path) 
         return subprocess.run([sys.executable, "-m", "powerfleet.cli", "power", "guard", *args], capture_output=True,
                               text=True, timeout=60, env={**subprocess_env(), "HOME": str(tmp_path), **env})
 
-    beat = run(POWERFLEET_BUDGET__GROUPS=GROUPS)
+    beat = run(POWERFLEET_BUDGET__GROUPS=GROUPS, POWERFLEET_POWER__GUARD_RUNNER="beat")
     assert beat.returncode == 2 and "power.guard_runner is 'beat'" in beat.stderr, beat.stderr
     assert "Traceback" not in beat.stderr
-    unknown = run("--group", "rack-z", POWERFLEET_BUDGET__GROUPS=GROUPS, POWERFLEET_POWER__GUARD_RUNNER="process")
+    unknown = run("--group", "rack-z", POWERFLEET_BUDGET__GROUPS=GROUPS)  # the default runner: process
     assert unknown.returncode == 2 and "--group: 'rack-z' is not an oversubscribed group" in unknown.stderr
-    none = run(POWERFLEET_POWER__GUARD_RUNNER="process")
+    none = run()
     assert none.returncode == 2 and "no oversubscribed group to guard" in none.stderr, none.stderr
 
 

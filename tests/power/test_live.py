@@ -201,7 +201,7 @@ def test_groups_take_watts_or_an_object_with_a_ratio_and_only_oversubscribed_one
     path = tmp_path / "fleet.yaml"
     path.write_text("budget:\n  groups:\n    rack-a: 9000\n    rack-b: {limit_w: 8000, oversubscription: 1.3}\n"
                     "    rack-c: {limit_w: 7000}\n  deployments:\n    llm/chat: {power_limit_w: 4000, priority: low}\n"
-                    "power:\n  guard_period_s: 2\n")
+                    "power:\n  guard_period_s: 2\n  guard_runner: beat\n")
     cfg = load_config(path, environ={})
     assert cfg.budget.groups == {"rack-a": 9000, "rack-b": 8000, "rack-c": 7000}  # what the ledger reads
     assert cfg.budget.oversubscribed() == {"rack-b": 8000} and cfg.budget.oversubscription_of("rack-a") == 1.0
