@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,47 +51,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 from bench.load import EXPIRED, PER_NODE, _wait, key_kind  # noqa: E402
+from bench.procstat import process_state, proc_cpu_s, tree_cpu_s  # noqa: E402
+from bench.scale_probes import beat_cost, flower_cost, free_port, loadavg, say, status_cost  # noqa: E402
 
 HOUR_TICKS = 3600 // 15  # reconcile ticks in an hour at the default interval
 
 
-def say(msg: str) -> None:
-    print(f"[scale {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-
-def loadavg() -> str:
-    return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__().replace("'", "")
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of one process, in seconds (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and its live descendants (a prefork worker's children)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        q = todo.pop()
-        try:
-            total += proc_cpu_s(q)
-            for t in Path(f"/proc/{q}/task").iterdir():
-                todo += [int(c) for c in (t / "children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return total
-
-
-def children_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def seed_agents(r: Any, nodes: list[str], interval_s: float = 15.0) -> None:
@@ -146,11 +110,7 @@ def redis_census(r: Any) -> dict[str, Any]:
 def _all_running(pids: list[int]) -> bool:
     """True while every agent-simulating process runs; one that died stops the bench at once."""
     for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            state = "gone"
-        if state in ("Z", "X", "gone"):
+        if process_state(pid) in ("Z", "X", "gone"):
             raise SystemExit(f"bench: agent-simulating process {pid} died (its log is in the bench's temporary directory)")
     return True
 
@@ -204,90 +164,6 @@ def reconcile_ticks(app: Any, r: Any, nodes: list[str], pids: list[int], ctl: in
     per_tick = max((t["result_redis_bytes"] for t in out if "failed" not in t), default=0)
     return {"ticks": out, "used_memory": mem, "result_per_tick": per_tick,
             "result_expires_s": app.fleet_config.broker.result_expires_s}
-
-
-def beat_cost(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
-    """A real beat with 1 s intervals, nothing consuming control: CPU seconds per tick sent."""
-    import redis
-
-    r = redis.Redis.from_url(url)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url,
-           "POWERFLEET_BEAT__RECONCILE_INTERVAL_S": "1", "POWERFLEET_BEAT__BUDGET_INTERVAL_S": "1",
-           "POWERFLEET_BEAT__RETUNE_INTERVAL_S": "1", "POWERFLEET_BEAT__MAX_LOOP_INTERVAL_S": "1"}
-    r.delete("control")
-    with open(tmp / "beat.log", "wb") as log:
-        p = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "beat", "-l", "WARNING"], env=env,
-                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-    try:
-        _wait(lambda: r.llen("control") > 0, "beat's first tick", 120)
-        n0, c0, t0 = r.llen("control"), proc_cpu_s(p.pid), time.perf_counter()
-        time.sleep(seconds)  # a measuring window, not synchronisation
-        n1, c1, wall = r.llen("control"), proc_cpu_s(p.pid), time.perf_counter() - t0
-    finally:
-        p.terminate()
-        p.wait(30)
-        r.delete("control")
-    return {"ticks": n1 - n0, "cpu_s": c1 - c0, "wall_s": wall,
-            "cpu_ms_per_tick": 1000 * (c1 - c0) / max(1, n1 - n0)}
-
-
-def status_cost(url: str, tmp: Path) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url}
-    c0, t0 = children_cpu_s(), time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "powerfleet.cli", "status", "--json"], env=env, cwd=tmp,
-                       capture_output=True, timeout=300)
-    wall, cpu = time.perf_counter() - t0, children_cpu_s() - c0
-    if p.returncode != 0:
-        raise SystemExit(f"bench: status failed ({p.returncode}): {p.stderr.decode()[-500:]}")
-    data = json.loads(p.stdout)
-    say(f"  status: {wall:.2f} s wall, {cpu:.2f} CPU s, {len(p.stdout)} bytes")
-    return {"wall_s": wall, "cpu_s": cpu, "bytes": len(p.stdout), "queues": len(data["queues"]),
-            "workers": len(data["workers"]), "agents": len(data["agents"]), "load": loadavg()}
-
-
-def flower_cost(url: str, tmp: Path, timeout_s: float = 120.0) -> dict[str, Any]:
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "POWERFLEET_BROKER__URL": url}
-    with open(tmp / "flower.log", "wb") as log:
-        p = subprocess.Popen([sys.executable, "-m", "powerfleet.cli", "flower", "--port", str(port)], env=env,
-                             stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-    out: dict[str, Any] = {}
-    try:
-        base = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"{base}/healthcheck", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        _wait(up, "flower", 120)
-        for name, path in (("queues_api", "/api/queues/length"), ("broker_page", "/broker")):
-            for attempt in ("first", "second"):  # the first one may re-inspect the workers
-                c0, t0 = proc_cpu_s(p.pid), time.perf_counter()
-                try:
-                    resp = httpx.get(base + path, timeout=timeout_s)
-                except httpx.TimeoutException:
-                    out[f"{name}_{attempt}"] = {"status": "timeout", "wall_s": time.perf_counter() - t0,
-                                                "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": 0}
-                    say(f"  flower {path}: no answer within {timeout_s:g} s")
-                    break
-                out[f"{name}_{attempt}"] = {"status": resp.status_code, "wall_s": time.perf_counter() - t0,
-                                            "flower_cpu_s": proc_cpu_s(p.pid) - c0, "bytes": len(resp.content)}
-                say(f"  flower {path} ({attempt}): {resp.status_code}, {out[name + '_' + attempt]['wall_s']:.2f} s, "
-                    f"{len(resp.content)} bytes")
-            if name == "queues_api" and resp.status_code == 200:
-                out["queues_listed"] = len(resp.json().get("active_queues", []))
-    finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(30)
-    return out
 
 
 def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 PER_NODE = "bench:load:passes"  # bench/load.py's counters: bench/scale.py waits on them
 EXPIRED = "bench:load:expired"
 BRPOP_TIMEOUT_S = 1  # kombu's redis transport: Channel.brpop_timeout
+CONNECTS_AT_ONCE = 256
 SEP = "\x06\x16"  # kombu's priority separator; steps 0, 3, 6, 9
 UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 
@@ -38,13 +39,15 @@ def _expired(message: dict, now: float) -> bool:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp() < now
 
 
-async def consume(url: str, node: str, ready: asyncio.Event, counts: list[int], total: int) -> None:
+async def consume(url: str, node: str, ready: asyncio.Event, counts: list[int], total: int,
+                  connecting: asyncio.Semaphore) -> None:
     import redis.asyncio as aioredis
 
     queue = f"node.{node}"
     keys = [queue, *(f"{queue}{SEP}{p}" for p in (3, 6, 9))]
     r = aioredis.Redis.from_url(url, single_connection_client=True)
-    await r.ping()
+    async with connecting:  # a few hundred at a time, as a DaemonSet's agents come up
+        await r.ping()
     counts[0] += 1
     if counts[0] == total:
         ready.set()
@@ -74,7 +77,10 @@ async def _multi(r, *commands: tuple) -> None:
 
 async def main(url: str, nodes: list[str]) -> None:
     ready, counts = asyncio.Event(), [0, 0]  # connected, passes
-    tasks = [asyncio.create_task(consume(url, n, ready, counts, len(nodes))) for n in nodes]
+    # 5,000 connects at once in one process timed out ("Timeout connecting to server"): more SYNs
+    # than Redis's accept backlog (tcp-backlog 511) holds, each dropped one waiting out a retransmit
+    connecting = asyncio.Semaphore(CONNECTS_AT_ONCE)
+    tasks = [asyncio.create_task(consume(url, n, ready, counts, len(nodes), connecting)) for n in nodes]
     waiting = asyncio.create_task(ready.wait())
     done, _ = await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
     if waiting in done:

@@ -15,7 +15,6 @@ import asyncio
 import cProfile
 import io
 import json
-import os
 import pstats
 import ssl
 import sys
@@ -27,10 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.procstat import proc_cpu_s as _cpu_s  # noqa: E402 - a process's CPU seconds from /proc
 
 
 def _tls(ca: str, crt: str, key: str) -> ssl.SSLContext:

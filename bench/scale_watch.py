@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.scale_plane import _client, _cpu_s  # noqa: E402 - an HTTP client of the plane; a process's CPU from /proc
+from bench.procstat import proc_cpu_s as _cpu_s  # noqa: E402 - a process's CPU seconds from /proc
+from bench.scale_plane import _client  # noqa: E402 - an HTTP client of the plane
 from powerfleet.agent.podcache import READ_TIMEOUT_S, WATCH_MIN_S  # noqa: E402 - what the agent asks for
 
 OPEN_AT_ONCE = 200  # agents whose first LIST + WATCH are in flight together (over all client processes)
