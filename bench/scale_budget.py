@@ -76,5 +76,16 @@ def tick_reads(nodes: int, deployments: int, say: Callable[[str], None], rounds:
             say(f"  reads: {got['wall_s']:.2f} s wall, {got['cpu_s']:.2f} CPU s (client {client:.2f}, "
                 f"server {cpu - client:.2f}), {got['calls']} calls, "
                 f"{got['bytes'] / 1e6:.1f} MB, peak RSS {got['maxrss_mb']} MB, load {got['load']}")
+        # The pod LIST alone under tracemalloc (Python's allocations, the server's serialising of
+        # one page included): what the client holds while it reads every page
+        import tracemalloc
+
+        tracemalloc.start()
+        listed = KubeGpuPods(kube).list_gpu_pods()
+        held, peak = tracemalloc.get_traced_memory()
+        out["pod_list_peak_mb"], out["pod_list_held_mb"] = peak / 1e6, held / 1e6
+        tracemalloc.stop()
+        say(f"  reads: the pod LIST of {len(listed)} pods peaked at {peak / 1e6:.0f} MB traced; "
+            f"its {len(listed)} ledger views hold {held / 1e6:.0f} MB")
         kube.close()
     return out

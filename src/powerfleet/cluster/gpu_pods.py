@@ -79,16 +79,18 @@ class KubeGpuPods:
         thousands of pods that is most of a tick's time."""
         self.pages_read = 0
         for fresh_start in (False, True):
-            items: list[Any] = []
+            pods: list[GpuPod] = []
             token: str | None = None
             try:
                 with _api_errors("list pods (all namespaces, for the ledger)"):
                     while True:
                         listed = self._page(token, label_selector)
-                        items.extend(listed.get("items") or [])
+                        # each page's pods to their ledger view at once: the raw JSON of one page is
+                        # held at a time, not every page's (a real server's pod carries managedFields)
+                        pods.extend(gpu_pod(p) for p in listed.get("items") or [] if isinstance(p, Mapping))
                         token = (listed.get("metadata") or {}).get("continue") or None
                         if token is None:
-                            return [gpu_pod(p) for p in items if isinstance(p, Mapping)]
+                            return pods
             except ClusterError as exc:
                 if exc.status != 410 or fresh_start:
                     raise
