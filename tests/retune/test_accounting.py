@@ -172,3 +172,23 @@ def test_windows_that_close_during_a_tick_outage_are_recorded_skipped_and_counte
     assert out["status"] == "leader" and out["launched"], out
     reasons = [h.failure_reason for h in _state(cfg, b).history if h.outcome == "skipped"]
     assert reasons[-1] == "leader-handover", reasons
+
+
+def test_a_term_lost_between_the_steps_checks_drops_the_window_instead_of_raising(world, kube, redis_url,
+                                                                                   monkeypatch) -> None:
+    # CI, the short demo at its end: the leader's Lease was released by its shutdown while a window
+    # step ran, and the step's state write raised Fenced out of the task ("raised unexpected")
+    from powerfleet.retune.cut import CutError
+
+    _, cfg, a, clock = _setup(world, kube, redis_url)
+    assert control.tick_deployment(cfg, a, "llama", clock.now())["launched"] == [K + 1]
+    (win,) = a.send.of(control.WINDOW_TASK)
+
+    def released_then_failed(*args: Any, **kwargs: Any) -> Any:
+        assert Deployment.open(cfg, a, "llama").leadership.release()  # the shutdown, mid-step
+        raise CutError("the window's segments went away")  # the step then records an outcome
+
+    monkeypatch.setattr(live, "cut_window", released_then_failed)
+    out = live.launch_window(cfg, a, "llama", win["window"], leader=win["leader"], term=win["term"],
+                             generation=win["generation"])
+    assert out["status"] == "dropped" and "superseded" in out["reason"], out

@@ -48,6 +48,19 @@ def current_settings(dep: Deployment, state: RetuneState | None, policies: dict[
 
 def launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: str | None = None,
                   term: int | None = None, generation: str | None = None) -> dict[str, Any]:
+    """One window's step: decide it at once (blocked, no traffic, cut failed) or cut it and launch
+    its sweep. A term lost anywhere in the step (a handover, or the leader's Lease released by a
+    shutdown while the step runs) drops the window, recorded like the term checks' drops; before,
+    one lost between the checks (a state write) raised out of the task."""
+    try:
+        return _launch_window(cfg, ports, dgd, k, leader=leader, term=term, generation=generation)
+    except Fenced as exc:
+        WINDOWS.labels(dgd, "dropped", "term").inc()
+        return {"status": "dropped", "reason": str(exc)}
+
+
+def _launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader: str | None,
+                   term: int | None, generation: str | None) -> dict[str, Any]:
     now = ports.clock.now()
     dep = Deployment.open(cfg, ports, dgd)
     s = dep.settings
