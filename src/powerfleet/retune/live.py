@@ -74,11 +74,7 @@ def _launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader:
             return {"status": "not-leader", "holder": holder}
     else:
         t = dep.term_of(leader, term)
-        try:
-            dep.leadership.check(t)
-        except Fenced as exc:
-            WINDOWS.labels(dgd, "dropped", "term").inc()
-            return {"status": "dropped", "reason": str(exc)}
+        dep.leadership.check(t)  # a superseded term drops the window (launch_window)
     if generation is not None and generation != s.generation:
         WINDOWS.labels(dgd, "dropped", "generation").inc()
         return {"status": "dropped", "reason": f"configuration generation {generation} was superseded by {s.generation}"}
@@ -177,11 +173,10 @@ def _launch_window(cfg: RetuneConfig, ports: Ports, dgd: str, k: int, *, leader:
                       dgd_generation=dep.object_generation, current=current, shards=shards, extra=cut_info)
     try:  # the term again, right before the sweep exists: a handover during the cut drops it here
         dep.leadership.check(t)
-    except Fenced as exc:
+    except Fenced:
         if s.window_store != "redis":
             os.unlink(cut.path)
-        WINDOWS.labels(dgd, "dropped", "term").inc()
-        return {"status": "dropped", "reason": str(exc)}
+        raise  # dropped by launch_window, as every lost term in the step
     if not ports.fanin.register(rec):  # a concurrent duplicate launch registered first
         return {"status": "resent", "sid": rec.sid}
     for sh in shards:
