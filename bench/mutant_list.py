@@ -464,9 +464,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "every agent resumes its watch every 30 s, all at once after a rollout: 10,000 agents cost the "
         "API server ~330 watches a second instead of ~22"),
     Mutant(
-        "agent.client_without_keepalive", "src/powerfleet/agent/build.py",
-        "        cfg.socket_options = keepalive_socket_options()",
-        "        pass",
+        "agent.client_without_keepalive", "src/powerfleet/cluster/keepalive.py",
+        "    cfg.socket_options = keepalive_socket_options()",
+        "    pass",
         ("tests/agent/test_build.py",),
         "the agent's API connections have no TCP keepalive: a half-open watch connection (a node or load "
         "balancer gone) leaves the pod view unchanged for the watch's whole 5-10 min instead of 60 s"),

@@ -135,7 +135,8 @@ def test_the_agents_api_connections_probe_a_silent_peer_with_tcp_keepalive(tmp_p
     left in the client's pool, not on the configuration."""
     import socket
 
-    from powerfleet.agent.build import KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES, connect_cluster
+    from powerfleet.agent.build import connect_cluster
+    from powerfleet.cluster.keepalive import KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES
     from powerfleet.config import FleetConfig
     from powerfleet.twin.apiserver import ApiServer
 

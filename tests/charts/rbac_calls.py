@@ -2,6 +2,7 @@
 
 Every official-client method the adapter names is looked up in ``CLIENT_CALLS`` and becomes an
 RBAC (apiGroup, resource, verb); a method passed to ``watch.Watch().stream`` is a ``watch``.
+A call with ``watch=True`` is a ``watch`` too.
 Custom-object calls take the group and plural from their arguments (module constants such as
 ``DGD_GROUP``/``DGD_PLURAL``). Adapter methods that call each other (``self.get_dgd_object`` inside
 ``patch_dgd_replicas``) inherit their callees' permissions.
@@ -143,6 +144,9 @@ class _MethodScan(ast.NodeVisitor):
             call = parent if isinstance(parent, ast.Call) and parent.func is node else None
             streamed = isinstance(parent, ast.Call) and parent.func is not node and \
                 isinstance(parent.func, ast.Attribute) and parent.func.attr == "stream"
+            # a LIST call with watch=True streams changes: the watch verb
+            streamed = streamed or (call is not None and any(
+                k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value is True for k in call.keywords))
             perm = base
             if base is not None and base[0] == CUSTOM:
                 perm = _custom_perm(call, name, base, self.module)

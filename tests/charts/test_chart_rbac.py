@@ -19,7 +19,8 @@ ROLE_METHODS: dict[str, set[str]] = {
     "agent": {"list_pods", "list_pods_with_version", "watch_pods", "get_pod", "patch_pod_annotations"},
     "budget": {"get_dgd_object", "list_dgds", "patch_dgd_replicas", "patch_dgd_status", "list_pods",
                "record_event", "list_nodes", "read_status", "write_status", "set_condition", "list_gpu_pods",
-               "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates"},
+               "list_scaling_adapters", "patch_adapter_replicas", "list_claim_templates",
+               "list_gpu_pods_with_version", "watch_gpu_pods"},
     "retune": {"list_pods", "get_dgd_object", "record_event"},
     "leases": {"get_lease", "create_lease", "update_lease", "delete_lease"},
 }
@@ -28,7 +29,8 @@ ROLE_CODE: dict[str, list[str]] = {
     "agent": ["agent", "tasks/agent.py"],
     # The power guard (oversubscribed groups) reads what a group budget reads: the group's nodes
     # and the pods on them, under the worker's group-budget grant.
-    "budget": ["budget", "tasks/budget.py", "power", "tasks/power.py"],
+    # The ledger's watch-backed pod view (budget.pod_source: watch) lives with the adapter.
+    "budget": ["budget", "tasks/budget.py", "power", "tasks/power.py", "cluster/gpu_pod_cache.py"],
     "retune": ["retune", "tasks/retune.py"],
     "leases": ["retune", "tasks/retune.py"],
 }
@@ -115,11 +117,18 @@ def _bound_to(objs: list[dict[str, Any]], sa: str) -> list[dict[str, Any]]:
                                                             r["metadata"].get("namespace")) in refs]
 
 
+POD_WATCH = ("", "pods", "watch")  # only for budget.pod_source "watch" (the ledger's watch-backed view)
+
+
+@pytest.mark.parametrize("pod_source", ["list", "watch"])
 @pytest.mark.parametrize("watch_all", [False, True])
-def test_worker_grants_exactly_what_budget_and_retune_call(adapter: Any, watch_all: bool) -> None:
-    objs = objects({**ALL_ON, "rbac": {"watchAllNamespaces": watch_all}})
+def test_worker_grants_exactly_what_budget_and_retune_call(adapter: Any, watch_all: bool, pod_source: str) -> None:
+    config = {**GROUPS, "budget": {**GROUPS["budget"], "pod_source": pod_source}}
+    objs = objects({**ALL_ON, "config": config, "rbac": {"watchAllNamespaces": watch_all}})
     roles = _bound_to(objs, "pf-powerfleet-worker")
-    assert set().union(*(_granted(r) for r in roles)) == _needed(adapter, "budget", "retune", "leases")
+    needed = _needed(adapter, "budget", "retune", "leases")
+    assert POD_WATCH in needed
+    assert set().union(*(_granted(r) for r in roles)) == (needed if pod_source == "watch" else needed - {POD_WATCH})
     for role in roles:
         perms = _granted(role)
         if any(r == "leases" for _, r, _ in perms):
@@ -131,7 +140,7 @@ def test_worker_grants_exactly_what_budget_and_retune_call(adapter: Any, watch_a
             assert not any(r in CLUSTER_SCOPED for _, r, _ in perms)
         elif not watch_all:
             # Group budgets read nodes, DGDs and pods cluster-wide; nothing else is cluster-wide.
-            assert perms == GROUP_PERMS
+            assert perms == (GROUP_PERMS | {POD_WATCH} if pod_source == "watch" else GROUP_PERMS)
     if not watch_all:
         # A Role in the release namespace and in each namespace the budget names, none elsewhere.
         namespaced = {r["metadata"]["namespace"] for r in roles if r["kind"] == "Role"}

@@ -29,7 +29,8 @@ tests/charts/test_chart_rbac.py compares them with the adapter's client calls.
 {{- /*
 Group (rack) budgets: one LIST of the nodes (their group label), and of every DGD and
 deployment pod in the cluster, since any tenant's pods on a rack count against its budget.
-A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.groups.
+A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.groups. With
+config.budget.pod_source "watch" each control process keeps those pods by a WATCH as well.
 */}}
 {{- define "powerfleet.rules.budget-groups" -}}
 - apiGroups: [""]
@@ -40,7 +41,7 @@ A ClusterRole whatever rbac.watchAllNamespaces says; only with config.budget.gro
   verbs: ["list"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: {{ if eq (dig "budget" "pod_source" "list" (.Values.config | default dict)) "watch" }}["list", "watch"]{{ else }}["list"]{{ end }}
 {{- end }}
 {{- define "powerfleet.rules.retune" -}}
 - apiGroups: ["nvidia.com"]

@@ -8,14 +8,10 @@ not pull in the Kubernetes client.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import redis
-import urllib3
-from kubernetes import client
-from kubernetes import config as kube_config
 
 from powerfleet.agent.gpu import GpuBackend
 from powerfleet.agent.metrics import AgentMetrics
@@ -35,6 +31,7 @@ from powerfleet.agent.throttle import OVERLAYS_FILE, FallbackWatch, OverlayStore
 from powerfleet.broker.clients import redis_client
 from powerfleet.agent.podresources import PodResourcesClient
 from powerfleet.clock import Clock, SystemClock
+from powerfleet.cluster.keepalive import watch_api_client
 from powerfleet.cluster.kube import KubeCluster
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.pod_annotations import KubePodAnnotations
@@ -75,36 +72,13 @@ def open_backend(config: FleetConfig, node: str) -> Callable[[], GpuBackend]:
     return NvmlBackend
 
 
-KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 30, 10, 3
-
-
-def keepalive_socket_options() -> list[tuple[int, int, int]]:
-    """urllib3's own socket options plus TCP keepalive. The pod view's watch is silent for up to
-    its whole 5-10 min on a quiet node (agent/podcache.py), so its read deadline cannot notice a
-    peer that is gone (a node or load balancer failure leaves a half-open connection); the kernel's
-    probes do, within idle + interval x probes = 60 s, and the read then fails and the view relists."""
-    options = [*urllib3.connection.HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
-                        ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
-        if hasattr(socket, name):  # Linux has all three; others keep the kernel's defaults
-            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    return options
-
-
 def connect_cluster(config: FleetConfig) -> tuple[KubeCluster | None, str]:
     """The cluster from ``agent.kubeconfig`` or the in-cluster account; (None, why) if neither works.
 
     The client makes no retries (urllib3 ``retries=0``): every call's deadline is its own, so a
     server that accepts and never answers costs one timeout, not four."""
     try:
-        cfg = client.Configuration()
-        if config.agent.kubeconfig:
-            kube_config.load_kube_config(config_file=config.agent.kubeconfig, client_configuration=cfg)
-        else:
-            kube_config.load_incluster_config(client_configuration=cfg)
-        cfg.retries = 0
-        cfg.socket_options = keepalive_socket_options()
-        return KubeCluster(client.ApiClient(cfg), component="powerfleet-agent"), ""
+        return KubeCluster(watch_api_client(config.agent.kubeconfig), component="powerfleet-agent"), ""
     except Exception as exc:  # kubernetes.config raises several types; any means "no cluster"
         return None, f"no cluster access ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 

@@ -17,7 +17,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -27,7 +27,7 @@ from powerfleet.cluster.immutability import AdmittedPowerInputs
 from powerfleet.budget.persist import ConfigMapStatus
 from powerfleet.cluster.budget_store import LABEL_FOR, LABEL_MANAGED_BY, KubeBudgetStore, StoredStatus, stored_status
 from powerfleet.cluster.dgd import DGD_GROUP, DGD_PLURAL, LABEL_DGD_NAME
-from powerfleet.cluster.gpu_pods import KubeGpuPods
+from powerfleet.cluster.gpu_pods import GpuPod, KubeGpuPods
 from powerfleet.cluster.kube import LIST_TIMEOUT_SECONDS, REQUEST_TIMEOUT_SECONDS, KubeCluster, _api_errors
 from powerfleet.cluster.objects import PodInfo
 from powerfleet.cluster.ports import NotFound
@@ -36,6 +36,12 @@ from powerfleet.cluster.scaling import KubeScaling, ScalingAdapter
 from powerfleet.heap import paused_gc
 
 Key = tuple[str, str]  # (namespace, DGD name)
+
+
+class PodSource(Protocol):
+    """``KubeGpuPods`` or the watch-backed view (cluster/gpu_pod_cache.py)."""
+
+    def list_gpu_pods(self, label_selector: str | None = None) -> list[GpuPod]: ...
 
 
 @dataclass
@@ -53,7 +59,7 @@ def _key(deployment: str) -> Key:
 
 @paused_gc()  # the bulk reads' objects: src/powerfleet/heap.py
 def read_snapshot(kube: KubeCluster, scaling: KubeScaling, deployments: Iterable[str],
-                  pods: KubeGpuPods | None = None) -> ClusterSnapshot:
+                  pods: PodSource | None = None) -> ClusterSnapshot:
     """The cluster as a batch of ``deployments`` sees it, in a handful of LISTs. Raises ClusterError."""
     namespaces = sorted({_key(d)[0] for d in deployments})
     version = kube.dgd_version()
@@ -72,7 +78,7 @@ def read_snapshot(kube: KubeCluster, scaling: KubeScaling, deployments: Iterable
         meta = cm.get("metadata") or {}
         statuses[(str(meta.get("namespace") or ""), str((meta.get("labels") or {}).get(LABEL_FOR) or ""))] = \
             stored_status(cm)
-    reader = pods or KubeGpuPods(kube)
+    reader = pods if pods is not None else KubeGpuPods(kube)
     by_dgd: dict[Key, list[PodInfo]] = defaultdict(list)
     for p in reader.list_gpu_pods(label_selector=LABEL_DGD_NAME):
         by_dgd[(p.namespace, p.labels.get(LABEL_DGD_NAME, ""))].append(p)

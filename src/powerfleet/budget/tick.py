@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from powerfleet.budget.evidence import EnforcementReports, Evidence, EvidenceMode, NoReports, agent_nodes
+from powerfleet.budget.evidence import AGENT_POD_LABELS, EnforcementReports, Evidence, EvidenceMode, NoReports, agent_nodes
 from powerfleet.budget.capacity import free_gpus, gpu_ceilings, need_of
 from powerfleet.budget.fleet import DeploymentView, fleet_ledger, power_of
 from powerfleet.budget.program import DeploymentBudget, GroupLimit
@@ -30,6 +30,14 @@ from powerfleet.heap import paused_gc
 
 class GpuPodReader(Protocol):
     def list_gpu_pods(self) -> list[GpuPod]: ...
+
+
+def ledger_reads(pod: GpuPod) -> bool:
+    """Whether a tick reads this pod at all: it holds GPUs (the ledger, free GPUs), belongs to a
+    DGD (its replicas) or is a node agent (``agent_nodes``). The watch-backed pod view keeps only
+    these (cluster/gpu_pod_cache.py); every other pod changes no figure of a tick."""
+    return pod.gpus > 0 or LABEL_DGD_NAME in pod.labels or all(
+        pod.labels.get(k) == v for k, v in AGENT_POD_LABELS.items())
 
 
 class ClaimTemplates(Protocol):

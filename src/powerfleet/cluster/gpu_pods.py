@@ -10,10 +10,11 @@ containers start and overlap them, so the pod holds the larger of the two sets.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
 
 from powerfleet.cluster.dgd import GPU_RESOURCE, INT_RE
 from powerfleet.cluster.kube import LIST_TIMEOUT_SECONDS, REQUEST_TIMEOUT_SECONDS, KubeCluster, _api_errors
@@ -77,6 +78,11 @@ class KubeGpuPods:
         """Every pod in the cluster (``label_selector``: only those) with its GPU count (pods without
         GPUs come back with 0). The response is read as JSON, not through the client's models: at
         thousands of pods that is most of a tick's time."""
+        return self.list_gpu_pods_with_version(label_selector)[0]
+
+    def list_gpu_pods_with_version(self, label_selector: str | None = None) -> tuple[list[GpuPod], str]:
+        """``list_gpu_pods`` and the list's resourceVersion (every page of one list is the same
+        snapshot; the last page carries its version), to watch from (gpu_pod_cache.py)."""
         self.pages_read = 0
         for fresh_start in (False, True):
             pods: list[GpuPod] = []
@@ -88,13 +94,56 @@ class KubeGpuPods:
                         # each page's pods to their ledger view at once: the raw JSON of one page is
                         # held at a time, not every page's (a real server's pod carries managedFields)
                         pods.extend(gpu_pod(p) for p in listed.get("items") or [] if isinstance(p, Mapping))
-                        token = (listed.get("metadata") or {}).get("continue") or None
+                        meta = listed.get("metadata") or {}
+                        token = meta.get("continue") or None
                         if token is None:
-                            return pods
+                            return pods, str(meta.get("resourceVersion") or "")
             except ClusterError as exc:
                 if exc.status != 410 or fresh_start:
                     raise
         raise AssertionError("unreachable")  # the second pass returns or raises
+
+    def watch_gpu_pods(self, resource_version: str, *, timeout_seconds: int,
+                       request_timeout: tuple[float, float]) -> Iterator[PodChange]:
+        """Pod changes in every namespace after ``resource_version``, as ledger views, until the
+        server ends the watch after ``timeout_seconds``; BOOKMARKs carry only a version. Each event
+        is read as JSON (one pod's model built per event would cost the control worker's CPU on a
+        busy cluster). A version the server no longer holds raises ``ClusterError`` with status 410."""
+        with _api_errors("watch pods (all namespaces, for the ledger)"):
+            resp = self.core.list_pod_for_all_namespaces(
+                watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds, _request_timeout=request_timeout, _preload_content=False)
+            try:
+                for line in iter_resp_lines(resp):
+                    event = json.loads(line) if line and not line.isspace() else None
+                    if not isinstance(event, Mapping):
+                        continue
+                    kind, obj = event.get("type"), event.get("object")
+                    if not isinstance(obj, Mapping):
+                        raise ClusterError(f"watch pods (all namespaces, for the ledger): a {kind} event without an object")
+                    if kind == "ERROR":
+                        raise ClusterError(f"watch pods (all namespaces, for the ledger): HTTP {obj.get('code')} "
+                                           f"{obj.get('reason')}: {obj.get('message')}", status=_int_or_none(obj.get("code")))
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                    if kind == "BOOKMARK":
+                        yield PodChange("BOOKMARK", None, version)
+                    elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                        yield PodChange(kind, gpu_pod(obj), version)
+            finally:
+                resp.close()
+                resp.release_conn()
+
+
+class PodChange(NamedTuple):
+    """One event of the ledger's pod watch: ``pod`` is None for a BOOKMARK."""
+
+    type: str  # ADDED, MODIFIED, DELETED or BOOKMARK
+    pod: GpuPod | None
+    resource_version: str
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def gpu_pod(obj: Mapping[str, Any]) -> GpuPod:

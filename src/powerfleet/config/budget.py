@@ -66,6 +66,11 @@ class BudgetConfig(Strict):
     # (enforcement_evidence_stale); on a node no agent ever reported from, the requested cap.
     # required: every node as if its agent reports. off: always the requested cap.
     enforcement_evidence: Literal["auto", "required", "off"] = "auto"
+    # Where a tick's ledger reads every pod from. list: one paginated LIST per tick (exact, and
+    # cheap up to a few thousand pods). watch: each control process keeps the pods the ledger
+    # reads in memory from one LIST and a WATCH (cluster/gpu_pod_cache.py), and a tick LISTs for
+    # itself only while that view is not synced: for large clusters (docs/deploy.md, sizing).
+    pod_source: Literal["list", "watch"] = "list"
 
     @model_validator(mode="before")
     @classmethod

@@ -25,6 +25,29 @@ def _cluster(app: Any) -> Any:
     return _clusters[kubeconfig]
 
 
+_pod_views: dict[str | None, Any] = {}
+
+
+def _ledger_pods(app: Any) -> Any:
+    """Where this process reads every pod from (budget.pod_source): a LIST per call, or the
+    process's own watch-backed view (started on first use, in the worker process that uses it:
+    a thread does not survive the prefork pool's fork)."""
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
+
+    cfg = app.fleet_config.budget
+    if cfg.pod_source == "list":
+        return KubeGpuPods(_cluster(app))
+    if cfg.kubeconfig not in _pod_views:
+        from powerfleet.budget.tick import ledger_reads
+        from powerfleet.cluster.gpu_pod_cache import GpuPodCache
+        from powerfleet.cluster.keepalive import watch_api_client
+        from powerfleet.cluster.kube import KubeCluster
+
+        watcher = KubeCluster(watch_api_client(cfg.kubeconfig), component="powerfleet-budget")
+        _pod_views[cfg.kubeconfig] = GpuPodCache(KubeGpuPods(watcher), keep=ledger_reads).start()
+    return _pod_views[cfg.kubeconfig]
+
+
 _scalings: dict[str | None, Any] = {}
 
 
@@ -164,7 +187,6 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     from powerfleet.budget.generations import Allocations
     from powerfleet.budget.tick import tick_limits
     from powerfleet.cluster.dra import KubeDra
-    from powerfleet.cluster.gpu_pods import KubeGpuPods
     from powerfleet.cluster.ports import ClusterError
     from powerfleet.power.admission import admission_rule
 
@@ -173,7 +195,7 @@ def budget_tick(self: Any, params: NoArgs) -> BudgetTickResult:
     generation = allocations.open(now)  # from here on, every earlier tick's evaluation is outdated
     try:
         plan = tick_limits(_cluster(self.app), _state(self.app), cfg.deployments, cfg.groups, cfg.group_label,
-                           KubeGpuPods(_cluster(self.app)), RedisReports(fleet_redis(self.app), now), now=now,
+                           _ledger_pods(self.app), RedisReports(fleet_redis(self.app), now), now=now,
                            fresh_s=fresh_s, max_settable_w=cfg.max_settable_gpu_w, dra=KubeDra(_cluster(self.app)),
                            evidence_mode=cfg.enforcement_evidence,
                            oversubscription=admission_rule(self.app.fleet_config, fleet_redis(self.app)))
@@ -255,7 +277,7 @@ def budget_evaluate_batch(self: Any, params: EvaluateBatchArgs) -> EvaluateBatch
                                countdown=2, expires=self.app.fleet_config.beat.budget_interval_s)
 
     try:
-        snap = read_snapshot(cluster, _scaling(self.app), params.deployments)
+        snap = read_snapshot(cluster, _scaling(self.app), params.deployments, pods=_ledger_pods(self.app))
     except ClusterError as exc:  # each then reads for itself, with its own retries
         resend(params.deployments)
         return EvaluateBatchResult(results={}, resent=params.deployments, why=f"snapshot unreadable: {exc}")
