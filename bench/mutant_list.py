@@ -470,4 +470,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/agent/test_build.py",),
         "the agent's API connections have no TCP keepalive: a half-open watch connection (a node or load "
         "balancer gone) leaves the pod view unchanged for the watch's whole 5-10 min instead of 60 s"),
+    Mutant(
+        "budget.pod_view_served_while_failing", "src/powerfleet/cluster/gpu_pod_cache.py",
+        '        if terms is not None and (self._state == "synced" or (self._state == "listing" and',
+        '        if terms is not None and (self._state != "listing" or (self._state == "listing" and',
+        ("tests/cluster/test_gpu_pod_cache.py",),
+        "a control process whose pod watch broke keeps serving its last view: the ledger misses every pod "
+        "scheduled since, and a rack's allowance counts GPUs that are no longer free"),
+    Mutant(
+        "budget.pod_view_keeps_deleted_pods", "src/powerfleet/cluster/gpu_pod_cache.py",
+        '                if change.type == "DELETED" or not self.keep(pod):',
+        '                if not self.keep(pod):',
+        ("tests/cluster/test_gpu_pod_cache.py",),
+        "a deleted pod stays in the ledger's view: its GPUs are charged for ever and the rack's "
+        "deployments are held below what the rack can give them"),
 )

@@ -87,5 +87,59 @@ def tick_reads(nodes: int, deployments: int, say: Callable[[str], None], rounds:
         tracemalloc.stop()
         say(f"  reads: the pod LIST of {len(listed)} pods peaked at {peak / 1e6:.0f} MB traced; "
             f"its {len(listed)} ledger views hold {held / 1e6:.0f} MB")
+        del listed
+        out["watch"] = _watched_reads(api, kube, Path(tmp) / "kc", r, state, cfg, budgets, clock, seen, say, rounds)
         kube.close()
+    return out
+
+
+def _watched_reads(api: Any, kube: Any, kubeconfig: Any, r: Any, state: Any, cfg: Any, budgets: Any, clock: Any, seen: dict[str, int],
+                   say: Callable[[str], None], rounds: int) -> dict[str, Any]:
+    """The same tick with ``budget.pod_source: watch``: the view's first LIST (its sync), the memory
+    it holds (tracemalloc), then ``rounds`` ticks reading it, and how soon 100 new pods reach it. The view
+    has its own client, as in the control worker (``count_calls`` reads each response whole: a watch's
+    would never end)."""
+    import tracemalloc
+
+    from powerfleet.budget.evidence import RedisReports
+    from powerfleet.budget.tick import ledger_reads, tick_limits
+    from powerfleet.cluster.dra import KubeDra
+    from powerfleet.cluster.gpu_pod_cache import GpuPodCache
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
+    from powerfleet.cluster.keepalive import watch_api_client
+    from powerfleet.cluster.kube import KubeCluster
+    from powerfleet.testing.waiting import wait_for
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    cache = GpuPodCache(KubeGpuPods(KubeCluster(watch_api_client(str(kubeconfig)))), keep=ledger_reads).start()
+    wait_for(lambda: cache.state == "synced", "the view's first LIST", timeout_s=600)
+    out: dict[str, Any] = {"sync_s": time.perf_counter() - t0, "pods_held": cache.size(), "rounds": []}
+    out["held_mb"] = tracemalloc.get_traced_memory()[0] / 1e6
+    tracemalloc.stop()
+    say(f"  watch: the view synced in {out['sync_s']:.2f} s and holds {cache.size()} pods in {out['held_mb']:.0f} MB")
+    for _ in range(rounds):
+        calls, sent, t0 = seen["n"], seen["bytes"], time.perf_counter()
+        c0, m0 = time.process_time(), time.thread_time()
+        tick_limits(kube, state, cfg, budgets, "powerfleet.io/rack", cache, RedisReports(r),
+                    now=clock.now(), fresh_s=45.0, max_settable_w=1000, dra=KubeDra(kube))
+        cpu, client = time.process_time() - c0, time.thread_time() - m0
+        got = {"wall_s": time.perf_counter() - t0, "cpu_s": cpu, "client_cpu_s": client,
+               "calls": seen["n"] - calls, "bytes": seen["bytes"] - sent}
+        out["rounds"].append(got)
+        say(f"  watch: tick reads {got['wall_s']:.2f} s wall, {cpu:.2f} CPU s (client {client:.2f}), "
+            f"{got['calls']} calls, {got['bytes'] / 1e6:.2f} MB")
+    before = cache.size()
+    t0 = time.perf_counter()
+    for i in range(100):
+        api.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"late-{i}", "namespace": "bench-late"},
+                   "spec": {"nodeName": "n-0", "containers": [{"name": "m", "image": "m", "resources": {
+                       "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
+    created = time.perf_counter() - t0
+    wait_for(lambda: cache.size() >= before + 100, "100 new pods in the view", timeout_s=120)
+    out["late_100_s"], out["late_100_created_s"] = time.perf_counter() - t0, created
+    out["stats"] = dict(cache.stats)
+    say(f"  watch: 100 new pods created in {created:.2f} s were all in the view {out['late_100_s']:.2f} s "
+        f"after the first; {cache.stats}")
+    cache.stop()
     return out

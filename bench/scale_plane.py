@@ -4,6 +4,8 @@ GPU each, 8 a node, bound by ``nodeName``; no kubelet, so they stay Pending) wit
 seconds, then time ``KubeGpuPods.list_gpu_pods`` twice: wall, the client's CPU (this thread), the
 apiserver's and etcd's CPU (/proc), pages, pods. Run: ``python bench/scale_plane.py [pods] [seed_s] [--profile]``;
 ``--profile`` prints where the client's CPU goes in a third, profiled LIST (cProfile, top 25 by own time).
+Then the same pods through ``budget.pod_source: watch`` (cluster/gpu_pod_cache.py): the view's sync,
+the memory it holds, a tick's read of it, and 100 new pods' way into it.
 
 The pods are created over HTTP/1.1 by one asyncio client, 48 at a time (the official client in
 8 threads made ~120 a second, bound by its own per-request cost, not the server's).
@@ -111,10 +113,55 @@ def main(pods: int, seed_s: float, profile: bool = False) -> dict:
                 text = io.StringIO()
                 pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
                 print(text.getvalue(), file=sys.stderr)
+            out["watch"] = _watched(plane, made, pids)
             kube.close()
             return out
         finally:
             plane.stop()
+
+
+def _watched(plane, seeded: int, pids: dict) -> dict:
+    """``budget.pod_source: watch`` on the real apiserver: the view's sync (its paginated LIST),
+    what it holds (tracemalloc), a tick's read of it, and how soon 100 new pods reach it."""
+    import tracemalloc
+
+    from powerfleet.budget.tick import ledger_reads
+    from powerfleet.cluster.gpu_pod_cache import GpuPodCache
+    from powerfleet.cluster.gpu_pods import KubeGpuPods
+    from powerfleet.cluster.keepalive import watch_api_client
+    from powerfleet.cluster.kube import KubeCluster
+    from powerfleet.testing.waiting import wait_for
+
+    tracemalloc.start()
+    s0 = {n: _cpu_s(p) for n, p in pids.items()}
+    t0 = time.perf_counter()
+    cache = GpuPodCache(KubeGpuPods(KubeCluster(watch_api_client(str(plane.kubeconfig)))), keep=ledger_reads).start()
+    wait_for(lambda: cache.state == "synced", "the view's first LIST", timeout_s=600)
+    out = {"sync_s": time.perf_counter() - t0, "pods_held": cache.size(),
+           "held_mb": tracemalloc.get_traced_memory()[0] / 1e6,
+           **{f"sync_{n}_cpu_s": _cpu_s(p) - s0[n] for n, p in pids.items()}}
+    tracemalloc.stop()
+    w0, c0 = time.perf_counter(), time.thread_time()
+    served = cache.list_gpu_pods()
+    out["read_wall_s"], out["read_cpu_s"], out["read_pods"] = time.perf_counter() - w0, time.thread_time() - c0, len(served)
+    t0 = time.perf_counter()
+    made = asyncio.run(_seed_range(plane, seeded, seeded + 100))
+    wait_for(lambda: cache.size() >= out["pods_held"] + made, "100 new pods in the view", timeout_s=120)
+    out["late_pods"], out["late_all_in_view_s"] = made, time.perf_counter() - t0
+    out["stats"] = dict(cache.stats)
+    print(json.dumps({"watch": out}), file=sys.stderr)
+    cache.stop()
+    return out
+
+
+async def _seed_range(plane, start: int, stop: int) -> int:
+    connect = _client(plane.url, (str(plane.pki.ca_crt), str(plane.pki.admin_crt), str(plane.pki.admin_key)))
+    async with connect() as http:
+        for i in range(start, stop):
+            r = await http.post("/api/v1/namespaces/default/pods", json=_pod(i))
+            if r.status_code != 201:
+                raise RuntimeError(f"pod {i}: {r.status_code} {r.text[:200]}")
+    return stop - start
 
 
 if __name__ == "__main__":

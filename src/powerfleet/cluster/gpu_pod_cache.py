@@ -164,16 +164,26 @@ class GpuPodCache:
             self._synced.clear()
 
     def _run(self) -> None:
+        reused = False  # the next watch goes out on a pooled connection the server may have closed
         while not self._stop.is_set():
             try:
                 if self._state != "synced":
+                    reused = False
                     self._list()
                 self._watch()  # returns when the server ends the watch: resume from the version held
+                reused = True
             except ClusterError as exc:
                 if exc.status == 410:
                     with self._lock:
                         self._set_state("listing", "watch expired (410); relisting")
                     log.info("ledger pod view: %s", self.problem)
+                    continue
+                # With retries=0 a keep-alive connection the server closed after the last watch
+                # fails the next request at once: one new attempt from the same version is that
+                # retry, and nothing is missed (a relist would re-read every pod of the cluster).
+                if reused and exc.status is None and any(
+                        m in str(exc) for m in ("ProtocolError", "RemoteDisconnected", "Connection aborted")):
+                    reused = False
                     continue
                 self._failed(str(exc).splitlines()[0][:200])
             except Exception as exc:  # undecodable objects, bugs: the view must not stay up on them
