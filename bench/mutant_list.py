@@ -472,8 +472,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "balancer gone) leaves the pod view unchanged for the watch's whole 5-10 min instead of 60 s"),
     Mutant(
         "budget.pod_view_served_while_failing", "src/powerfleet/cluster/gpu_pod_cache.py",
-        '        if terms is not None and (self._state == "synced" or (self._state == "listing" and',
-        '        if terms is not None and (self._state != "listing" or (self._state == "listing" and',
+        '            self._set_state("failing", why)',
+        '            self._set_state("synced" if self._pods else "failing", why)',
         ("tests/cluster/test_gpu_pod_cache.py",),
         "a control process whose pod watch broke keeps serving its last view: the ledger misses every pod "
         "scheduled since, and a rack's allowance counts GPUs that are no longer free"),

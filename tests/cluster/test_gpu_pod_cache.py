@@ -127,6 +127,25 @@ def test_while_the_view_cannot_sync_every_read_lists_for_itself_and_then_it_reco
         cache.stop()
 
 
+def test_a_view_whose_watch_breaks_is_not_served_until_it_has_listed_again(served):
+    api, kube = served
+    cache = GpuPodCache(KubeGpuPods(kube), keep=ledger_reads, watch_timeout_s=1, retry_s=0.2).start()
+    try:
+        wait_for(lambda: cache.state == "synced", "the first LIST")
+        assert cache.list_gpu_pods() and cache.stats["served"] == 1
+        api.faults.rates(error=1.0, methods=frozenset({"GET"}))  # the next watch (after 1 s) and LISTs fail
+        wait_for(lambda: cache.state == "failing", lambda: f"the broken watch to be noticed: {cache.state}")
+        api.apply(_pod("scheduled-meanwhile", gpus=8))
+        with pytest.raises(ClusterError):  # the tick's own LIST, failing as the server does: not the old view
+            cache.list_gpu_pods()
+        assert cache.stats["served"] == 1
+        api.faults.rates()
+        wait_for(lambda: cache.state == "synced", lambda: f"the view to list again: {cache.problem}")
+        assert "default/scheduled-meanwhile" in _view(cache.list_gpu_pods()) and cache.stats["lists"] >= 2
+    finally:
+        cache.stop()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from("ab.=/!,() x1-"), max_size=16))
 def test_selector_terms_never_raises_and_answers_only_exists_and_equals(text: str) -> None:
