@@ -16,9 +16,10 @@ from tests.control_plane.cluster import admin_client, client_for_token, helm_tem
 RELEASE = "pf"
 RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding",
               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-# Everything on that grants something: retune (leases), budget with rack groups (nodes, pods cluster-wide).
+# Everything on that grants something: retune (leases), budget with rack groups (nodes, pods
+# cluster-wide) and the ledger's pods kept by a watch (pods watch).
 VALUES: dict[str, Any] = {"retune": {"enabled": True}, "budget": {"enabled": True},
-                          "config": {"budget": {"groups": {"rack-a": 40000}}}}
+                          "config": {"budget": {"groups": {"rack-a": 40000}, "pod_source": "watch"}}}
 SA = {"worker": f"{RELEASE}-powerfleet-worker", "agent": f"{RELEASE}-powerfleet-agent",
       "beat": f"{RELEASE}-powerfleet-beat", "redis": f"{RELEASE}-powerfleet-redis",
       "agent-drain": f"{RELEASE}-powerfleet-agent-drain"}

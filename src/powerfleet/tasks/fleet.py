@@ -68,7 +68,7 @@ def fan_out(app: Any, nodes: list[str], expires: float) -> None:
     with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
         for node in nodes:
             # argsrepr/kwargsrepr given: Celery would build the same strings with its pure-Python
-            # saferepr, 16 % of the fan-out's CPU at 10,000 nodes (cProfile, docs/benchmarks.md)
+            # saferepr (16 % of the fan-out under cProfile; within noise unprofiled, docs/benchmarks.md)
             app.send_task(AGENT_RECONCILE, kwargs={"node": node}, expires=expires, producer=producer,
                           ignore_result=True, add_to_parent=False, declare=[],
                           argsrepr="()", kwargsrepr=repr({"node": node}))
