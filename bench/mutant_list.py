@@ -319,6 +319,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "k - m.window >= dwell_windows",
         ("tests/retune/test_guard.py",), "#37 survivor 3: a knob moved at window 10 moves back at 13"),
     Mutant(
+        "i33.dwell_counted_in_windows", "src/powerfleet/retune/settings.py",
+        'dwell_windows=m["dwell_s"] // m["window_interval_s"]),',
+        'dwell_windows=m["dwell_s"]),',
+        ("tests/retune/test_guard.py",), "retune.dwell_s read as windows: a 60 s dwell holds a knob 60 windows"),
+    Mutant(
         "s37-4.mean_alone_moves", "src/powerfleet/retune/decision.py",
         "    if guard.confidence > 0 and conf is None:\n"
         '        return (f"it has no paired confidence (fewer than {MIN_PAIRS} complete batch pairs with the probe); "\n'

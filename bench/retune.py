@@ -6,7 +6,8 @@ the search beyond its edge, warm start from the previous window, min improvement
 noise guard, the time budget with the live harvest's stop rule (a search round only while a
 shard timeout still fits); objective mean TTFT; tests/retune/test_one_path.py shows the
 live window computes the same decision) and the live dwell (a knob moved may not move back
-for ``dwell_windows`` windows: ``keep (dwell)``) starting from what it chose before, and the choice is then
+for ``retune.dwell_s`` in whole windows: 0 at 300 s windows, 3 at 20 s; ``keep (dwell)``)
+starting from what it chose before, and the choice is then
 replayed on window i+1 next to (a) the default settings held fixed and (b) the best single
 fixed setting, chosen once by a sweep of the first window (so serving from window 1). The
 judge (``retune_hindsight.judged``): window i+1 warmed by window i under what served window

@@ -102,7 +102,7 @@ def sweep_fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
                   "retune": {"deployments": ["llama"], "window_interval_s": INTERVAL,
                              "trace_dir": str(world.trace_dir), "kubeconfig": str(world.kubeconfig), "grid": GRID,
                              "objective": "ttft", "min_improvement_percentage": 0.0, "max_shards": 2,
-                             "min_requests": 0, "confidence": 0.0, "dwell_windows": 0, "search_rounds": 0,
+                             "min_requests": 0, "confidence": 0.0, "dwell_s": 0, "search_rounds": 0,
                              "time_budget_s": 50, "shard_timeout_s": 40, "lease_duration_s": 30, "lease_renew_s": 5}}
         cfg_path = tmp_path / "fleet.yaml"
         cfg_path.write_text(yaml.safe_dump(config))

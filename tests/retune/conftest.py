@@ -47,7 +47,7 @@ def retune_config(world: World, deployments: list[str], **over: Any) -> RetuneCo
                                 min_improvement_percentage=0.0, max_shards=2, time_budget_s=40, shard_timeout_s=30,
                                 lease_duration_s=30, lease_renew_s=5,
                                 # the tests' windows are small: the noise guard is tested on its own
-                                min_requests=0, confidence=0.0, dwell_windows=0, search_rounds=0)
+                                min_requests=0, confidence=0.0, dwell_s=0, search_rounds=0)
     base.update(over)
     return RetuneConfig.model_validate(base)
 

@@ -7,9 +7,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from powerfleet.config.retune import RetuneConfig
 from powerfleet.retune.decision import Candidate, decide
 from powerfleet.retune.guard import Move, NoiseGuard, dwell_blocks
 from powerfleet.retune.grid import DEFAULT_GRID
+from powerfleet.retune.settings import resolve
 from powerfleet.retune.sweep import run_sweep
 from powerfleet.sim.policy import RouterPolicy
 from powerfleet.sim.trace import TraceRequest
@@ -69,6 +71,18 @@ def test_a_parameter_does_not_move_back_within_the_dwell() -> None:
     assert dwell_blocks(moves, cur, back, 12, 1) is None and dwell_blocks(moves, cur, back, 11, 1)  # dwell 1
     assert dwell_blocks(moves, cur, {"temperature": 0.0, "prefill_load_scale": 4.0}, 11, 3) is None  # another knob
     assert dwell_blocks(moves, cur, {"temperature": -1.0, "prefill_load_scale": 1.0}, 11, 3) is None  # same way
+
+
+def test_the_dwell_is_a_time_so_short_windows_hold_a_knob_longer_than_long_ones() -> None:
+    """``retune.dwell_s`` (60 s) in whole windows: a 20 s window says little alone, so a knob
+    it moved is held for three of them; a 300 s window is not held (docs/retune.md)."""
+    for interval, windows in ((10, 6), (20, 3), (30, 2), (60, 1), (150, 0), (300, 0)):
+        cfg = RetuneConfig(deployments=["d"], window_interval_s=interval, time_budget_s=interval - 1,
+                           shard_timeout_s=interval - 2)
+        assert resolve(cfg, "d").guard.dwell_windows == windows, interval
+    slow = RetuneConfig(deployments=["d"], dwell_s=900, per_deployment={"e": {"dwell_s": 0}})
+    assert resolve(slow, "d").guard.dwell_windows == 3 and resolve(slow, "e").guard.dwell_windows == 0
+    assert resolve(slow, "d").generation != resolve(RetuneConfig(deployments=["d"]), "d").generation
 
 
 def test_without_a_paired_confidence_a_move_never_passes_on_the_mean_alone() -> None:

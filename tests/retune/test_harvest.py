@@ -12,7 +12,7 @@ from powerfleet.clock import FakeClock
 from powerfleet.retune import control, harvest, live
 from powerfleet.retune.context import Deployment
 from powerfleet.retune.fanin import ShardSpec
-from powerfleet.testing.retune_world import start_of, traffic_lines, write_segments
+from powerfleet.testing.retune_world import INTERVAL, start_of, traffic_lines, write_segments
 from powerfleet.retune.state import Moved
 from powerfleet.retune.sweep import forget_prepared
 from tests.retune.conftest import make_ports, retune_config
@@ -111,7 +111,7 @@ def test_the_guard_keeps_a_window_with_too_few_requests(world, kube, redis_url) 
 
 
 def test_the_dwell_keeps_a_parameter_that_would_move_back_too_soon(world, kube, redis_url) -> None:
-    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_windows=3)
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_s=3 * INTERVAL)
     dep = Deployment.open(cfg, ports, "llama")
     term = dep.leadership.claim()[0]
     # temperature moved 0 -> 1 at window K: the sweep's wish to go back to 0 must wait.
@@ -124,7 +124,7 @@ def test_the_dwell_keeps_a_parameter_that_would_move_back_too_soon(world, kube, 
 
 
 def test_a_keep_for_the_dwell_still_says_how_the_window_was_swept(world, kube, redis_url) -> None:
-    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_windows=3)
+    fes, cfg, ports, clock, sid, shards, t = _launch(world, kube, redis_url, dwell_s=3 * INTERVAL)
     dep = Deployment.open(cfg, ports, "llama")
     term = dep.leadership.claim()[0]
     dep.store.update(term, lambda s: s.model_copy(update={"moves": {"temperature": Moved(window=K, previous=0.0)}}))

@@ -26,7 +26,7 @@ class RetuneDeploymentConfig(Strict):
     min_improvement_percentage: float | None = Field(None, ge=0, allow_inf_nan=False)
     min_requests: int | None = Field(None, ge=0, le=10_000_000)
     confidence: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
-    dwell_windows: int | None = Field(None, ge=0, le=10_000)
+    dwell_s: int | None = Field(None, ge=0, le=7 * 86400)
     search_rounds: int | None = Field(None, ge=0, le=50)
     shift_z: float | None = Field(None, ge=0, le=1000, allow_inf_nan=False)
     shift_min_ratio: float | None = Field(None, gt=1, le=100, allow_inf_nan=False)
@@ -54,10 +54,11 @@ class RetuneConfig(Strict):
     min_improvement_percentage: float = Field(1.0, ge=0, allow_inf_nan=False)
     # The noise guard (docs/retune.md): a window decides only with this many requests; the
     # best must beat the probe on paired batches with this one-sided confidence (0: off); a
-    # parameter that moved may not move back within this many windows.
+    # parameter that moved may not move back for dwell_s seconds (whole windows: dwell_s //
+    # window_interval_s, so 20 s windows hold a knob 3 windows and 300 s windows do not hold it).
     min_requests: int = Field(200, ge=0, le=10_000_000)
     confidence: float = Field(0.95, ge=0, lt=1, allow_inf_nan=False)
-    dwell_windows: int = Field(3, ge=0, le=10_000)
+    dwell_s: int = Field(60, ge=0, le=7 * 86400)
     # Rounds of the search beyond the grid's edge (one fan-out each in the live loop; 0: off).
     search_rounds: int = Field(6, ge=0, le=50)
     # A load change inside the window (retune/shift.py): when the request or prompt-token rate

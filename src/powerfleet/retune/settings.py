@@ -169,7 +169,7 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
                   "prefill_profile": [m["prefill_engine_profile"], prefill_name], "kv_transfer_gb_s": m["kv_transfer_gb_s"],
                   "sla": sla.model_dump(exclude_none=True) if sla else None,
                   "min_improvement_pct": m["min_improvement_percentage"], "max_shards": m["max_shards"],
-                  "guard": [m["min_requests"], m["confidence"], m["dwell_windows"]], "search": m["search_rounds"],
+                  "guard": [m["min_requests"], m["confidence"], m["dwell_s"]], "search": m["search_rounds"],
                   "shift": [m["shift_z"], m["shift_min_ratio"]],
                   "interval": m["window_interval_s"], "phase": m["window_phase_s"], "mode": m["mode"],
                   "trace_dir": m["trace_dir"], "window_store": cfg.window_store}
@@ -183,7 +183,8 @@ def resolve(cfg: RetuneConfig, dgd: str, extra: RetuneDeploymentConfig | None = 
         lease_duration_s=cfg.lease_duration_s, lease_renew_s=cfg.lease_renew_s, history=cfg.history,
         window_store=cfg.window_store,
         generation=generation,
-        guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"], dwell_windows=m["dwell_windows"]),
+        guard=NoiseGuard(min_requests=m["min_requests"], confidence=m["confidence"],
+                         dwell_windows=m["dwell_s"] // m["window_interval_s"]),
         search=EdgeSearch(enabled=m["search_rounds"] > 0, max_rounds=m["search_rounds"]),
         shift=ShiftRule(z=m["shift_z"], min_ratio=m["shift_min_ratio"]) if m["shift_z"] > 0 else None,
         promote_max_age_windows=cfg.promote_max_age_windows,

@@ -52,7 +52,7 @@ def retune_config(cluster: SentinelCluster, world: World, clock: FileClock, path
               "retune": {"deployments": ["llama"], "window_interval_s": INTERVAL, "trace_dir": str(world.trace_dir),
                          "kubeconfig": str(world.kubeconfig), "grid": GRID, "objective": "ttft",
                          "min_improvement_percentage": 0.0, "max_shards": 2, "min_requests": 0, "confidence": 0.0,
-                         "dwell_windows": 0, "search_rounds": 0, "time_budget_s": RETUNE_BUDGET_S,
+                         "dwell_s": 0, "search_rounds": 0, "time_budget_s": RETUNE_BUDGET_S,
                          "shard_timeout_s": 40, "lease_duration_s": 30, "lease_renew_s": 5}}
     path.write_text(yaml.safe_dump(config))  # the password in a file the caller owns, not in argv
     return path

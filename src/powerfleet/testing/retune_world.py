@@ -135,7 +135,7 @@ def live_retune_section(world: World, deployments: list[str], **over: Any) -> di
     section: dict[str, Any] = {
         "deployments": deployments, "window_interval_s": INTERVAL, "trace_dir": str(world.trace_dir),
         "kubeconfig": str(world.kubeconfig), "grid": GRID, "objective": "ttft", "min_improvement_percentage": 0.0,
-        "max_shards": 2, "min_requests": 0, "confidence": 0.0, "dwell_windows": 0, "search_rounds": 0,
+        "max_shards": 2, "min_requests": 0, "confidence": 0.0, "dwell_s": 0, "search_rounds": 0,
         "time_budget_s": 50, "shard_timeout_s": 40, "lease_duration_s": 30, "lease_renew_s": 5}
     section.update(over)
     return section
