@@ -18,7 +18,7 @@ Three checks stand between a sweep and a router write:
   windows hold few requests each, so their noise is larger and one of them says little,
   and a knob is held for several (20 s windows: 3, the demo's 10 s: 6); a 300 s window
   holds ten times the traffic of a 30 s one and the max-t rule already bounds a false move,
-  so it is not held at all (holding it cost -6.3 % on the synthetic trace's third
+  so it is not held at all (holding it cost -9.4 % on the synthetic trace's third
   300 s window, where the traffic really had moved; docs/retune.md).
 
 And with any guard, even with those checks at 0, a best scoring within float noise of the
