@@ -9,9 +9,12 @@ in seconds: retry for ``broker.noreplicas_retry_s``, then raise one line that sa
 The same refusal reaches readers too: a worker's BRPOP is a write (it pops). As a plain
 ResponseError it crashed the consumer, and the worker with it, the moment a promoted master
 had no replica in sync yet (seconds into every failover with the chart's min-replicas-to-write).
-``noreplicas_is_unavailable`` makes redis-py raise ``NoReplicas``, a ConnectionError as well
-as a ResponseError: Celery and kombu then reconnect as after any broker outage, and redis-py's
-own retry covers a direct client's write (a refused command did not run, so retrying is safe).
+``noreplicas_is_unavailable`` makes redis-py raise ``NoReplicas``, a ConnectionError: Celery and
+kombu then reconnect as after any broker outage, and redis-py's own retry covers a direct
+client's write (a refused command did not run, so retrying is safe). It is deliberately not a
+ResponseError as well: redis-py drops the connection on a ConnectionError from the parser, and a
+transaction (kombu binds a queue in one) collects ResponseErrors per command and reads on, from
+the closed socket.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class BrokerRefusedWrite(Exception):
     """The master kept refusing writes (NOREPLICAS) for the whole retry period."""
 
 
-class NoReplicas(redis.ConnectionError, redis.ResponseError):
+class NoReplicas(redis.ConnectionError):
     """NOREPLICAS: the master takes no write until enough replicas are in sync again."""
 
 
