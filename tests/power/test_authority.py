@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from powerfleet.power.authority import REASONS, parse_record, record_json, verify
@@ -60,6 +60,7 @@ def test_a_forged_throttle_changes_nothing_and_says_why() -> None:
                                  st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=4),
                                            st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
                                  ).map(json.dumps)))
+@example('{"epoch":null,"revision":Infinity}')  # found by CI: int(inf) raised OverflowError out of the parser
 def test_the_record_parser_never_raises_and_a_bad_record_authorises_nothing(raw) -> None:  # type: ignore[no-untyped-def]
     rec = parse_record(raw)
     overlays, _ = period_and_record()
@@ -67,6 +68,21 @@ def test_the_record_parser_never_raises_and_a_bad_record_authorises_nothing(raw)
     assert (got is None) == (why is not None)
     if rec is None:
         assert why == "no_record"
+
+
+def test_a_record_is_read_field_by_field_and_never_coerced() -> None:
+    overlays, raw = period_and_record()
+    good = json.loads(raw)
+    assert parse_record(raw) is not None
+    for field, bad in [("epoch", None), ("epoch", 7), ("revision", 2.5), ("revision", True), ("revision", "3"),
+                       ("period_s", True), ("period_s", "1"), ("period_s", 0), ("issued_at", None),
+                       ("nodes", []), ("nodes", {"node-a": 1})]:
+        assert parse_record(json.dumps({**good, field: bad})) is None, (field, bad)
+    for bad_json in ('{"epoch":null,"revision":Infinity}', '{"revision":NaN}', "[1]", '"x"', "1e999"):
+        assert parse_record(bad_json) is None, bad_json
+    # a null epoch is no record, not the epoch "None" a message could name
+    assert verify(overlays["node-a"].model_copy(update={"epoch": "None"}),
+                  json.dumps({**good, "epoch": None}), {"rack"}, 1.0) == (None, "no_record")
 
 
 def test_an_epoch_lasts_as_long_as_the_guards_memory() -> None:

@@ -50,16 +50,32 @@ class Record:
     nodes: Mapping[str, Any]
 
 
+def _number(value: Any) -> float:
+    """A finite JSON number (not a bool), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    return float(value)
+
+
 def parse_record(raw: str | bytes | None) -> Record | None:
+    """The guard's record, or None for anything it would not have written: a record is checked
+    field by field, never coerced (a null epoch is not the epoch "None", a revision of Infinity or
+    2.5 or true is no revision), so a damaged or hand-written record authorises nothing."""
     if raw is None or len(raw) > MAX_RECORD_BYTES:
         return None
     try:
         data = json.loads(raw)
-        rec = Record(str(data["epoch"]), int(data["revision"]), float(data["period_s"]), float(data["issued_at"]),
-                     dict(data["nodes"]))
+        if not isinstance(data, dict):
+            return None
+        epoch, revision, nodes = data["epoch"], data["revision"], data["nodes"]
+        if not isinstance(epoch, str) or isinstance(revision, bool) or not isinstance(revision, int):
+            return None
+        if not isinstance(nodes, dict) or not all(isinstance(e, dict) for e in nodes.values()):
+            return None
+        rec = Record(epoch, revision, _number(data["period_s"]), _number(data["issued_at"]), dict(nodes))
     except (ValueError, TypeError, KeyError, RecursionError):
         return None
-    return rec if math.isfinite(rec.period_s) and rec.period_s > 0 else None
+    return rec if rec.period_s > 0 else None
 
 
 def verify(message: Overlay, raw: str | bytes | None, groups: Collection[str],

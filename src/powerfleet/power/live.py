@@ -77,7 +77,7 @@ class GuardMemory:
             issued = data.get("issued_at")
             return cls(revision=int(data["revision"]), state=GuardState(throttle=throttle, mode=mode), gpus=gpus,
                        issued_at=_opt(issued), tracks=tracks, epoch=str(data.get("epoch") or ""))
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # int(Infinity): OverflowError
             return cls()
 
 
