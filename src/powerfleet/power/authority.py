@@ -20,12 +20,10 @@ A refused message changes nothing and is counted (``powerfleet_agent_power_overl
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from powerfleet.power.overlay import Overlay
 
@@ -41,41 +39,27 @@ def record_json(overlays: Mapping[str, Overlay], epoch: str, revision: int, peri
                       allow_nan=False, sort_keys=True)
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(BaseModel):
+    """The guard's record as it writes it, read strictly: no field is coerced (a null epoch is not
+    the epoch "None"; a revision of 2.5, true or "3" is no revision; no NaN or Infinity), so a
+    damaged or hand-written record authorises nothing."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, frozen=True)
     epoch: str
     revision: int
-    period_s: float
+    period_s: float = Field(gt=0)
     issued_at: float
-    nodes: Mapping[str, Any]
-
-
-def _number(value: Any) -> float:
-    """A finite JSON number (not a bool), else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"not a finite number: {value!r}")
-    return float(value)
+    nodes: dict[str, dict[str, Any]]
 
 
 def parse_record(raw: str | bytes | None) -> Record | None:
-    """The guard's record, or None for anything it would not have written: a record is checked
-    field by field, never coerced (a null epoch is not the epoch "None", a revision of Infinity or
-    2.5 or true is no revision), so a damaged or hand-written record authorises nothing."""
+    """The guard's record, or None for anything it would not have written."""
     if raw is None or len(raw) > MAX_RECORD_BYTES:
         return None
     try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            return None
-        epoch, revision, nodes = data["epoch"], data["revision"], data["nodes"]
-        if not isinstance(epoch, str) or isinstance(revision, bool) or not isinstance(revision, int):
-            return None
-        if not isinstance(nodes, dict) or not all(isinstance(e, dict) for e in nodes.values()):
-            return None
-        rec = Record(epoch, revision, _number(data["period_s"]), _number(data["issued_at"]), dict(nodes))
-    except (ValueError, TypeError, KeyError, RecursionError):
+        return Record.model_validate(json.loads(raw))
+    except (ValidationError, ValueError, RecursionError):
         return None
-    return rec if rec.period_s > 0 else None
 
 
 def verify(message: Overlay, raw: str | bytes | None, groups: Collection[str],
