@@ -56,7 +56,7 @@ def short_demo(tmp_path_factory):
     90 s, not 60: the hand-made router change (at 60 %) waits for retune's first applied window,
     and while the planner resizes both deployments every 20 s most 10 s windows close on a rollout
     and are abandoned. In 60 s CI once saw no window applied before the run ended (2026-12-04);
-    locally the first apply came 20-35 s in. 90 s leaves three more windows for it.
+    loaded runs here saw the first apply 21-36 s in. 90 s leaves three more windows for it.
     """
     report = tmp_path_factory.mktemp("demo") / "report"
     out = subprocess.run([sys.executable, "-m", "powerfleet.cli", "demo", "--duration", "90", "--nodes", "2",
